@@ -1,0 +1,174 @@
+// Package failpoint names every crash window of the outbox and the inbox, and
+// kills the process with a real SIGKILL when a window is armed.
+//
+// A window is armed only through the environment:
+//
+//	FAILPOINTS="after-commit-before-ack=p:0.05,after-publish-before-mark=every:40"
+//	FAILPOINT_SEED=42          # makes probabilistic schedules reproducible
+//	FAILPOINT_LOG=/tmp/fp.log  # a line is appended here before each kill
+//
+// When FAILPOINTS is empty, Hit is one atomic load and a return: it costs
+// nothing on the hot path. When a window fires there is no deferred code, no
+// graceful shutdown and no recover: the kernel removes the process, exactly as
+// a power cut or an OOM kill would.
+package failpoint
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// Name is a crash window.
+type Name string
+
+// The crash windows. The chaos harness arms each of these and checks that
+// every one of them fired.
+const (
+	// Consumer (inbox middleware).
+	BeforeBegin              Name = "before-begin"                // message delivered, no transaction yet
+	AfterInboxInsert         Name = "after-inbox-insert"          // inbox row inserted, handler not run
+	AfterHandlerBeforeCommit Name = "after-handler-before-commit" // domain writes done, not committed
+	AfterCommitBeforeAck     Name = "after-commit-before-ack"     // committed, Kafka offset not marked
+
+	// Relay (outbox).
+	AfterClaimBeforePublish Name = "after-claim-before-publish" // rows locked, nothing sent to Kafka
+	AfterPublishBeforeMark  Name = "after-publish-before-mark"  // Kafka has the messages, rows not marked
+
+	// HTTP.
+	AfterCommitBeforeResponse Name = "after-commit-before-response" // payment committed, client gets no answer
+)
+
+// All lists every crash window, in the order a message meets them.
+var All = []Name{
+	AfterCommitBeforeResponse,
+	AfterClaimBeforePublish, AfterPublishBeforeMark,
+	BeforeBegin, AfterInboxInsert, AfterHandlerBeforeCommit, AfterCommitBeforeAck,
+}
+
+// schedule decides whether one hit of a window fires.
+type schedule struct {
+	every int64   // fire on every Nth hit, when > 0
+	p     float64 // otherwise fire with this probability
+	hits  atomic.Int64
+}
+
+var (
+	armed     atomic.Bool
+	mu        sync.Mutex
+	schedules map[Name]*schedule
+	rng       *rand.Rand
+	logPath   string
+)
+
+func init() {
+	if err := Configure(os.Getenv("FAILPOINTS"), os.Getenv("FAILPOINT_SEED"), os.Getenv("FAILPOINT_LOG")); err != nil {
+		fmt.Fprintf(os.Stderr, "failpoint: %v\n", err)
+		os.Exit(2)
+	}
+}
+
+// Configure arms the windows named in spec ("name=p:0.1,name=every:5").
+// An empty spec disarms every window. It is called from the environment at
+// start-up; tests may call it directly.
+func Configure(spec, seed, log string) error {
+	parsed := map[Name]*schedule{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, rule, ok := strings.Cut(item, "=")
+		if !ok {
+			return fmt.Errorf("FAILPOINTS item %q: want name=p:0.1 or name=every:N", item)
+		}
+		if !known(Name(name)) {
+			return fmt.Errorf("FAILPOINTS: unknown window %q (known: %v)", name, All)
+		}
+		kind, val, _ := strings.Cut(rule, ":")
+		s := &schedule{}
+		switch kind {
+		case "p":
+			p, err := strconv.ParseFloat(val, 64)
+			if err != nil || p < 0 || p > 1 {
+				return fmt.Errorf("FAILPOINTS %s: probability %q must be in [0,1]", name, val)
+			}
+			s.p = p
+		case "every":
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil || n < 1 {
+				return fmt.Errorf("FAILPOINTS %s: every %q must be a positive integer", name, val)
+			}
+			s.every = n
+		default:
+			return fmt.Errorf("FAILPOINTS %s: rule %q: want p:FLOAT or every:N", name, rule)
+		}
+		parsed[Name(name)] = s
+	}
+	var seedN uint64
+	if seed != "" {
+		n, err := strconv.ParseUint(seed, 10, 64)
+		if err != nil {
+			return fmt.Errorf("FAILPOINT_SEED %q: %w", seed, err)
+		}
+		seedN = n
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	schedules = parsed
+	rng = rand.New(rand.NewPCG(seedN, uint64(os.Getpid())))
+	logPath = log
+	armed.Store(len(parsed) > 0)
+	return nil
+}
+
+func known(n Name) bool {
+	for _, k := range All {
+		if k == n {
+			return true
+		}
+	}
+	return false
+}
+
+// Hit marks that the code reached window n. If n is armed and its schedule
+// says so, the process is killed with SIGKILL before Hit returns.
+func Hit(n Name) {
+	if !armed.Load() {
+		return
+	}
+	mu.Lock()
+	s := schedules[n]
+	fire := false
+	if s != nil {
+		hit := s.hits.Add(1)
+		if s.every > 0 {
+			fire = hit%s.every == 0
+		} else {
+			fire = rng.Float64() < s.p
+		}
+	}
+	mu.Unlock()
+	if fire {
+		kill(n)
+	}
+}
+
+func kill(n Name) {
+	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d\n", n, os.Getpid())
+	if logPath != "" {
+		if f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			f.WriteString(line) //nolint:errcheck // best effort; we are about to die
+			f.Sync()            //nolint:errcheck
+			f.Close()           //nolint:errcheck
+		}
+	}
+	os.Stderr.WriteString(line)                //nolint:errcheck
+	syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck
+	select {}                                  // SIGKILL cannot be caught; never return into the window
+}

@@ -1,0 +1,137 @@
+package inbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config configures an Inbox.
+type Config struct {
+	// Pool is the database that holds the inbox tables and the handler's
+	// domain tables: they must share one transaction. Required.
+	Pool *pgxpool.Pool
+	// Consumer names the deduplication scope: a message is applied once per
+	// consumer name. Give each logical consumer (not each replica) its own
+	// name. Required.
+	Consumer string
+
+	// MessageID returns the id a message is deduplicated by. Defaults to
+	// FromUUID (the Watermill message UUID, which watermill-kafka carries in a
+	// header). An empty id or an error quarantines the message.
+	MessageID func(*message.Message) (string, error)
+
+	// MaxAttempts is how many times a failing handler runs before its message
+	// is dead-lettered. Defaults to 5.
+	MaxAttempts int
+	// RetryBackoff is the wait after the first failed attempt; it doubles after
+	// each further one, up to MaxRetryBackoff. Defaults to 100ms.
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the wait between attempts. Defaults to 5s.
+	MaxRetryBackoff time.Duration
+	// MaxPayloadBytes is the largest payload handed to the handler; a larger
+	// one is quarantined unread. Defaults to 1 MiB.
+	MaxPayloadBytes int
+	// DeadLetterTopic is the topic dead letters are published to, through the
+	// outbox, in the transaction that records them. Defaults to Consumer+".dlq".
+	DeadLetterTopic string
+
+	// Retention is how long a finished message's inbox row is kept; the sweep
+	// deletes older rows. A message redelivered after its row was swept would
+	// be applied again, so Retention must cover RedeliveryHorizon.
+	// Defaults to 7 days.
+	Retention time.Duration
+	// RedeliveryHorizon is the longest time after a first delivery that the
+	// same message can arrive again: the topic's retention, offset replays,
+	// a relay that republishes a batch. Defaults to 3 days.
+	RedeliveryHorizon time.Duration
+	// RetentionBatch is how many rows one sweep statement deletes.
+	// Defaults to 5000.
+	RetentionBatch int
+
+	// TxTimeout bounds one attempt (begin, handler, commit). The attempt does
+	// not inherit the cancellation of the message context: a router shutting
+	// down lets it finish instead of tearing down a commit whose outcome would
+	// then be unknown. Defaults to 30s.
+	TxTimeout time.Duration
+
+	// OnOutcome, when set, is called after each delivery is settled, for
+	// metrics, logs and the chaos harness's narration. It must be fast.
+	OnOutcome func(Event)
+	// Logger defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+
+	// DisableDedupe skips the inbox row: every delivery runs the handler.
+	// It exists only for the chaos harness's control run, which must show
+	// double-applies without the inbox. Never set it in production.
+	DisableDedupe bool
+}
+
+func (c *Config) setDefaults() {
+	if c.MessageID == nil {
+		c.MessageID = FromUUID
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.MaxRetryBackoff == 0 {
+		c.MaxRetryBackoff = 5 * time.Second
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = c.Consumer + ".dlq"
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.RedeliveryHorizon == 0 {
+		c.RedeliveryHorizon = 3 * 24 * time.Hour
+	}
+	if c.RetentionBatch == 0 {
+		c.RetentionBatch = 5000
+	}
+	if c.TxTimeout == 0 {
+		c.TxTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("inbox: Config.Pool is required")
+	case c.Consumer == "":
+		return errors.New("inbox: Config.Consumer is required")
+	case c.MaxAttempts < 1:
+		return errors.New("inbox: Config.MaxAttempts must be at least 1")
+	case c.MaxPayloadBytes < 1:
+		return errors.New("inbox: Config.MaxPayloadBytes must be positive")
+	case c.RetentionBatch < 1:
+		return errors.New("inbox: Config.RetentionBatch must be positive")
+	case c.Retention < c.RedeliveryHorizon:
+		return fmt.Errorf("inbox: Config.Retention (%s) is shorter than Config.RedeliveryHorizon (%s): "+
+			"a message redelivered after its inbox row was swept would be applied twice", c.Retention, c.RedeliveryHorizon)
+	}
+	return nil
+}
+
+// FromUUID takes the message id from the Watermill message UUID.
+func FromUUID(msg *message.Message) (string, error) { return msg.UUID, nil }
+
+// FromMetadata takes the message id from a metadata entry (a Kafka header
+// with watermill-kafka).
+func FromMetadata(key string) func(*message.Message) (string, error) {
+	return func(msg *message.Message) (string, error) { return msg.Metadata.Get(key), nil }
+}

@@ -1,0 +1,53 @@
+// Package inbox applies each consumed message at most once per consumer, and
+// acknowledges it only after its effects are committed.
+//
+// # The guarantee
+//
+// Inbox.Middleware wraps a Watermill handler. For every delivery it opens one
+// pgx transaction, inserts (consumer, message_id, payload_sha256) into
+// inbox_messages with ON CONFLICT DO NOTHING, runs the handler with that
+// transaction in the message context (TxFromContext), and commits. The
+// handler's domain writes, its outbox writes and the inbox row commit or roll
+// back together. The middleware returns only after the commit, so the router
+// acknowledges, and watermill-kafka marks the Kafka offset, only after it.
+//
+// Together with an at-least-once broker this gives effectively-once
+// processing under any crash:
+//
+//   - killed before the commit: nothing was written; the broker redelivers
+//     and the message is applied then.
+//   - killed after the commit, before the offset was committed: the broker
+//     redelivers; the inbox row is there, so the handler is skipped
+//     (a duplicate) and the message is acknowledged.
+//   - the same message delivered twice at once (a rebalance, a republishing
+//     relay): the second INSERT waits for the first transaction and then sees
+//     its row.
+//
+// A redelivery whose payload differs from the one applied under the same id
+// is not silently dropped as a duplicate: it is quarantined with both
+// hashes. A handler that keeps failing is retried with backoff, its attempts
+// counted in the database; after MaxAttempts (or at once, for errors wrapped
+// with Permanent) the message is dead-lettered: recorded with its reason in
+// inbox_quarantine and published to the dead-letter topic through the
+// outbox, in one transaction; then it is acknowledged, so one poison message
+// never blocks its partition.
+//
+// # What it needs from you
+//
+//   - The handler writes only through the transaction it is given, and does
+//     not commit it.
+//   - Consumer names the deduplication scope: one name per logical consumer,
+//     shared by its replicas.
+//   - Retention must cover the RedeliveryHorizon: a message redelivered after
+//     its inbox row was swept is applied again. Validate refuses a shorter
+//     Retention.
+//
+// # Offset commits
+//
+// watermill-kafka marks an offset when a message is acknowledged, and Sarama
+// commits marked offsets every Consumer.Offsets.AutoCommit.Interval (1s by
+// default). A crash redelivers what was marked but not yet committed: a
+// shorter interval means fewer redeliveries after a crash and more commit
+// requests. With the inbox those redeliveries are harmless duplicates, so the
+// interval is a cost trade-off, not a correctness one.
+package inbox

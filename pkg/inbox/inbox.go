@@ -1,0 +1,493 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Migrations holds the inbox's SQL migrations, for projects that run their
+// own migration tool. Migrate applies them.
+var Migrations, _ = fs.Sub(migrations, "migrations")
+
+// Migrate creates or upgrades the inbox tables. It is safe to call from
+// several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate.Apply(ctx, pool, "inbox", Migrations)
+}
+
+// Outcome is how a delivery was settled.
+type Outcome string
+
+// The outcomes of a delivery.
+const (
+	Applied      Outcome = "applied"       // handler ran and its transaction committed
+	Duplicate    Outcome = "duplicate"     // already applied with the same payload: handler skipped
+	Conflict     Outcome = "conflict"      // id already applied with another payload: quarantined
+	Invalid      Outcome = "invalid"       // no id, or payload too large: quarantined
+	DeadLettered Outcome = "dead_lettered" // handler failed permanently or MaxAttempts times
+	Retried      Outcome = "retried"       // handler failed; the message will be tried again
+)
+
+// Event describes one settled delivery, or one failed attempt (Retried).
+type Event struct {
+	Consumer  string
+	MessageID string
+	Outcome   Outcome
+	Attempt   int           // attempts so far, for Retried and DeadLettered
+	Reason    string        // why it was quarantined, dead-lettered or retried
+	Duration  time.Duration // from delivery to settlement
+}
+
+// Stats counts outcomes since the Inbox was created.
+type Stats struct {
+	Applied, Duplicates, Conflicts, Invalid, DeadLettered, Retries int64
+}
+
+// Inbox deduplicates deliveries for one consumer. Its Middleware wraps a
+// Watermill handler.
+type Inbox struct {
+	cfg   Config
+	stats [6]atomic.Int64 // indexed by outcomeIndex
+}
+
+// New checks cfg and returns an Inbox.
+func New(cfg Config) (*Inbox, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Inbox{cfg: cfg}, nil
+}
+
+// Consumer returns the configured consumer name.
+func (in *Inbox) Consumer() string { return in.cfg.Consumer }
+
+// Stats returns the outcome counters.
+func (in *Inbox) Stats() Stats {
+	return Stats{
+		Applied:      in.stats[0].Load(),
+		Duplicates:   in.stats[1].Load(),
+		Conflicts:    in.stats[2].Load(),
+		Invalid:      in.stats[3].Load(),
+		DeadLettered: in.stats[4].Load(),
+		Retries:      in.stats[5].Load(),
+	}
+}
+
+func outcomeIndex(o Outcome) int {
+	switch o {
+	case Applied:
+		return 0
+	case Duplicate:
+		return 1
+	case Conflict:
+		return 2
+	case Invalid:
+		return 3
+	case DeadLettered:
+		return 4
+	default:
+		return 5
+	}
+}
+
+type txKey struct{}
+
+// TxFromContext returns the transaction the inbox opened for the message
+// being handled. The handler does its domain writes and its outbox writes on
+// it, and must neither commit nor roll it back.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+// Tx is TxFromContext for handlers that run only behind the middleware. It
+// panics when there is no transaction, which is a wiring error.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		panic("inbox: no transaction in context; is the handler wrapped by Inbox.Middleware?")
+	}
+	return tx
+}
+
+// permanent marks an error that retrying cannot fix.
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+// Permanent wraps err so the middleware dead-letters the message at once
+// instead of retrying it: malformed JSON, an unknown schema version, a
+// reference to something that does not exist.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+// IsPermanent reports whether err was wrapped by Permanent.
+func IsPermanent(err error) bool {
+	var p permanent
+	return errors.As(err, &p)
+}
+
+// Middleware returns h wrapped so that each message is applied at most once
+// per consumer, and never acknowledged before its effects are committed:
+//
+//  1. begin a transaction; INSERT the inbox row ON CONFLICT DO NOTHING;
+//  2. if the row existed: same payload → skip (duplicate); other payload →
+//     quarantine (conflict). Either way the message is acknowledged;
+//  3. otherwise run h with the transaction in the message context, commit,
+//     and only then return, so the router acknowledges and watermill-kafka
+//     marks the offset after the commit;
+//  4. if h fails, roll back, count the attempt in its own transaction, back
+//     off and try again; after MaxAttempts (or at once for Permanent errors)
+//     record a dead letter and publish it through the outbox, in one
+//     transaction, and acknowledge, so a poison message never blocks its
+//     partition.
+//
+// An error is returned to the router only when the database is unreachable:
+// the message is then redelivered, which the inbox makes harmless.
+func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		failpoint.Hit(failpoint.BeforeBegin)
+		start := time.Now()
+		d := delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: start}
+		d.sum = sha256.Sum256(msg.Payload)
+
+		id, err := in.cfg.MessageID(msg)
+		switch {
+		case err != nil:
+			return nil, in.quarantineInvalid(&d, fmt.Sprintf("reading message id: %v", err))
+		case id == "":
+			return nil, in.quarantineInvalid(&d, "message has no id")
+		}
+		d.id = id
+		if len(msg.Payload) > in.cfg.MaxPayloadBytes {
+			return nil, in.quarantineInvalid(&d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes))
+		}
+
+		for {
+			out, herr, err := in.attempt(&d, h)
+			if err != nil {
+				return nil, err // database trouble: let the broker redeliver
+			}
+			if herr == nil {
+				failpoint.Hit(failpoint.AfterCommitBeforeAck)
+				return out, nil
+			}
+			if IsPermanent(herr) {
+				return nil, in.deadLetter(&d, d.attempts+1, "permanent error: "+herr.Error())
+			}
+			attempts, err := in.recordAttempt(&d, herr)
+			if err != nil {
+				return nil, err
+			}
+			d.attempts = attempts
+			if attempts >= in.cfg.MaxAttempts {
+				return nil, in.deadLetter(&d, attempts, fmt.Sprintf("failed %d attempts, last: %v", attempts, herr))
+			}
+			in.settle(&d, Retried, herr.Error())
+			if !sleep(msg.Context(), in.backoff(attempts)) {
+				return nil, fmt.Errorf("inbox: shutting down while retrying: %w", herr)
+			}
+		}
+	}
+}
+
+// delivery is one message on its way through the middleware.
+type delivery struct {
+	msg      *message.Message
+	id       string
+	topic    string
+	sum      [32]byte
+	attempts int // failed attempts recorded so far by this process
+	start    time.Time
+}
+
+func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(d.msg.Context()), in.cfg.TxTimeout)
+}
+
+// attempt runs one transaction. herr is the handler's error (rolled back);
+// err is an infrastructure error (the outcome is unknown or nothing ran).
+func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Message, herr, err error) {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	tx, err := in.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	if !in.cfg.DisableDedupe {
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic)
+			VALUES ($1, $2, $3, $4)
+			ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic)
+		if err != nil {
+			return nil, nil, fmt.Errorf("inbox: inserting inbox row: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return nil, nil, in.seenBefore(ctx, tx, d)
+		}
+		failpoint.Hit(failpoint.AfterInboxInsert)
+	}
+
+	out, herr = callHandler(h, d.msg, context.WithValue(ctx, txKey{}, tx))
+	if herr != nil {
+		return nil, herr, nil // deferred rollback undoes the inbox row and every domain write
+	}
+	failpoint.Hit(failpoint.AfterHandlerBeforeCommit)
+	if d.attempts > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
+			return nil, nil, fmt.Errorf("inbox: clearing attempts: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.settle(d, Applied, "")
+	return out, nil, nil
+}
+
+// callHandler runs h with ctx as the message context, restores the original
+// context afterwards, and turns a panic into an error.
+func callHandler(h message.HandlerFunc, msg *message.Message, ctx context.Context) (out []*message.Message, err error) {
+	orig := msg.Context()
+	msg.SetContext(ctx)
+	defer func() {
+		msg.SetContext(orig)
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(msg)
+}
+
+// seenBefore settles a delivery whose inbox row already exists: a duplicate
+// when the payload matches, a quarantined conflict when it does not.
+func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	var prior []byte
+	if err := tx.QueryRow(ctx, `SELECT payload_sha256 FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+		in.cfg.Consumer, d.id).Scan(&prior); err != nil {
+		return fmt.Errorf("inbox: reading inbox row: %w", err)
+	}
+	if bytes.Equal(prior, d.sum[:]) {
+		in.settle(d, Duplicate, "")
+		return nil
+	}
+	reason := fmt.Sprintf("message id %s was already applied with payload sha256 %x; this delivery has sha256 %x", d.id, prior, d.sum)
+	if err := in.insertQuarantine(ctx, tx, d, "payload_conflict", reason, prior); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.cfg.Logger.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
+	in.settle(d, Conflict, reason)
+	return nil
+}
+
+// quarantineInvalid records a message that cannot be deduplicated or read.
+func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		return in.insertQuarantine(ctx, tx, d, "invalid", reason, nil)
+	})
+	if err != nil {
+		return err
+	}
+	in.cfg.Logger.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
+	in.settle(d, Invalid, reason)
+	return nil
+}
+
+func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
+	meta, err := json.Marshal(d.msg.Metadata)
+	if err != nil {
+		return fmt.Errorf("inbox: encoding metadata: %w", err)
+	}
+	onConflict := "ON CONFLICT (consumer, kind, message_id, payload_sha256) WHERE kind <> 'dead_letter' DO NOTHING"
+	if kind == "dead_letter" {
+		onConflict = ""
+	}
+	_, err = tx.Exec(ctx, `
+		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) `+onConflict,
+		in.cfg.Consumer, d.id, kind, reason, d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta)
+	if err != nil {
+		return fmt.Errorf("inbox: recording %s: %w", kind, err)
+	}
+	return nil
+}
+
+// recordAttempt counts a failed attempt in its own transaction (the handler's
+// was rolled back) and returns the total, which survives restarts.
+func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	var n int
+	err := in.cfg.Pool.QueryRow(ctx, `
+		INSERT INTO inbox_attempts (consumer, message_id, attempts, last_error)
+		VALUES ($1, $2, 1, $3)
+		ON CONFLICT (consumer, message_id) DO UPDATE
+		SET attempts = inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
+		RETURNING attempts`, in.cfg.Consumer, d.id, herr.Error()).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
+	}
+	in.cfg.Logger.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
+	return n, nil
+}
+
+// deadLetter records the message as finished-but-not-applied and publishes
+// it to the dead-letter topic through the outbox, all in one transaction.
+func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	d.attempts = attempts
+	settled := Duplicate
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		if !in.cfg.DisableDedupe {
+			tag, err := tx.Exec(ctx, `
+				INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, status)
+				VALUES ($1, $2, $3, $4, 'dead_lettered')
+				ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic)
+			if err != nil {
+				return fmt.Errorf("inbox: inserting dead-letter row: %w", err)
+			}
+			if tag.RowsAffected() == 0 {
+				return nil // another delivery finished it meanwhile
+			}
+		}
+		settled = DeadLettered
+		if err := in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
+			return fmt.Errorf("inbox: clearing attempts: %w", err)
+		}
+		dlq := message.NewMessage(watermill.NewUUID(), d.msg.Payload)
+		for k, v := range d.msg.Metadata {
+			dlq.Metadata.Set(k, v)
+		}
+		dlq.Metadata.Set("dead_letter_reason", reason)
+		dlq.Metadata.Set("dead_letter_consumer", in.cfg.Consumer)
+		dlq.Metadata.Set("dead_letter_message_id", d.id)
+		dlq.Metadata.Set("dead_letter_topic", d.topic)
+		dlq.Metadata.Set("dead_letter_attempts", fmt.Sprint(attempts))
+		return outbox.PublishTx(ctx, tx, in.cfg.DeadLetterTopic, dlq)
+	})
+	if err != nil {
+		return err
+	}
+	if settled == DeadLettered {
+		in.cfg.Logger.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
+	}
+	in.settle(d, settled, reason)
+	return nil
+}
+
+func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
+	in.stats[outcomeIndex(o)].Add(1)
+	if in.cfg.OnOutcome != nil {
+		in.cfg.OnOutcome(Event{
+			Consumer: in.cfg.Consumer, MessageID: d.id, Outcome: o,
+			Attempt: d.attempts, Reason: reason, Duration: time.Since(d.start),
+		})
+	}
+}
+
+func (in *Inbox) fields(d *delivery) watermill.LogFields {
+	return watermill.LogFields{"consumer": in.cfg.Consumer, "message_id": d.id, "topic": d.topic}
+}
+
+func (in *Inbox) backoff(attempts int) time.Duration {
+	b := in.cfg.RetryBackoff
+	for i := 1; i < attempts && b < in.cfg.MaxRetryBackoff; i++ {
+		b *= 2
+	}
+	return min(b, in.cfg.MaxRetryBackoff)
+}
+
+// Sweep deletes inbox rows and stale attempt counters older than Retention,
+// in batches, and returns how many inbox rows it removed. Quarantined and
+// dead-lettered messages are kept in inbox_quarantine until an operator
+// deals with them.
+func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := in.cfg.Pool.Exec(ctx, `
+			DELETE FROM inbox_messages
+			WHERE (consumer, message_id) IN (
+				SELECT consumer, message_id FROM inbox_messages
+				WHERE consumer = $1 AND processed_at < now() - $2::interval
+				ORDER BY processed_at
+				LIMIT $3)`, in.cfg.Consumer, in.cfg.Retention, in.cfg.RetentionBatch)
+		if err != nil {
+			return total, fmt.Errorf("inbox: sweep: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(in.cfg.RetentionBatch) {
+			break
+		}
+	}
+	if _, err := in.cfg.Pool.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND updated_at < now() - $2::interval`,
+		in.cfg.Consumer, in.cfg.Retention); err != nil {
+		return total, fmt.Errorf("inbox: sweeping attempts: %w", err)
+	}
+	return total, nil
+}
+
+// RunRetention calls Sweep every interval until ctx ends.
+func (in *Inbox) RunRetention(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := in.Sweep(ctx); err != nil && ctx.Err() == nil {
+			in.cfg.Logger.Error("Inbox retention sweep failed", err, nil)
+		} else if n > 0 {
+			in.cfg.Logger.Info("Inbox retention sweep", watermill.LogFields{"consumer": in.cfg.Consumer, "deleted": n})
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
