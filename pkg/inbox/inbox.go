@@ -296,6 +296,15 @@ func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
 		return fmt.Errorf("inbox: reading inbox row: %w", err)
 	}
 	if bytes.Equal(prior, d.sum[:]) {
+		// Count it durably, so suppressed redeliveries can be audited across
+		// restarts. Only redeliveries pay for this write.
+		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET duplicates = duplicates + 1 WHERE consumer = $1 AND message_id = $2`,
+			in.cfg.Consumer, d.id); err != nil {
+			return fmt.Errorf("inbox: counting duplicate: %w", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("inbox: commit: %w", err)
+		}
 		in.settle(d, Duplicate, "")
 		return nil
 	}

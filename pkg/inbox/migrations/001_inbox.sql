@@ -8,6 +8,7 @@ CREATE TABLE inbox_messages (
     status         text        NOT NULL DEFAULT 'processed'
                    CHECK (status IN ('processed', 'dead_lettered', 'quarantined')),
     topic          text        NOT NULL DEFAULT '',
+    duplicates     int         NOT NULL DEFAULT 0, -- redeliveries suppressed
     processed_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, message_id)
 );

@@ -1,0 +1,129 @@
+// Package platform is the wiring both example services share: configuration
+// from the environment, the Postgres pool, the Kafka publisher and
+// subscriber, the outbox relay, the inbox-wrapped consumer, and the HTTP
+// server with health endpoints. It uses only the public API of pkg/outbox and
+// pkg/inbox, as any service importing them would.
+package platform
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is read from the environment; each field's env tag names its
+// variable and its default tag gives the value used when it is unset.
+type Config struct {
+	DatabaseURL  string   `env:"DATABASE_URL" required:"true"`
+	KafkaBrokers []string `env:"KAFKA_BROKERS" required:"true"`
+	HTTPAddr     string   `env:"HTTP_ADDR" default:":8080"`
+	Instance     string   `env:"INSTANCE"` // replica name in logs; defaults to host-pid
+	LogLevel     string   `env:"LOG_LEVEL" default:"info"`
+
+	// How often Sarama commits marked offsets. A crash redelivers at most
+	// this much work; the inbox makes the redeliveries harmless.
+	KafkaCommitInterval time.Duration `env:"KAFKA_COMMIT_INTERVAL" default:"1s"`
+	// Consumer-group session timeout: how long a killed replica's partitions
+	// wait before they move to a live one.
+	KafkaSessionTimeout time.Duration `env:"KAFKA_SESSION_TIMEOUT" default:"10s"`
+
+	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"5"`
+	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"100ms"`
+	// InboxDisabled switches deduplication off. Only the chaos harness's
+	// control run sets it, to prove the harness catches double-applies.
+	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`
+
+	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"500"`
+	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"1s"`
+	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"1h"`
+}
+
+// EnvVars lists every variable LoadConfig reads, plus the failpoint
+// variables read by pkg/failpoint.
+func EnvVars() []string {
+	var names []string
+	t := reflect.TypeOf(Config{})
+	for i := range t.NumField() {
+		names = append(names, t.Field(i).Tag.Get("env"))
+	}
+	return append(names, "FAILPOINTS", "FAILPOINT_SEED", "FAILPOINT_LOG")
+}
+
+// LoadConfig reads Config from the environment, with httpAddr as the default
+// HTTP_ADDR of the calling service.
+func LoadConfig(httpAddr string) (Config, error) {
+	var cfg Config
+	v := reflect.ValueOf(&cfg).Elem()
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := f.Tag.Get("env")
+		raw, set := os.LookupEnv(name)
+		raw = strings.TrimSpace(raw)
+		if !set || raw == "" {
+			if f.Tag.Get("required") == "true" {
+				return cfg, fmt.Errorf("%s is required", name)
+			}
+			raw = f.Tag.Get("default")
+			if name == "HTTP_ADDR" {
+				raw = httpAddr
+			}
+		}
+		if err := setField(v.Field(i), raw); err != nil {
+			return cfg, fmt.Errorf("%s=%q: %w", name, raw, err)
+		}
+	}
+	if cfg.Instance == "" {
+		host, _ := os.Hostname()
+		cfg.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	return cfg, nil
+}
+
+func setField(f reflect.Value, raw string) error {
+	switch f.Interface().(type) {
+	case string:
+		f.SetString(raw)
+	case []string:
+		var items []string
+		for _, s := range strings.Split(raw, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				items = append(items, s)
+			}
+		}
+		f.Set(reflect.ValueOf(items))
+	case int:
+		if raw == "" {
+			return nil
+		}
+		n, err := strconv.Atoi(raw)
+		if err != nil {
+			return err
+		}
+		f.SetInt(int64(n))
+	case bool:
+		if raw == "" {
+			return nil
+		}
+		b, err := strconv.ParseBool(raw)
+		if err != nil {
+			return err
+		}
+		f.SetBool(b)
+	case time.Duration:
+		if raw == "" {
+			return nil
+		}
+		d, err := time.ParseDuration(raw)
+		if err != nil {
+			return err
+		}
+		f.SetInt(int64(d))
+	default:
+		return fmt.Errorf("unsupported field type %s", f.Type())
+	}
+	return nil
+}

@@ -1,0 +1,257 @@
+package platform
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// Service describes one example service to Run.
+type Service struct {
+	// Name is the service name; it is also the inbox consumer name and the
+	// Kafka consumer group, shared by all replicas.
+	Name string
+	// Migrations are the service's own embedded SQL files.
+	Migrations fs.FS
+	// Topic is the topic the service consumes.
+	Topic string
+	// Handle applies one message. It reads the inbox transaction with
+	// inbox.Tx(msg.Context()) and writes only through it. Errors wrapped with
+	// inbox.Permanent dead-letter the message at once.
+	Handle func(msg *message.Message) error
+	// Routes adds the service's HTTP endpoints.
+	Routes func(mux *http.ServeMux, pool *pgxpool.Pool)
+}
+
+// Stats is what GET /stats returns.
+type Stats struct {
+	Service  string            `json:"service"`
+	Instance string            `json:"instance"`
+	Inbox    inbox.Stats       `json:"inbox"`
+	Relay    outbox.RelayStats `json:"relay"`
+}
+
+// Run starts the service and blocks until ctx ends, then shuts down in
+// order: stop taking HTTP requests, let in-flight messages commit, stop the
+// relay after its batch, close the pool.
+func Run(ctx context.Context, cfg Config, svc Service) error {
+	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
+	wlog := watermill.NewSlogLogger(log)
+
+	pool, err := connect(ctx, cfg.DatabaseURL, log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrating outbox: %w", err)
+	}
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrating inbox: %w", err)
+	}
+	if err := migrate.Apply(ctx, pool, svc.Name, svc.Migrations); err != nil {
+		return fmt.Errorf("migrating %s: %w", svc.Name, err)
+	}
+
+	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
+	pubConf := kafkaconf.Sarama()
+	pubConf.ClientID = svc.Name + "-relay"
+	publisher, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: cfg.KafkaBrokers, Marshaler: marshaler, OverwriteSaramaConfig: pubConf,
+	}, wlog)
+	if err != nil {
+		return fmt.Errorf("creating kafka publisher: %w", err)
+	}
+	defer publisher.Close()
+
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		Pool: pool, Publisher: publisher, Logger: wlog,
+		BatchSize: cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
+	})
+	if err != nil {
+		return err
+	}
+
+	ibx, err := inbox.New(inbox.Config{
+		Pool: pool, Consumer: svc.Name, Logger: wlog,
+		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff,
+		DisableDedupe: cfg.InboxDisabled,
+		OnOutcome:     logOutcome(log),
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.InboxDisabled {
+		log.Warn("INBOX DISABLED: every delivery runs the handler; duplicates will be applied twice")
+	}
+
+	subConf := kafkaconf.Sarama()
+	subConf.ClientID = svc.Name + "-consumer"
+	subConf.Consumer.Offsets.AutoCommit.Interval = cfg.KafkaCommitInterval
+	subConf.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
+	subConf.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 3
+	subConf.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
+	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: cfg.KafkaBrokers, Unmarshaler: marshaler, OverwriteSaramaConfig: subConf,
+		ConsumerGroup: svc.Name,
+	}, wlog)
+	if err != nil {
+		return fmt.Errorf("creating kafka subscriber: %w", err)
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return err
+	}
+	router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, subscriber, func(msg *message.Message) error {
+		return svc.Handle(msg)
+	}).AddMiddleware(ibx.Middleware)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n")) //nolint:errcheck
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		switch {
+		case pool.Ping(ctx) != nil:
+			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
+		case !router.IsRunning():
+			http.Error(w, "consumer not running", http.StatusServiceUnavailable)
+		default:
+			w.Write([]byte("ready\n")) //nolint:errcheck
+		}
+	})
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
+		WriteJSON(w, http.StatusOK, Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: ibx.Stats(), Relay: relay.Stats()})
+	})
+	svc.Routes(mux, pool)
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		// The router runs until it is closed below; an early return is a failure.
+		if err := router.Run(context.WithoutCancel(gctx)); err != nil {
+			return fmt.Errorf("router: %w", err)
+		}
+		if gctx.Err() == nil {
+			return errors.New("router stopped")
+		}
+		return nil
+	})
+	g.Go(func() error { return relay.Run(gctx) })
+	g.Go(func() error { ibx.RunRetention(gctx, time.Minute); return nil })
+	g.Go(func() error {
+		<-gctx.Done()
+		log.Info("shutting down")
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(shutdownCtx) //nolint:errcheck // best effort; Serve returns either way
+		return router.Close()     // waits for in-flight handlers to commit
+	})
+	log.Info("started", "http", ln.Addr().String(), "topic", svc.Topic, "brokers", strings.Join(cfg.KafkaBrokers, ","))
+	err = g.Wait()
+	log.Info("stopped", "err", err)
+	return err
+}
+
+// connect opens the pool and waits for the database to answer, so a service
+// started beside its database does not crash-loop.
+func connect(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
+	}
+	if pcfg.MaxConns < 20 {
+		pcfg.MaxConns = 20
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating pool: %w", err)
+	}
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = pool.Ping(pctx)
+		cancel()
+		if err == nil {
+			return pool, nil
+		}
+		if attempt == 30 || ctx.Err() != nil {
+			pool.Close()
+			return nil, fmt.Errorf("connecting to database: %w", err)
+		}
+		log.Warn("database not ready; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// NewLogger returns a text logger on stderr at level ("debug", "info", ...).
+func NewLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// logOutcome logs the deliveries worth a line: everything but a plain apply.
+func logOutcome(log *slog.Logger) func(inbox.Event) {
+	return func(e inbox.Event) {
+		switch e.Outcome {
+		case inbox.Applied:
+			log.Debug("message applied", "message_id", e.MessageID, "took", e.Duration)
+		case inbox.Duplicate:
+			log.Info("duplicate delivery suppressed", "message_id", e.MessageID)
+		case inbox.Retried:
+			log.Warn("handler failed; retrying", "message_id", e.MessageID, "attempt", e.Attempt, "reason", e.Reason)
+		default:
+			log.Error("message not applied", "outcome", e.Outcome, "message_id", e.MessageID, "reason", e.Reason)
+		}
+	}
+}
+
+// WriteJSON writes v as a JSON response.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v) //nolint:errcheck // the client went away
+}
+
+// WriteError writes {"error": msg}.
+func WriteError(w http.ResponseWriter, status int, msg string) {
+	WriteJSON(w, status, map[string]string{"error": msg})
+}

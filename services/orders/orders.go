@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Service describes the orders service to the platform.
+func Service() platform.Service {
+	migrations, _ := fs.Sub(migrationFiles, "migrations")
+	return platform.Service{
+		Name:       "orders",
+		Migrations: migrations,
+		Topic:      events.TopicInventory,
+		Handle:     handleInventoryEvent,
+		Routes:     routes,
+	}
+}
+
+// Order is the API's view of an order.
+type Order struct {
+	ID           string        `json:"id"`
+	Status       string        `json:"status"`
+	Lines        []events.Line `json:"lines"`
+	RejectReason string        `json:"reject_reason,omitempty"`
+}
+
+func routes(mux *http.ServeMux, pool *pgxpool.Pool) {
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Lines []events.Line `json:"lines"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			platform.WriteError(w, http.StatusBadRequest, "decoding order: "+err.Error())
+			return
+		}
+		if err := validLines(req.Lines); err != nil {
+			platform.WriteError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		o, err := createOrder(r.Context(), pool, req.Lines)
+		if err != nil {
+			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		platform.WriteJSON(w, http.StatusCreated, o)
+	})
+	mux.HandleFunc("POST /orders/{id}/pay", func(w http.ResponseWriter, r *http.Request) {
+		o, err := payOrder(r.Context(), pool, r.PathValue("id"))
+		switch {
+		case errors.Is(err, errNotFound):
+			platform.WriteError(w, http.StatusNotFound, err.Error())
+		case err != nil:
+			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+		default:
+			failpoint.Hit(failpoint.AfterCommitBeforeResponse)
+			platform.WriteJSON(w, http.StatusOK, o)
+		}
+	})
+	mux.HandleFunc("GET /orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		o, err := getOrder(r.Context(), pool, r.PathValue("id"))
+		switch {
+		case errors.Is(err, errNotFound):
+			platform.WriteError(w, http.StatusNotFound, err.Error())
+		case err != nil:
+			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+		default:
+			platform.WriteJSON(w, http.StatusOK, o)
+		}
+	})
+	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) {
+		counts, err := countByStatus(r.Context(), pool)
+		if err != nil {
+			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		platform.WriteJSON(w, http.StatusOK, map[string]any{"by_status": counts})
+	})
+}
+
+var errNotFound = errors.New("order not found")
+
+func validLines(lines []events.Line) error {
+	if len(lines) == 0 {
+		return errors.New("an order needs at least one line")
+	}
+	for _, l := range lines {
+		if l.SKU == "" || l.Quantity <= 0 {
+			return fmt.Errorf("line %+v: want a sku and a positive quantity", l)
+		}
+	}
+	return nil
+}
+
+func createOrder(ctx context.Context, pool *pgxpool.Pool, lines []events.Line) (Order, error) {
+	o := Order{ID: uuid.Must(uuid.NewV7()).String(), Status: "created", Lines: lines}
+	if _, err := pool.Exec(ctx, `INSERT INTO orders (id, lines) VALUES ($1, $2)`, o.ID, lines); err != nil {
+		return Order{}, fmt.Errorf("creating order: %w", err)
+	}
+	return o, nil
+}
+
+// payOrder moves a created order to paid and writes OrderPaid to the outbox,
+// in one transaction. Paying an order that is already paid (a double submit,
+// a client retrying after a lost response) changes nothing and publishes
+// nothing: the status transition is the idempotency key.
+func payOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return Order{}, errNotFound
+	}
+	var o Order
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var lines []events.Line
+		var paidAt time.Time
+		err := tx.QueryRow(ctx, `
+			UPDATE orders SET status = 'paid', paid_at = now()
+			WHERE id = $1 AND status = 'created'
+			RETURNING lines, paid_at`, id).Scan(&lines, &paidAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			o, err = readOrder(ctx, tx, id) // already paid, or no such order
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("paying order: %w", err)
+		}
+		payload, err := events.Encode(events.OrderPaid{
+			Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt,
+		})
+		if err != nil {
+			return err
+		}
+		if err := outbox.PublishTx(ctx, tx, events.TopicOrders, outbox.NewMessage(id, payload)); err != nil {
+			return err
+		}
+		o = Order{ID: id, Status: "paid", Lines: lines}
+		return nil
+	})
+	return o, err
+}
+
+func getOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return Order{}, errNotFound
+	}
+	var o Order
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+		o, err = readOrder(ctx, tx, id)
+		return err
+	})
+	return o, err
+}
+
+func readOrder(ctx context.Context, tx pgx.Tx, id string) (Order, error) {
+	o := Order{ID: id}
+	var reason *string
+	err := tx.QueryRow(ctx, `SELECT status, lines, reject_reason FROM orders WHERE id = $1`, id).
+		Scan(&o.Status, &o.Lines, &reason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, fmt.Errorf("%w: %s", errNotFound, id)
+	}
+	if err != nil {
+		return Order{}, fmt.Errorf("reading order: %w", err)
+	}
+	if reason != nil {
+		o.RejectReason = *reason
+	}
+	return o, nil
+}
+
+func countByStatus(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
+	rows, err := pool.Query(ctx, `SELECT status, count(*) FROM orders GROUP BY status`)
+	if err != nil {
+		return nil, err
+	}
+	counts := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, err
+		}
+		counts[s] = n
+	}
+	return counts, rows.Err()
+}
+
+// handleInventoryEvent applies InventoryReserved or InventoryRejected to the
+// order, inside the inbox's transaction.
+func handleInventoryEvent(msg *message.Message) error {
+	ev, err := events.Decode(msg.Payload)
+	if err != nil {
+		return inbox.Permanent(err)
+	}
+	var orderID, status, event string
+	var reason *string
+	switch e := ev.(type) {
+	case *events.InventoryReserved:
+		orderID, status, event = e.OrderID, "reserved", e.Type
+	case *events.InventoryRejected:
+		orderID, status, event, reason = e.OrderID, "rejected", e.Type, &e.Reason
+	default:
+		return inbox.Permanent(fmt.Errorf("orders does not consume %T", ev))
+	}
+	if _, err := uuid.Parse(orderID); err != nil {
+		return inbox.Permanent(fmt.Errorf("%s: order_id %q is not a UUID", event, orderID))
+	}
+	ctx := msg.Context()
+	tx := inbox.Tx(ctx)
+	tag, err := tx.Exec(ctx, `
+		UPDATE orders SET status = $2, reject_reason = $3, settled_at = now()
+		WHERE id = $1 AND status = 'paid'`, orderID, status, reason)
+	if err != nil {
+		return fmt.Errorf("settling order: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		var current string
+		err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, orderID).Scan(&current)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return inbox.Permanent(fmt.Errorf("%s for order %s, which does not exist", event, orderID))
+		}
+		if err != nil {
+			return fmt.Errorf("reading order: %w", err)
+		}
+		if current == "created" {
+			return inbox.Permanent(fmt.Errorf("%s for order %s, which was never paid", event, orderID))
+		}
+		// Already settled: a second answer for the same order. Recorded below,
+		// so a double-apply is visible to the checker.
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO order_events (order_id, event, message_id) VALUES ($1, $2, $3)`,
+		orderID, event, msg.UUID); err != nil {
+		return fmt.Errorf("recording event: %w", err)
+	}
+	return nil
+}
