@@ -305,7 +305,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return err
 	}
 	// A LISTENing session must not go back to the pool.
-	defer conn.Hijack().Close(context.Background()) //nolint:errcheck
+	defer func() { conn.Hijack().Close(context.Background()) }() //nolint:errcheck
 	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
 		return err
 	}
