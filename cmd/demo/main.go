@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -28,8 +27,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
@@ -61,81 +59,14 @@ func run(ctx context.Context) error {
 	flag.Parse()
 
 	say("seed %d; %d orders, %d clients", o.seed, o.orders, o.concurrency)
-	work, err := os.MkdirTemp("", "outbox-demo-")
+	sys, err := system.Start(ctx, system.Options{Log: say})
 	if err != nil {
 		return err
 	}
-	say("logs and binaries in %s", work)
+	defer sys.Stop()
+	say("logs in %s", sys.Work)
 
-	say("building services")
-	bins, err := procs.Build(ctx, work, "./services/orders", "./services/inventory")
-	if err != nil {
-		return err
-	}
-
-	pg, err := stack.StartPostgres(ctx)
-	if err != nil {
-		return fmt.Errorf("starting postgres: %w", err)
-	}
-	defer pg.Stop() //nolint:errcheck
-	if pg.External() {
-		say("postgres: DATABASE_URL")
-	} else {
-		say("postgres: throwaway cluster in %s", pg.Dir())
-	}
-	ordersURL, err := pg.CreateDatabase(ctx, "orders")
-	if err != nil {
-		return err
-	}
-	inventoryURL, err := pg.CreateDatabase(ctx, "inventory")
-	if err != nil {
-		return err
-	}
-
-	kafkaStack, err := stack.StartKafka(ctx, stack.KafkaOptions{
-		Topics: []string{events.TopicOrders, events.TopicInventory, "orders.dlq", "inventory.dlq"},
-	})
-	if err != nil {
-		return fmt.Errorf("starting kafka: %w", err)
-	}
-	defer kafkaStack.Close()
-	brokers := kafkaStack.Brokers()
-	if kafkaStack.External() {
-		say("kafka: KAFKA_BROKERS %v", brokers)
-	} else {
-		say("kafka: embedded kfake broker at %v", brokers)
-	}
-
-	services := map[string]*procs.Proc{}
-	for name, url := range map[string]string{"orders": ordersURL, "inventory": inventoryURL} {
-		addr, err := procs.FreeAddr()
-		if err != nil {
-			return err
-		}
-		logFile, err := os.Create(filepath.Join(work, name+".log"))
-		if err != nil {
-			return err
-		}
-		defer logFile.Close()
-		p := &procs.Proc{Name: name, Bin: bins[name], Addr: addr, Log: logFile, Env: []string{
-			"DATABASE_URL=" + url, "KAFKA_BROKERS=" + joinComma(brokers),
-		}}
-		if err := p.Start(); err != nil {
-			return err
-		}
-		defer p.Stop(30 * time.Second) //nolint:errcheck
-		services[name] = p
-	}
-	readyCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	for name, p := range services {
-		if err := p.WaitReady(readyCtx); err != nil {
-			return fmt.Errorf("%w (see %s)", err, filepath.Join(work, name+".log"))
-		}
-		say("%s ready at http://%s (pid %d)", name, p.Addr, p.Pid())
-	}
-
-	client := loadgen.NewClient([]string{"http://" + services["orders"].Addr}, []string{"http://" + services["inventory"].Addr})
+	client := sys.Client
 	skus := loadgen.SKUs(20)
 	stock := loadgen.StockFor(o.orders, skus)
 	if err := client.SeedStock(ctx, stock); err != nil {
@@ -152,57 +83,44 @@ func run(ctx context.Context) error {
 	}
 	say("paid %d orders in %s (%d paid twice at once on purpose)", len(res.Paid), time.Since(start).Round(time.Millisecond), res.DoubleSubmits)
 
-	pools, err := openPools(ctx, ordersURL, inventoryURL)
-	if err != nil {
-		return err
-	}
-	defer pools[0].Close()
-	defer pools[1].Close()
-
-	replayed, err := replayOne(ctx, pools[0], brokers)
+	orders, inventory := sys.Pools["orders"], sys.Pools["inventory"]
+	replayed, err := replayOne(ctx, orders, sys.Kafka.Brokers())
 	if err != nil {
 		return fmt.Errorf("replaying a message: %w", err)
 	}
 	say("replayed OrderPaid %s onto %s on purpose: the inventory inbox must suppress it", replayed, events.TopicOrders)
 
-	report, err := waitSettled(ctx, pools, stock, len(res.Paid), o.deadline)
-	if err != nil {
+	waitCtx, cancel := context.WithTimeout(ctx, o.deadline)
+	defer cancel()
+	settled := check.Settled(len(res.Paid))
+	report, err := check.Wait(waitCtx, orders, inventory, stock,
+		func(r check.Report) bool { return settled(r) && r.DuplicatesSuppressed > 0 },
+		func(r check.Report) {
+			say("waiting: %d of %d paid orders settled", r.Reserved+r.Rejected, r.OrdersPaid)
+		})
+	if err != nil && waitCtx.Err() == nil {
 		return err
 	}
 	printReport(report, time.Since(start))
 	if !report.OK() {
 		return errors.New("an invariant failed (see above)")
 	}
+	if err != nil {
+		return fmt.Errorf("not settled within %s: the replayed message was not suppressed (duplicates: %d)", o.deadline, report.DuplicatesSuppressed)
+	}
 	if report.OrdersPaid != len(res.Paid) {
 		return fmt.Errorf("the load generator paid %d orders, the orders database has %d", len(res.Paid), report.OrdersPaid)
 	}
 	if o.keep {
-		say("stack kept running: orders http://%s, inventory http://%s; Ctrl-C to stop", services["orders"].Addr, services["inventory"].Addr)
+		say("stack kept running: orders http://%s, inventory http://%s; Ctrl-C to stop", sys.Procs["orders"][0].Addr, sys.Procs["inventory"][0].Addr)
 		<-ctx.Done()
 	}
 	say("stopping services gracefully")
-	for _, p := range services {
-		if err := p.Stop(30 * time.Second); err != nil {
-			return fmt.Errorf("stopping %s: %w", p.Name, err)
-		}
+	if err := sys.StopServices(30 * time.Second); err != nil {
+		return fmt.Errorf("stopping services: %w", err)
 	}
 	say("PASS")
 	return nil
-}
-
-func openPools(ctx context.Context, urls ...string) ([]*pgxpool.Pool, error) {
-	var pools []*pgxpool.Pool
-	for _, u := range urls {
-		p, err := pgxpool.New(ctx, u)
-		if err != nil {
-			for _, q := range pools {
-				q.Close()
-			}
-			return nil, err
-		}
-		pools = append(pools, p)
-	}
-	return pools, nil
 }
 
 // replayOne publishes an already-published OrderPaid again, with its id,
@@ -229,39 +147,6 @@ func replayOne(ctx context.Context, orders *pgxpool.Pool, brokers []string) (str
 	return id, pub.Publish(events.TopicOrders, msg)
 }
 
-// waitSettled polls until every paid order is settled, both outboxes are
-// drained and the replayed message was suppressed, or the deadline passes;
-// it returns the final check either way.
-func waitSettled(ctx context.Context, pools []*pgxpool.Pool, stock map[string]int, paid int, deadline time.Duration) (check.Report, error) {
-	ctx, cancel := context.WithTimeout(ctx, deadline)
-	defer cancel()
-	last := time.Now()
-	for {
-		report, err := check.Run(ctx, pools[0], pools[1], stock)
-		if err != nil {
-			if ctx.Err() != nil {
-				return report, fmt.Errorf("paid orders not settled within %s: %w", deadline, err)
-			}
-			return report, err
-		}
-		lost, _ := report.Invariant(check.NothingLost)
-		if lost.OK && report.OrdersPaid >= paid && report.DuplicatesSuppressed > 0 {
-			return report, nil
-		}
-		if time.Since(last) > 2*time.Second {
-			say("waiting: %d of %d paid orders settled", report.Reserved+report.Rejected, report.OrdersPaid)
-			last = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			// Return the last report: its invariants say what is missing.
-			say("deadline of %s passed", deadline)
-			return report, nil
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
 func printReport(r check.Report, took time.Duration) {
 	say("")
 	say("what happened (%s):", took.Round(time.Millisecond))
@@ -286,14 +171,3 @@ func printReport(r check.Report, took time.Duration) {
 }
 
 func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }
-
-func joinComma(s []string) string {
-	out := ""
-	for i, b := range s {
-		if i > 0 {
-			out += ","
-		}
-		out += b
-	}
-	return out
-}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -244,4 +245,44 @@ func countBy(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (
 		out[k] = n
 	}
 	return out, rows.Err()
+}
+
+// Settled is the usual condition to wait for: at least paid orders paid,
+// every one of them settled, and both outboxes drained.
+func Settled(paid int) func(Report) bool {
+	return func(r Report) bool {
+		lost, _ := r.Invariant(NothingLost)
+		return lost.OK && r.OrdersPaid >= paid
+	}
+}
+
+// Wait runs the check every 200ms until done says the run is over or ctx
+// ends, calling progress (when set) at most every two seconds. It returns the
+// last report; when ctx ended first, the report's invariants say what is
+// missing and the error says the deadline passed.
+func Wait(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[string]int,
+	done func(Report) bool, progress func(Report)) (Report, error) {
+	var last Report
+	lastProgress := time.Now()
+	for {
+		r, err := Run(ctx, orders, inventory, seeded)
+		switch {
+		case err == nil:
+			last = r
+			if done(r) {
+				return r, nil
+			}
+		case ctx.Err() == nil:
+			return r, err
+		}
+		if progress != nil && time.Since(lastProgress) > 2*time.Second {
+			progress(last)
+			lastProgress = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("not settled: %w", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

@@ -1,0 +1,199 @@
+// Package system starts the whole example system on this machine: Postgres
+// and a Kafka-protocol broker from internal/stack, one database per service,
+// and orders and inventory as real OS processes, any number of replicas each.
+// The demo, the end-to-end tests and the chaos harness all start it here.
+package system
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/loadgen"
+	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// Services are the two example services, in start order.
+var Services = []string{"orders", "inventory"}
+
+// Options configures Start.
+type Options struct {
+	// Work is where binaries and logs go. Defaults to a new temp dir.
+	Work string
+	// Replicas per service. Defaults to 1 each.
+	Replicas map[string]int
+	// Env is added to every service process; EnvFor to one service's.
+	Env    []string
+	EnvFor map[string][]string
+	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
+	Kafka stack.KafkaOptions
+	// DBPrefix prefixes the two database names, so several systems can
+	// share one Postgres. Defaults to "".
+	DBPrefix string
+	// Postgres, when set, is used instead of starting one.
+	Postgres *stack.Postgres
+	// Log receives one line per step. Defaults to io.Discard.
+	Log func(format string, args ...any)
+}
+
+// System is a started system.
+type System struct {
+	Work     string
+	PG       *stack.Postgres
+	Kafka    *stack.Kafka
+	DBURL    map[string]string        // service → database URL
+	Pools    map[string]*pgxpool.Pool // service → pool, for checks
+	Procs    map[string][]*procs.Proc // service → replicas
+	Client   *loadgen.Client
+	ownPG    bool
+	logFiles []*os.File
+}
+
+// Topics are the topics the system uses; the embedded broker seeds them.
+var Topics = []string{events.TopicOrders, events.TopicInventory, "orders.dlq", "inventory.dlq"}
+
+// Start builds the services, starts the infrastructure and every replica,
+// and waits until all are ready. On error it stops what it started.
+func Start(ctx context.Context, opts Options) (_ *System, err error) {
+	log := opts.Log
+	if log == nil {
+		log = func(string, ...any) {}
+	}
+	s := &System{Work: opts.Work, DBURL: map[string]string{}, Pools: map[string]*pgxpool.Pool{}, Procs: map[string][]*procs.Proc{}}
+	defer func() {
+		if err != nil {
+			s.Stop()
+		}
+	}()
+	if s.Work == "" {
+		if s.Work, err = os.MkdirTemp("", "outbox-system-"); err != nil {
+			return nil, err
+		}
+	}
+	log("building services into %s", s.Work)
+	bins, err := procs.Build(ctx, s.Work, "./services/orders", "./services/inventory")
+	if err != nil {
+		return nil, err
+	}
+
+	if s.PG = opts.Postgres; s.PG == nil {
+		if s.PG, err = stack.StartPostgres(ctx); err != nil {
+			return nil, fmt.Errorf("starting postgres: %w", err)
+		}
+		s.ownPG = true
+	}
+	if s.PG.External() {
+		log("postgres: DATABASE_URL")
+	} else {
+		log("postgres: throwaway cluster in %s", s.PG.Dir())
+	}
+	for _, name := range Services {
+		url, err := s.PG.CreateDatabase(ctx, opts.DBPrefix+name)
+		if err != nil {
+			return nil, err
+		}
+		s.DBURL[name] = url
+		if s.Pools[name], err = pgxpool.New(ctx, url); err != nil {
+			return nil, err
+		}
+	}
+
+	kopts := opts.Kafka
+	kopts.Topics = append(kopts.Topics, Topics...)
+	if s.Kafka, err = stack.StartKafka(ctx, kopts); err != nil {
+		return nil, fmt.Errorf("starting kafka: %w", err)
+	}
+	if s.Kafka.External() {
+		log("kafka: KAFKA_BROKERS %v", s.Kafka.Brokers())
+	} else {
+		log("kafka: embedded kfake broker at %v", s.Kafka.Brokers())
+	}
+
+	var urls = map[string][]string{}
+	for _, name := range Services {
+		n := max(1, opts.Replicas[name])
+		for i := 1; i <= n; i++ {
+			addr, err := procs.FreeAddr()
+			if err != nil {
+				return nil, err
+			}
+			pname := name
+			if n > 1 {
+				pname = fmt.Sprintf("%s-%d", name, i)
+			}
+			f, err := os.Create(filepath.Join(s.Work, pname+".log"))
+			if err != nil {
+				return nil, err
+			}
+			s.logFiles = append(s.logFiles, f)
+			env := append([]string{
+				"DATABASE_URL=" + s.DBURL[name],
+				"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ","),
+			}, opts.Env...)
+			p := &procs.Proc{Name: pname, Bin: bins[name], Addr: addr, Log: f, Env: append(env, opts.EnvFor[name]...)}
+			if err := p.Start(); err != nil {
+				return nil, err
+			}
+			s.Procs[name] = append(s.Procs[name], p)
+			urls[name] = append(urls[name], "http://"+addr)
+		}
+	}
+	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for _, p := range s.All() {
+		if err := p.WaitReady(readyCtx); err != nil {
+			return nil, fmt.Errorf("%w (see %s)", err, filepath.Join(s.Work, p.Name+".log"))
+		}
+		log("%s ready at http://%s (pid %d)", p.Name, p.Addr, p.Pid())
+	}
+	s.Client = loadgen.NewClient(urls["orders"], urls["inventory"])
+	return s, nil
+}
+
+// All returns every service process.
+func (s *System) All() []*procs.Proc {
+	var all []*procs.Proc
+	for _, name := range Services {
+		all = append(all, s.Procs[name]...)
+	}
+	return all
+}
+
+// StopServices stops every service process gracefully and reports the
+// first that did not exit cleanly.
+func (s *System) StopServices(timeout time.Duration) error {
+	var errs []error
+	for _, p := range s.All() {
+		if err := p.Stop(timeout); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stop kills what is left and tears the infrastructure down.
+func (s *System) Stop() {
+	for _, p := range s.All() {
+		p.Stop(5 * time.Second) //nolint:errcheck // tearing down
+	}
+	for _, p := range s.Pools {
+		p.Close()
+	}
+	if s.Kafka != nil {
+		s.Kafka.Close()
+	}
+	if s.PG != nil && s.ownPG {
+		s.PG.Stop() //nolint:errcheck
+	}
+	for _, f := range s.logFiles {
+		f.Close()
+	}
+}
