@@ -197,3 +197,31 @@ func (s *System) Stop() {
 		f.Close()
 	}
 }
+
+// Supervise restarts every service process that exits, after delay, until
+// ctx ends: what a container orchestrator does. onRestart, when set, is
+// called after each restart.
+func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRestart func(*procs.Proc)) {
+	for _, p := range s.All() {
+		go func(p *procs.Proc) {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-p.Exited():
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(delay()):
+				}
+				if err := p.Start(); err != nil {
+					return
+				}
+				if onRestart != nil {
+					onRestart(p)
+				}
+			}
+		}(p)
+	}
+}

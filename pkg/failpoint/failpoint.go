@@ -6,6 +6,12 @@
 //	FAILPOINTS="after-commit-before-ack=p:0.05,after-publish-before-mark=every:40"
 //	FAILPOINT_SEED=42          # makes probabilistic schedules reproducible
 //	FAILPOINT_LOG=/tmp/fp.log  # a line is appended here before each kill
+//	FAILPOINT_GRACE=1s         # no window fires until the process is this old
+//
+// The grace period lets a restarted process catch up and commit its offsets
+// before it can be killed again: without it, a schedule that kills every
+// 40th message would kill every incarnation inside the same 40 redelivered
+// messages, forever.
 //
 // When FAILPOINTS is empty, Hit is one atomic load and a return: it costs
 // nothing on the hot path. When a window fires there is no deferred code, no
@@ -22,6 +28,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // Name is a crash window.
@@ -64,10 +71,18 @@ var (
 	schedules map[Name]*schedule
 	rng       *rand.Rand
 	logPath   string
+	armedAt   time.Time // no window fires before this instant
 )
 
 func init() {
-	if err := Configure(os.Getenv("FAILPOINTS"), os.Getenv("FAILPOINT_SEED"), os.Getenv("FAILPOINT_LOG")); err != nil {
+	err := Configure(os.Getenv("FAILPOINTS"), os.Getenv("FAILPOINT_SEED"), os.Getenv("FAILPOINT_LOG"))
+	if err == nil && os.Getenv("FAILPOINT_GRACE") != "" {
+		var grace time.Duration
+		if grace, err = time.ParseDuration(os.Getenv("FAILPOINT_GRACE")); err == nil {
+			armedAt = time.Now().Add(grace)
+		}
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "failpoint: %v\n", err)
 		os.Exit(2)
 	}
@@ -140,6 +155,9 @@ func known(n Name) bool {
 // says so, the process is killed with SIGKILL before Hit returns.
 func Hit(n Name) {
 	if !armed.Load() {
+		return
+	}
+	if time.Now().Before(armedAt) {
 		return
 	}
 	mu.Lock()

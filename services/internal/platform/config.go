@@ -49,7 +49,7 @@ func EnvVars() []string {
 	for i := range t.NumField() {
 		names = append(names, t.Field(i).Tag.Get("env"))
 	}
-	return append(names, "FAILPOINTS", "FAILPOINT_SEED", "FAILPOINT_LOG")
+	return append(names, "FAILPOINTS", "FAILPOINT_SEED", "FAILPOINT_LOG", "FAILPOINT_GRACE")
 }
 
 // LoadConfig reads Config from the environment, with httpAddr as the default

@@ -1,0 +1,144 @@
+// Package e2e runs both services as real OS processes against the
+// self-starting stack and judges each run with SQL (internal/check).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/loadgen"
+	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+)
+
+var pg *stack.Postgres
+
+func TestMain(m *testing.M) {
+	var err error
+	if pg, err = stack.StartPostgres(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	pg.Stop() //nolint:errcheck
+	os.Exit(code)
+}
+
+type testBundle struct {
+	sys   *system.System
+	stock map[string]int
+	skus  []string
+}
+
+func setup(t *testing.T, opts system.Options) *testBundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	opts.Postgres = pg
+	opts.DBPrefix = fmt.Sprintf("e2e_%d_", time.Now().UnixNano())
+	opts.Work = t.TempDir()
+	opts.Log = t.Logf
+	sys, err := system.Start(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("service logs are in %s", sys.Work)
+		}
+		sys.Stop()
+	})
+	b := &testBundle{sys: sys, skus: loadgen.SKUs(10)}
+	b.stock = loadgen.StockFor(200, b.skus)
+	require.NoError(t, sys.Client.SeedStock(ctx, b.stock))
+	return b
+}
+
+// run pays n orders and waits until every paid order is settled.
+func (b *testBundle) run(t *testing.T, n int) check.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := loadgen.Run(ctx, b.sys.Client, b.skus, loadgen.Plan{Orders: n, Concurrency: 8, DoubleSubmit: 10, Seed: 1})
+	require.NoError(t, err)
+	require.Len(t, res.Paid, n)
+	report, err := check.Wait(ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, check.Settled(n),
+		func(r check.Report) { t.Logf("waiting: %d of %d settled", r.Reserved+r.Rejected, r.OrdersPaid) })
+	require.NoError(t, err, "invariants: %+v", report.Invariants)
+	require.Equal(t, n, report.OrdersPaid)
+	return report
+}
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, system.Options{})
+	report := b.run(t, 200)
+
+	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+	require.Equal(t, 200, report.Reserved+report.Rejected)
+	require.Positive(t, report.Reserved)
+	require.Zero(t, report.OrderPaidDup, "a double-submitted payment published two OrderPaid")
+	require.NoError(t, b.sys.StopServices(30*time.Second), "graceful shutdown")
+}
+
+// crashAfterCommit arms after-commit-before-ack in inventory, restarts it
+// after every kill, and returns the settled report and the kill count.
+func crashAfterCommit(t *testing.T, inboxDisabled bool) (check.Report, int64) {
+	env := []string{
+		"FAILPOINTS=" + string(failpoint.AfterCommitBeforeAck) + "=every:40",
+		"FAILPOINT_SEED=1",
+		// Let each incarnation catch up and commit offsets before it can die.
+		"FAILPOINT_GRACE=1s",
+		fmt.Sprintf("INBOX_DISABLED=%t", inboxDisabled),
+	}
+	b := setup(t, system.Options{
+		Env: []string{
+			"KAFKA_SESSION_TIMEOUT=1s",
+			"KAFKA_COMMIT_INTERVAL=200ms",
+		},
+		EnvFor: map[string][]string{"inventory": env},
+		Kafka:  stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var restarts atomic.Int64
+	b.sys.Supervise(ctx, func() time.Duration { return 100 * time.Millisecond }, func(*procs.Proc) { restarts.Add(1) })
+
+	report := b.run(t, 200)
+	cancel()
+	return report, restarts.Load()
+}
+
+// TestCrashAfterCommitBeforeAck kills inventory with SIGKILL right after its
+// inbox transaction committed and before Kafka heard of it. Kafka redelivers;
+// the inbox must suppress every redelivery.
+func TestCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel()
+	report, kills := crashAfterCommit(t, false)
+	t.Logf("kills: %d, duplicates suppressed: %d", kills, report.DuplicatesSuppressed)
+
+	require.Positive(t, kills, "the failpoint never fired")
+	require.Positive(t, report.DuplicatesSuppressed, "kills after commit must cause redeliveries")
+	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+}
+
+// TestCrashAfterCommitBeforeAckWithoutInbox is the control: the same run
+// with the inbox switched off must be caught applying orders twice.
+// Without it, the test above could pass with a checker that never fails.
+func TestCrashAfterCommitBeforeAckWithoutInbox(t *testing.T) {
+	t.Parallel()
+	report, kills := crashAfterCommit(t, true)
+	t.Logf("kills: %d, double-applied orders: %d", kills, report.DoubleApplied)
+
+	require.Positive(t, kills)
+	exactlyOnce, _ := report.Invariant(check.ExactlyOnce)
+	require.False(t, exactlyOnce.OK, "without the inbox, redeliveries must show up as double-applies")
+	require.Positive(t, report.DoubleApplied)
+}
