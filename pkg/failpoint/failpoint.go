@@ -151,9 +151,11 @@ func known(n Name) bool {
 	return false
 }
 
-// Hit marks that the code reached window n. If n is armed and its schedule
-// says so, the process is killed with SIGKILL before Hit returns.
-func Hit(n Name) {
+// Hit marks that the code reached window n while working on subject (a
+// message id, an order id: it goes into the kill line, so the harness can
+// follow what happened to that subject afterwards). If n is armed and its
+// schedule says so, the process is killed with SIGKILL before Hit returns.
+func Hit(n Name, subject string) {
 	if !armed.Load() {
 		return
 	}
@@ -173,12 +175,12 @@ func Hit(n Name) {
 	}
 	mu.Unlock()
 	if fire {
-		kill(n)
+		kill(n, subject)
 	}
 }
 
-func kill(n Name) {
-	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d\n", n, os.Getpid())
+func kill(n Name, subject string) {
+	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), subject)
 	if logPath != "" {
 		if f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
 			f.WriteString(line) //nolint:errcheck // best effort; we are about to die

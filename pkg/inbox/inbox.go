@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/migrate"
@@ -172,7 +173,7 @@ func IsPermanent(err error) bool {
 // the message is then redelivered, which the inbox makes harmless.
 func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		failpoint.Hit(failpoint.BeforeBegin)
+		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
 		start := time.Now()
 		d := delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: start}
 		d.sum = sha256.Sum256(msg.Payload)
@@ -195,7 +196,7 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				return nil, err // database trouble: let the broker redeliver
 			}
 			if herr == nil {
-				failpoint.Hit(failpoint.AfterCommitBeforeAck)
+				failpoint.Hit(failpoint.AfterCommitBeforeAck, d.id)
 				return out, nil
 			}
 			if IsPermanent(herr) {
@@ -253,14 +254,18 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 		if tag.RowsAffected() == 0 {
 			return nil, nil, in.seenBefore(ctx, tx, d)
 		}
-		failpoint.Hit(failpoint.AfterInboxInsert)
+		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
 	}
 
 	out, herr = callHandler(h, d.msg, context.WithValue(ctx, txKey{}, tx))
 	if herr != nil {
-		return nil, herr, nil // deferred rollback undoes the inbox row and every domain write
+		// The deferred rollback undoes the inbox row and every domain write.
+		if transient(tx, herr) {
+			return nil, nil, fmt.Errorf("inbox: database failed under the handler: %w", herr)
+		}
+		return nil, herr, nil
 	}
-	failpoint.Hit(failpoint.AfterHandlerBeforeCommit)
+	failpoint.Hit(failpoint.AfterHandlerBeforeCommit, d.id)
 	if d.attempts > 0 {
 		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
 			return nil, nil, fmt.Errorf("inbox: clearing attempts: %w", err)
@@ -271,6 +276,27 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 	}
 	in.settle(d, Applied, "")
 	return out, nil, nil
+}
+
+// transient reports whether a handler error says the database failed, not
+// the handler: the connection is gone, the server is restarting or shutting
+// down, it ran out of resources, a serialization failure or deadlock, or the
+// attempt timed out. Such failures are not the message's fault: they do not
+// count towards MaxAttempts, and the message is redelivered instead, so a
+// Postgres restart never dead-letters good messages.
+func transient(tx pgx.Tx, err error) bool {
+	if tx.Conn().IsClosed() {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "57":
+			return true
+		}
+		return false
+	}
+	return pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err)
 }
 
 // callHandler runs h with ctx as the message context, restores the original

@@ -79,7 +79,11 @@ func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Me
 		if err != nil {
 			return fmt.Errorf("outbox: encoding metadata: %w", err)
 		}
-		ids[i], keys[i], payloads[i], metas[i] = id, msg.Metadata.Get(KeyMetadata), msg.Payload, string(meta)
+		payload := msg.Payload
+		if payload == nil {
+			payload = []byte{} // pgx sends a nil slice as NULL; payload is NOT NULL
+		}
+		ids[i], keys[i], payloads[i], metas[i] = id, msg.Metadata.Get(KeyMetadata), payload, string(meta)
 	}
 	// One round trip: insert every row and queue the wake-up notification,
 	// which Postgres delivers only if and when tx commits.

@@ -104,6 +104,17 @@ func (c RelayConfig) Validate() error {
 		return errors.New("outbox: RelayConfig.PollInterval must be at least 1ms")
 	case c.Retention < 0:
 		return errors.New("outbox: RelayConfig.Retention must not be negative")
+	// Negative values below slip past setDefaults: a negative
+	// RetentionInterval panics in time.NewTicker inside Run, a negative
+	// BatchTimeout fails every batch, a negative RetentionBatch every DELETE.
+	case c.ErrorBackoff < 0:
+		return errors.New("outbox: RelayConfig.ErrorBackoff must not be negative")
+	case c.BatchTimeout < 0:
+		return errors.New("outbox: RelayConfig.BatchTimeout must be positive")
+	case c.RetentionInterval < 0:
+		return errors.New("outbox: RelayConfig.RetentionInterval must be positive")
+	case c.RetentionBatch < 0:
+		return errors.New("outbox: RelayConfig.RetentionBatch must be positive")
 	}
 	return nil
 }
@@ -234,12 +245,12 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		if len(batch) == 0 {
 			return nil
 		}
-		failpoint.Hit(failpoint.AfterClaimBeforePublish)
+		failpoint.Hit(failpoint.AfterClaimBeforePublish, batch[0].msgID)
 
 		if err := r.publish(batch); err != nil {
 			return err
 		}
-		failpoint.Hit(failpoint.AfterPublishBeforeMark)
+		failpoint.Hit(failpoint.AfterPublishBeforeMark, batch[0].msgID)
 
 		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = now() WHERE id = ANY($1)`, ids); err != nil {
 			return fmt.Errorf("marking %d rows published: %w", len(ids), err)

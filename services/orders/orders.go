@@ -75,7 +75,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool) {
 		case err != nil:
 			platform.WriteError(w, http.StatusInternalServerError, err.Error())
 		default:
-			failpoint.Hit(failpoint.AfterCommitBeforeResponse)
+			failpoint.Hit(failpoint.AfterCommitBeforeResponse, o.ID)
 			platform.WriteJSON(w, http.StatusOK, o)
 		}
 	})
