@@ -71,11 +71,16 @@ func FreeAddr() (string, error) {
 // Proc is one service process that can be started, killed and restarted
 // with the same binary, environment and address.
 type Proc struct {
-	Name string // e.g. "inventory-2"
-	Bin  string
-	Env  []string // KEY=VALUE, added to the parent's environment
-	Addr string   // its HTTP_ADDR
-	Log  io.Writer
+	Service string // e.g. "inventory"
+	Name    string // e.g. "inventory-2"
+	Bin     string
+	Env     []string // KEY=VALUE, added to the parent's environment
+	Addr    string   // its HTTP_ADDR
+	Log     io.Writer
+	// EnvHook, when set, is called before every start; what it returns is
+	// added to Env for that incarnation only (the chaos harness arms each
+	// incarnation with its own crash window this way).
+	EnvHook func(*Proc) []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -91,12 +96,15 @@ func (p *Proc) Start() error {
 	defer p.mu.Unlock()
 	cmd := exec.Command(p.Bin)
 	cmd.Env = append(append(os.Environ(), p.Env...), "HTTP_ADDR="+p.Addr, "INSTANCE="+p.Name)
+	if p.EnvHook != nil {
+		cmd.Env = append(cmd.Env, p.EnvHook(p)...)
+	}
 	cmd.Stdout, cmd.Stderr = p.Log, p.Log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", p.Name, err)
 	}
-	p.cmd, p.exited = cmd, make(chan struct{})
+	p.cmd, p.exited, p.status = cmd, make(chan struct{}), nil
 	p.starts++
 	go func(cmd *exec.Cmd, exited chan struct{}) {
 		err := cmd.Wait()
@@ -123,6 +131,14 @@ func (p *Proc) Pid() int {
 		return 0
 	}
 	return p.cmd.Process.Pid
+}
+
+// ExitStatus returns how the last incarnation ended (nil: exit code 0, or
+// still running).
+func (p *Proc) ExitStatus() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status
 }
 
 // Starts counts how often the process was started.

@@ -33,6 +33,8 @@ type Options struct {
 	// Env is added to every service process; EnvFor to one service's.
 	Env    []string
 	EnvFor map[string][]string
+	// EnvHook is set on every process (see procs.Proc.EnvHook).
+	EnvHook func(*procs.Proc) []string
 	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
 	Kafka stack.KafkaOptions
 	// DBPrefix prefixes the two database names, so several systems can
@@ -138,7 +140,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 				"DATABASE_URL=" + s.DBURL[name],
 				"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ","),
 			}, opts.Env...)
-			p := &procs.Proc{Name: pname, Bin: bins[name], Addr: addr, Log: f, Env: append(env, opts.EnvFor[name]...)}
+			p := &procs.Proc{Service: name, Name: pname, Bin: bins[name], Addr: addr, Log: f, Env: append(env, opts.EnvFor[name]...), EnvHook: opts.EnvHook}
 			if err := p.Start(); err != nil {
 				return nil, err
 			}

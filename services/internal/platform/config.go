@@ -32,6 +32,8 @@ type Config struct {
 
 	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"5"`
 	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"100ms"`
+	// Larger payloads are quarantined unread.
+	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's
 	// control run sets it, to prove the harness catches double-applies.
 	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`

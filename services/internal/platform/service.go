@@ -94,7 +94,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 
 	ibx, err := inbox.New(inbox.Config{
 		Pool: pool, Consumer: svc.Name, Logger: wlog,
-		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff,
+		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		DisableDedupe: cfg.InboxDisabled,
 		OnOutcome:     logOutcome(log),
 	})

@@ -1,0 +1,368 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/loadgen"
+	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+)
+
+// windowsFor lists the crash windows a service's code reaches.
+func windowsFor(service string) []failpoint.Name {
+	if service == "orders" {
+		return failpoint.All
+	}
+	var w []failpoint.Name
+	for _, n := range failpoint.All {
+		if n != failpoint.AfterCommitBeforeResponse { // inventory serves no payments
+			w = append(w, n)
+		}
+	}
+	return w
+}
+
+// harness runs one chaos run.
+type harness struct {
+	p     profile
+	seed  uint64
+	inbox bool
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	draining bool
+	pending  map[failpoint.Name]int // armed incarnations that have not died yet
+	armedAs  map[string]failpoint.Name
+	fired    map[failpoint.Name]int // from the failpoint log, refreshed as it grows
+
+	randomKills atomic.Int64
+	restarts    atomic.Int64
+	pgRestarts  atomic.Int64
+	faults      *brokerFaults
+	fpLog       string
+	sys         *system.System
+	start       time.Time
+}
+
+func newHarness(p profile, seed uint64, inbox bool) *harness {
+	return &harness{
+		p: p, seed: seed, inbox: inbox,
+		rng:     rand.New(rand.NewPCG(seed, 0xc4a05)),
+		pending: map[failpoint.Name]int{},
+		armedAs: map[string]failpoint.Name{},
+		fired:   map[failpoint.Name]int{},
+	}
+}
+
+func (h *harness) say(format string, args ...any) {
+	fmt.Printf("[%6.1fs] %s\n", time.Since(h.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// randDuration returns a duration in [lo, hi), from the seeded generator.
+func (h *harness) randDuration(lo, hi time.Duration) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return lo + time.Duration(h.rng.Int64N(int64(hi-lo)+1))
+}
+
+// arm chooses the crash window of a process incarnation that is about to
+// start: the window of its service that has fired least so far, fired on its
+// first hit after a random grace period. Some incarnations are left unarmed
+// and are only ever killed at random.
+func (h *harness) arm(p *procs.Proc) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.armedAs, p.Name)
+	if h.draining || h.rng.Float64() < 0.15 {
+		return nil
+	}
+	windows := windowsFor(p.Service)
+	best := windows[h.rng.IntN(len(windows))]
+	for _, w := range windows {
+		if h.fired[w]+h.pending[w] < h.fired[best]+h.pending[best] {
+			best = w
+		}
+	}
+	h.pending[best]++
+	h.armedAs[p.Name] = best
+	grace := h.p.GraceMin + time.Duration(h.rng.Int64N(int64(h.p.GraceMax-h.p.GraceMin)+1))
+	return []string{
+		fmt.Sprintf("FAILPOINTS=%s=every:1", best),
+		"FAILPOINT_GRACE=" + grace.String(),
+		fmt.Sprintf("FAILPOINT_SEED=%d", h.seed),
+	}
+}
+
+// exited settles the arming of an incarnation that died.
+func (h *harness) exited(p *procs.Proc) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w, ok := h.armedAs[p.Name]; ok {
+		h.pending[w]--
+		delete(h.armedAs, p.Name)
+	}
+}
+
+func (h *harness) run(ctx context.Context) (*Report, error) {
+	h.start = time.Now()
+	work, err := os.MkdirTemp("", "chaos-")
+	if err != nil {
+		return nil, err
+	}
+	h.fpLog = filepath.Join(work, "failpoints.log")
+	h.say("seed %d, profile %s (%d orders at %.0f/s), inbox %s", h.seed, h.p.Name, h.p.Orders, h.p.Rate, onOff(h.inbox))
+	h.say("logs in %s", work)
+
+	sys, err := system.Start(ctx, system.Options{
+		Work:     work,
+		Replicas: map[string]int{"orders": 2, "inventory": 3},
+		Env: []string{
+			"KAFKA_SESSION_TIMEOUT=1s",
+			"KAFKA_COMMIT_INTERVAL=200ms",
+			"RELAY_POLL_INTERVAL=100ms",
+			"INBOX_RETRY_BACKOFF=20ms",
+			"INBOX_MAX_PAYLOAD_BYTES=65536",
+			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),
+			"FAILPOINT_LOG=" + h.fpLog,
+		},
+		Kafka:   stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
+		EnvHook: h.arm,
+		Log:     func(f string, a ...any) { h.say(f, a...) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer sys.Stop()
+	h.sys = sys
+
+	skus := loadgen.SKUs(20)
+	stock := loadgen.StockFor(h.p.Orders, skus)
+	if err := sys.Client.SeedStock(ctx, stock); err != nil {
+		return nil, fmt.Errorf("seeding stock: %w", err)
+	}
+
+	chaosCtx, stopChaos := context.WithCancel(ctx)
+	defer stopChaos()
+	superviseCtx, stopSupervising := context.WithCancel(ctx)
+	defer stopSupervising()
+	h.supervise(superviseCtx)
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); h.killRandomly(chaosCtx) }()
+	h.faults = newBrokerFaults(sys.Kafka.Cluster(), h.seed)
+	go func() { defer wg.Done(); h.faults.run(chaosCtx, h.p.BrokerFault) }()
+	go func() { defer wg.Done(); h.progress(chaosCtx) }()
+
+	var paid atomic.Int64
+	hostile := newHostile(sys, h.seed)
+	pgAt := restartPoints(h.p.Orders, h.p.PGRestarts)
+	var hostileOnce sync.Once
+	loadCtx, cancelLoad := context.WithTimeout(ctx, time.Duration(float64(h.p.Orders)/h.p.Rate*float64(time.Second))*3+2*time.Minute)
+	defer cancelLoad()
+	res, loadErr := loadgen.Run(loadCtx, sys.Client, skus, loadgen.Plan{
+		Orders: h.p.Orders, Concurrency: 16, DoubleSubmit: 25, Seed: h.seed, Rate: h.p.Rate,
+		OnPaid: func(loadgen.Order) {
+			n := paid.Add(1)
+			if n == int64(h.p.Orders/10) {
+				hostileOnce.Do(func() {
+					go func() {
+						if err := hostile.send(ctx); err != nil {
+							h.say("sending hostile messages: %v", err)
+						} else {
+							h.say("sent hostile messages: %s", hostile.summary())
+						}
+					}()
+				})
+			}
+			if slices.Contains(pgAt, n) {
+				go h.restartPostgres(ctx)
+			}
+		},
+	})
+	if loadErr != nil {
+		return nil, fmt.Errorf("load: %w", loadErr)
+	}
+	h.say("load done: %d orders paid (%d paid twice at once, %d client retries)", len(res.Paid), res.DoubleSubmits, res.Retries)
+
+	// Drain: no more arming, random kills or broker faults. Armed processes
+	// still alive may fire; the supervisor restarts them unarmed.
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+	stopChaos()
+	wg.Wait()
+	h.say("draining: chaos stopped, waiting for every paid order to settle")
+	drainCtx, cancelDrain := context.WithTimeout(ctx, h.p.Drain)
+	defer cancelDrain()
+	settled := check.Settled(len(res.Paid))
+	final, waitErr := check.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock,
+		func(r check.Report) bool { return settled(r) && hostile.done(drainCtx) },
+		func(r check.Report) {
+			h.say("draining: %d of %d settled, outbox pending %v", r.Reserved+r.Rejected, r.OrdersPaid, r.OutboxPending)
+		})
+	if waitErr != nil {
+		h.say("drain deadline passed: judging the state as it is")
+	}
+	stopSupervising()
+	if err := sys.StopServices(30 * time.Second); err != nil {
+		h.say("graceful stop: %v", err)
+	}
+	return h.report(ctx, final, res, hostile)
+}
+
+// restartPoints spreads n Postgres restarts over the load.
+func restartPoints(orders, n int) []int64 {
+	var at []int64
+	for i := 1; i <= n; i++ {
+		at = append(at, int64(orders*i/(n+1)))
+	}
+	return at
+}
+
+func (h *harness) restartPostgres(ctx context.Context) {
+	if h.sys.PG.External() {
+		h.say("postgres is external (DATABASE_URL): not restarting it")
+		return
+	}
+	h.say("restarting postgres (pg_ctl restart -m immediate)")
+	if err := h.sys.PG.Restart(ctx); err != nil {
+		h.say("postgres restart failed: %v", err)
+		return
+	}
+	h.pgRestarts.Add(1)
+	h.say("postgres is back")
+}
+
+// supervise restarts every process that dies, after a short random delay.
+func (h *harness) supervise(ctx context.Context) {
+	for _, p := range h.sys.All() {
+		go func(p *procs.Proc) {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-p.Exited():
+				}
+				h.exited(p)
+				if ctx.Err() != nil {
+					return
+				}
+				if err := p.ExitStatus(); err != nil && !killed(err) {
+					h.say("%s exited on its own: %v (restarting)", p.Name, err)
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(h.randDuration(100*time.Millisecond, 500*time.Millisecond)):
+				}
+				if err := p.Start(); err != nil {
+					h.say("restarting %s: %v", p.Name, err)
+					return
+				}
+				h.restarts.Add(1)
+			}
+		}(p)
+	}
+}
+
+func killed(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "signal: killed")
+}
+
+// killRandomly SIGKILLs a random live process every RandomKill on average.
+func (h *harness) killRandomly(ctx context.Context) {
+	all := h.sys.All()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(h.randDuration(h.p.RandomKill/2, h.p.RandomKill*3/2)):
+		}
+		h.mu.Lock()
+		p := all[h.rng.IntN(len(all))]
+		h.mu.Unlock()
+		if p.Signal(syscall.SIGKILL) == nil {
+			h.randomKills.Add(1)
+		}
+	}
+}
+
+// readFired counts the kill lines of the failpoint log, per window, and
+// returns the subjects each window was working on.
+func (h *harness) readFired() (map[failpoint.Name]int, map[failpoint.Name][]string) {
+	counts := map[failpoint.Name]int{}
+	subjects := map[failpoint.Name][]string{}
+	f, err := os.Open(h.fpLog)
+	if err != nil {
+		return counts, subjects
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// failpoint NAME fired: SIGKILL pid N subject S
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 3 || fields[0] != "failpoint" {
+			continue
+		}
+		n := failpoint.Name(fields[1])
+		counts[n]++
+		if len(fields) >= 8 {
+			subjects[n] = append(subjects[n], fields[7])
+		}
+	}
+	h.mu.Lock()
+	h.fired = counts
+	h.mu.Unlock()
+	return counts, subjects
+}
+
+// progress prints a line every five seconds while the load runs.
+func (h *harness) progress(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fired, _ := h.readFired()
+		total := 0
+		for _, n := range fired {
+			total += n
+		}
+		var paid, settled int
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := h.sys.Pools["orders"].QueryRow(qctx, `
+			SELECT count(*) FILTER (WHERE status <> 'created'), count(*) FILTER (WHERE status IN ('reserved', 'rejected'))
+			FROM orders`).Scan(&paid, &settled)
+		cancel()
+		db := fmt.Sprintf("paid %d, settled %d", paid, settled)
+		if err != nil {
+			db = "database unavailable"
+		}
+		h.say("%s | kills: %d at windows, %d random | restarts %d | postgres restarts %d | broker faults %d",
+			db, total, h.randomKills.Load(), h.restarts.Load(), h.pgRestarts.Load(), h.faults.total())
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "OFF (control run)"
+}

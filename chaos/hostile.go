@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// hostileMsg is one hostile message class, published straight onto a topic
+// with a Kafka client, bypassing every outbox.
+type hostileMsg struct {
+	class    string
+	consumer string // the service whose inbox must catch it
+	topic    string
+	id       string // message id ("" for the missing-id class)
+	payload  []byte
+	times    int    // deliveries
+	kind     string // the inbox_quarantine kind it must end as
+}
+
+type hostile struct {
+	sys  *system.System
+	rng  *rand.Rand
+	msgs []hostileMsg
+	sent atomic.Bool
+}
+
+func newHostile(sys *system.System, seed uint64) *hostile {
+	return &hostile{sys: sys, rng: rand.New(rand.NewPCG(seed, 0xbad))}
+}
+
+// The hostile classes, all required by the ci profile.
+const (
+	hostileMalformed    = "malformed_json"
+	hostileSchema       = "unknown_schema_version"
+	hostileNoID         = "missing_message_id"
+	hostileConflict     = "same_id_different_payload"
+	hostileOversized    = "oversized_payload"
+	hostileWrongTypes   = "wrong_field_types"
+	hostileUnknownOrder = "unknown_order"
+	hostileBurst        = "burst_50_deliveries"
+)
+
+func (h *hostile) build(ctx context.Context) error {
+	newID := func() string { return uuid.Must(uuid.NewV7()).String() }
+	// A real, already-published OrderPaid, for the conflict: same id,
+	// different payload.
+	var realID string
+	var realPayload []byte
+	err := h.sys.Pools["orders"].QueryRow(ctx, `
+		SELECT message_id::text, payload FROM outbox_messages
+		WHERE topic = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&realID, &realPayload)
+	if err != nil {
+		return fmt.Errorf("finding a published OrderPaid: %w", err)
+	}
+	conflicting := strings.Replace(string(realPayload), `"quantity":`, `"quantity":9`, 1)
+
+	h.msgs = []hostileMsg{
+		{class: hostileMalformed, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: []byte(`{"schema_version":1,"type":"OrderPaid","order_id":`), times: 1, kind: "dead_letter"},
+		{class: hostileSchema, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: []byte(`{"schema_version":99,"type":"OrderPaid","order_id":"x","lines":[{"sku":"sku-01","quantity":1}]}`), times: 1, kind: "dead_letter"},
+		{class: hostileNoID, consumer: "inventory", topic: events.TopicOrders, id: "",
+			payload: []byte(fmt.Sprintf(`{"schema_version":1,"type":"OrderPaid","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID())), times: 1, kind: "invalid"},
+		{class: hostileConflict, consumer: "inventory", topic: events.TopicOrders, id: realID,
+			payload: []byte(conflicting), times: 1, kind: "payload_conflict"},
+		{class: hostileOversized, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: []byte(`{"schema_version":1,"type":"OrderPaid","pad":"` + strings.Repeat("x", 100<<10) + `"}`), times: 1, kind: "invalid"},
+		{class: hostileWrongTypes, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: []byte(`{"schema_version":"one","type":"OrderPaid","order_id":7,"lines":"many"}`), times: 1, kind: "dead_letter"},
+		{class: hostileUnknownOrder, consumer: "orders", topic: events.TopicInventory, id: newID(),
+			payload: []byte(fmt.Sprintf(`{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID())), times: 1, kind: "dead_letter"},
+		{class: hostileBurst, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: []byte(`{"schema_version":1,"type":"OrderPaid","order_id":"burst","lines":[]}`), times: 50, kind: "dead_letter"},
+	}
+	return nil
+}
+
+// send publishes every hostile message.
+func (h *hostile) send(ctx context.Context) error {
+	if err := h.build(ctx); err != nil {
+		return err
+	}
+	conf := kafkaconf.Sarama()
+	conf.Producer.MaxMessageBytes = 1 << 20
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: h.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
+		OverwriteSaramaConfig: conf,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	for _, m := range h.msgs {
+		for range m.times {
+			msg := message.NewMessage(m.id, m.payload)
+			msg.Metadata.Set(outbox.KeyMetadata, "hostile-"+m.class)
+			if err := pub.Publish(m.topic, msg); err != nil {
+				return fmt.Errorf("publishing %s: %w", m.class, err)
+			}
+		}
+	}
+	h.sent.Store(true)
+	return nil
+}
+
+func (h *hostile) summary() string {
+	var classes []string
+	for _, m := range h.msgs {
+		classes = append(classes, fmt.Sprintf("%s×%d", m.class, m.times))
+	}
+	return strings.Join(classes, ", ")
+}
+
+// HostileResult is one class's outcome in the report.
+type HostileResult struct {
+	Sent              int    `json:"sent"`
+	QuarantinedOrDead int    `json:"quarantined_or_dead"`
+	SuppressedRepeats int    `json:"suppressed_repeats,omitempty"`
+	Reason            string `json:"reason,omitempty"`
+	ExpectedKind      string `json:"expected_kind"`
+	Handled           bool   `json:"handled"`
+}
+
+// results looks each hostile message up in its consumer's quarantine. A
+// class is handled when every delivery is accounted for: recorded in
+// inbox_quarantine with the expected kind and a reason, or (for repeats of
+// an already dead-lettered id) suppressed as a duplicate.
+func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error) {
+	out := map[string]HostileResult{}
+	for _, m := range h.msgs {
+		pool := h.sys.Pools[m.consumer]
+		r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
+		sum := sha256.Sum256(m.payload)
+		var rows int
+		var reason *string
+		if err := pool.QueryRow(ctx, `
+			SELECT count(*), min(reason) FROM inbox_quarantine
+			WHERE consumer = $1 AND message_id = $2 AND kind = $3 AND payload_sha256 = $4`,
+			m.consumer, m.id, m.kind, sum[:]).Scan(&rows, &reason); err != nil {
+			return nil, err
+		}
+		if reason != nil {
+			r.Reason = *reason
+		}
+		var dups int
+		if m.id != "" {
+			if err := pool.QueryRow(ctx, `SELECT coalesce(max(duplicates), 0) FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+				m.consumer, m.id).Scan(&dups); err != nil {
+				return nil, err
+			}
+		}
+		r.QuarantinedOrDead = min(rows, m.times)
+		if m.times > 1 {
+			r.SuppressedRepeats = dups
+			r.QuarantinedOrDead = min(m.times, rows+dups)
+		}
+		r.Handled = rows >= 1 && r.QuarantinedOrDead == m.times && r.Reason != ""
+		out[m.class] = r
+	}
+	return out, nil
+}
+
+// done reports whether every hostile message has been dealt with (or none
+// was sent yet, which the report will show).
+func (h *hostile) done(ctx context.Context) bool {
+	if !h.sent.Load() {
+		return false
+	}
+	res, err := h.results(ctx)
+	if err != nil {
+		return false
+	}
+	for _, r := range res {
+		if !r.Handled {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
