@@ -27,3 +27,19 @@ vet: ## go vet and a gofmt check
 .PHONY: build
 build: ## Build the service binaries into bin/
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/orders ./services/inventory
+
+SEED ?= 7
+
+.PHONY: chaos-ci
+chaos-ci: ## The chaos proof CI runs: ci profile (must pass), then the control run with the inbox off (must fail)
+	$(GO) build -o bin/chaos ./chaos
+	./bin/chaos -profile ci -seed $(SEED) -report chaos-report.json
+	@echo "== control run: the inbox switched off; the checker must catch double-applies =="
+	@if ./bin/chaos -profile ci -seed $(SEED) -inbox=off -report chaos-control.json; then \
+		echo "FAIL: the control run passed, so the checker cannot see double-applies"; exit 1; fi
+	@grep -Eq '"double_applied": [1-9]' chaos-control.json || { echo "FAIL: the control run failed, but not with double-applies"; exit 1; }
+	@echo "control run failed with double-applies, as it must"
+
+.PHONY: chaos
+chaos: ## The long chaos profile: SEED=7
+	$(GO) run ./chaos -profile long -seed $(SEED) -report chaos-report.json

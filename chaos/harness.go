@@ -132,6 +132,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		Replicas: map[string]int{"orders": 2, "inventory": 3},
 		Env: []string{
 			"KAFKA_SESSION_TIMEOUT=1s",
+			"KAFKA_REBALANCE_TIMEOUT=3s",
 			"KAFKA_COMMIT_INTERVAL=200ms",
 			"RELAY_POLL_INTERVAL=100ms",
 			"INBOX_RETRY_BACKOFF=20ms",

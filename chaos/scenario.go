@@ -2,11 +2,231 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/services/events"
 )
 
+// scenarios says, per crash window, which service is killed and why the
+// outcome is still exactly once.
+var scenarios = map[failpoint.Name]struct {
+	victim string
+	before string // what is true at the moment of the kill
+	why    string // why nothing was applied twice
+}{
+	failpoint.BeforeBegin: {"inventory",
+		"inventory had received OrderPaid from Kafka but had not opened a transaction: nothing was written.",
+		"Kafka never saw the offset committed, so it delivered OrderPaid again to the restarted inventory. The inbox had no row for it, so it was applied now, once."},
+	failpoint.AfterInboxInsert: {"inventory",
+		"inventory had inserted the inbox row, inside a transaction that never committed.",
+		"An uncommitted insert dies with its connection: Postgres rolled it back. Kafka redelivered OrderPaid, the inbox had no row, and it was applied once."},
+	failpoint.AfterHandlerBeforeCommit: {"inventory",
+		"inventory had reserved the stock and written InventoryReserved to its outbox, all in one uncommitted transaction.",
+		"The reservation, the outbox row and the inbox row were one transaction: all rolled back together. The redelivery applied them, once."},
+	failpoint.AfterCommitBeforeAck: {"inventory",
+		"inventory had COMMITTED the inbox row, the reservation and the InventoryReserved outbox row, but Kafka's committed offset was still before the message.",
+		"Kafka redelivered OrderPaid, as at-least-once delivery must. The inbox INSERT hit the committed row (ON CONFLICT DO NOTHING, zero rows), the payload hash matched, so the handler was skipped and the message acknowledged: a suppressed duplicate, not a second reservation."},
+	failpoint.AfterClaimBeforePublish: {"orders",
+		"the orders relay had locked the OrderPaid row (FOR UPDATE SKIP LOCKED) but sent nothing to Kafka.",
+		"The relay's transaction died with its connection, so the lock went with it and the row stayed unpublished. The restarted relay claimed and published it: inventory received it once."},
+	failpoint.AfterPublishBeforeMark: {"orders",
+		"Kafka had acknowledged OrderPaid, but the orders relay had not marked the row published.",
+		"The restarted relay found the row unmarked and published it again: Kafka now holds two copies with the same message id. Inventory's inbox applied the first and suppressed the second."},
+	failpoint.AfterCommitBeforeResponse: {"orders",
+		"orders had COMMITTED status=paid and the OrderPaid outbox row, but the client got no HTTP answer.",
+		"The client retried the payment. The order was no longer 'created', so the UPDATE matched nothing and no second OrderPaid was written: the status transition is the idempotency key."},
+}
+
+// runScenario runs one order through the system with one kill at window w,
+// and narrates what happened.
 func runScenario(ctx context.Context, w failpoint.Name) error {
-	return fmt.Errorf("scenario %s: not written yet", w)
+	sc, ok := scenarios[w]
+	if !ok {
+		var names []string
+		for _, n := range failpoint.All {
+			names = append(names, string(n))
+		}
+		return fmt.Errorf("unknown window %q; the windows are: %s", w, strings.Join(names, ", "))
+	}
+	start := time.Now()
+	step := 0
+	say := func(format string, args ...any) {
+		step++
+		fmt.Printf("\n%d. %s\n", step, fmt.Sprintf(format, args...))
+	}
+	note := func(format string, args ...any) { fmt.Printf("   %s\n", fmt.Sprintf(format, args...)) }
+
+	work, err := os.MkdirTemp("", "chaos-scenario-")
+	if err != nil {
+		return err
+	}
+	fpLog := filepath.Join(work, "failpoints.log")
+	armed := false
+	fmt.Printf("scenario %s: one order, one SIGKILL of %s at that window (logs in %s)\n", w, sc.victim, work)
+	sys, err := system.Start(ctx, system.Options{
+		Work: work,
+		Env: []string{"KAFKA_SESSION_TIMEOUT=1s", "KAFKA_REBALANCE_TIMEOUT=3s", "KAFKA_COMMIT_INTERVAL=200ms", "RELAY_POLL_INTERVAL=100ms",
+			"FAILPOINT_LOG=" + fpLog},
+		Kafka: stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
+		EnvHook: func(p *procs.Proc) []string {
+			if p.Service != sc.victim || armed {
+				return nil // restarted incarnations run unarmed
+			}
+			armed = true
+			return []string{fmt.Sprintf("FAILPOINTS=%s=every:1", w)}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer sys.Stop()
+	orders, inventory := sys.Pools["orders"], sys.Pools["inventory"]
+	victim := sys.Procs[sc.victim][0]
+	stock := map[string]int{"sku-01": 10}
+	if err := sys.Client.SeedStock(ctx, stock); err != nil {
+		return err
+	}
+	fmt.Printf("   the stack is up: orders and inventory run as OS processes; %s is armed to SIGKILL itself at %s\n", sc.victim, w)
+
+	order, err := sys.Client.CreateOrder(ctx, []events.Line{{SKU: "sku-01", Quantity: 2}})
+	if err != nil {
+		return err
+	}
+	say("Created order %s: 2 × sku-01 (inventory has 10).", order.ID)
+
+	say("Paying it. orders runs ONE transaction: UPDATE orders SET status = 'paid' and INSERT the OrderPaid row into its outbox.")
+	payErr := make(chan error, 1)
+	go func() {
+		_, err := sys.Client.Pay(ctx, order.ID) // retries until some incarnation answers
+		payErr <- err
+	}()
+
+	killCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	select {
+	case <-victim.Exited():
+	case <-killCtx.Done():
+		return errors.New("the window was never reached")
+	}
+	line, subject := lastKill(fpLog)
+	say("%s was killed: %s", sc.victim, line)
+	note("At that moment %s", sc.before)
+	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
+		return err
+	}
+
+	say("A supervisor restarts %s (unarmed this time), as an orchestrator would.", sc.victim)
+	time.Sleep(200 * time.Millisecond)
+	if err := victim.Start(); err != nil {
+		return err
+	}
+	readyCtx, cancelReady := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelReady()
+	if err := victim.WaitReady(readyCtx); err != nil {
+		return err
+	}
+	note("%s is back (pid %d). It rejoins its Kafka consumer group; partitions are reassigned.", sc.victim, victim.Pid())
+	if err := <-payErr; err != nil {
+		return fmt.Errorf("paying: %w", err)
+	}
+
+	waitCtx, cancelWait := context.WithTimeout(ctx, time.Minute)
+	defer cancelWait()
+	report, err := check.Wait(waitCtx, orders, inventory, stock, func(r check.Report) bool {
+		return check.Settled(1)(r) && (w != failpoint.AfterCommitBeforeAck && w != failpoint.AfterPublishBeforeMark || r.DuplicatesSuppressed > 0)
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("order did not settle: %w", err)
+	}
+	say("The order settled. What the databases say now:")
+	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
+		return err
+	}
+	say("Why nothing was applied twice: %s", sc.why)
+	fmt.Println()
+	for _, inv := range report.Invariants {
+		status := "PASS"
+		if !inv.OK {
+			status = "FAIL"
+		}
+		fmt.Printf("   %s  %-17s %s\n", status, inv.Name, inv.Detail)
+	}
+	fmt.Printf("\n(%s)\n", time.Since(start).Round(time.Millisecond))
+	if !report.OK() {
+		return errors.New("an invariant failed")
+	}
+	return nil
+}
+
+// lastKill returns the last line of the failpoint log and its subject.
+func lastKill(path string) (string, string) {
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	last := lines[len(lines)-1]
+	fields := strings.Fields(last)
+	if len(fields) >= 8 {
+		return last, fields[7]
+	}
+	return last, ""
+}
+
+// narrateState prints the rows that tell the story of one order.
+func narrateState(ctx context.Context, orders, inventory *pgxpool.Pool, orderID, subject string, note func(string, ...any)) error {
+	var status string
+	var orderPaid, published int
+	if err := orders.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, orderID).Scan(&status); err != nil {
+		return err
+	}
+	if err := orders.QueryRow(ctx, `SELECT count(*), count(published_at) FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
+		events.TopicOrders, orderID).Scan(&orderPaid, &published); err != nil {
+		return err
+	}
+	note("orders:    order status %q; OrderPaid rows in the outbox: %d (%d marked published)", status, orderPaid, published)
+
+	var msgID string
+	_ = orders.QueryRow(ctx, `SELECT message_id::text FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
+		events.TopicOrders, orderID).Scan(&msgID)
+	var inboxRows, dups, reservations, answers int
+	if msgID != "" {
+		if err := inventory.QueryRow(ctx, `SELECT count(*), coalesce(max(duplicates), 0) FROM inbox_messages WHERE message_id = $1`,
+			msgID).Scan(&inboxRows, &dups); err != nil {
+			return err
+		}
+	}
+	if err := inventory.QueryRow(ctx, `SELECT count(*) FROM reservations WHERE order_id = $1`, orderID).Scan(&reservations); err != nil {
+		return err
+	}
+	if err := inventory.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE partition_key = $1`, orderID).Scan(&answers); err != nil {
+		return err
+	}
+	note("inventory: inbox row for OrderPaid %s: %d (duplicates suppressed: %d); reservations: %d; InventoryReserved in its outbox: %d",
+		short(msgID), inboxRows, dups, reservations, answers)
+	var applied int
+	if err := orders.QueryRow(ctx, `SELECT count(*) FROM order_events WHERE order_id = $1`, orderID).Scan(&applied); err != nil {
+		return err
+	}
+	note("orders:    inventory answers applied to the order: %d", applied)
+	if subject != "" && subject != orderID && subject != msgID {
+		note("(the killed code was working on message %s)", short(subject))
+	}
+	return nil
+}
+
+func short(id string) string {
+	if len(id) > 13 {
+		return id[:13] + "…"
+	}
+	return id
 }

@@ -101,6 +101,7 @@ func crashAfterCommit(t *testing.T, inboxDisabled bool) (check.Report, int64) {
 	b := setup(t, system.Options{
 		Env: []string{
 			"KAFKA_SESSION_TIMEOUT=1s",
+			"KAFKA_REBALANCE_TIMEOUT=3s",
 			"KAFKA_COMMIT_INTERVAL=200ms",
 		},
 		EnvFor: map[string][]string{"inventory": env},

@@ -257,6 +257,14 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
 	}
 
+	if d.attempts > 0 {
+		// Cleared before the handler runs, while the transaction is sure to be
+		// healthy (a handler that swallowed a failed statement leaves it
+		// aborted); a failed attempt rolls the deletion back with the rest.
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
+			return nil, nil, fmt.Errorf("inbox: clearing attempts: %w", err)
+		}
+	}
 	out, herr = callHandler(h, d.msg, context.WithValue(ctx, txKey{}, tx))
 	if herr != nil {
 		// The deferred rollback undoes the inbox row and every domain write.
@@ -266,12 +274,10 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 		return nil, herr, nil
 	}
 	failpoint.Hit(failpoint.AfterHandlerBeforeCommit, d.id)
-	if d.attempts > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
-			return nil, nil, fmt.Errorf("inbox: clearing attempts: %w", err)
-		}
-	}
 	if err := tx.Commit(ctx); err != nil {
+		if commitRefused(tx, err) {
+			return nil, fmt.Errorf("commit refused: %w", err), nil
+		}
 		return nil, nil, fmt.Errorf("inbox: commit: %w", err)
 	}
 	in.settle(d, Applied, "")
@@ -297,6 +303,18 @@ func transient(tx pgx.Tx, err error) bool {
 		return false
 	}
 	return pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err)
+}
+
+// commitRefused reports whether the server refused the COMMIT because of what
+// the handler's transaction did: a deferred constraint failed, or a statement
+// had failed and the handler went on (pgx.ErrTxCommitRollback). Nothing was
+// committed. The attempt counts as failed, like a handler error, so it is
+// retried and finally dead-lettered; returned to the broker it would come back
+// forever and block its partition. Database failures (transient) still go
+// back to the broker.
+func commitRefused(tx pgx.Tx, err error) bool {
+	var pgErr *pgconn.PgError
+	return (errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback)) && !transient(tx, err)
 }
 
 // callHandler runs h with ctx as the message context, restores the original

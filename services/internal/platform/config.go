@@ -29,6 +29,10 @@ type Config struct {
 	// Consumer-group session timeout: how long a killed replica's partitions
 	// wait before they move to a live one.
 	KafkaSessionTimeout time.Duration `env:"KAFKA_SESSION_TIMEOUT" default:"10s"`
+	// How long the group coordinator waits for every member to rejoin during
+	// a rebalance. A member that died mid-rebalance holds the whole group up
+	// for this long, so chaos runs, which kill members every second, lower it.
+	KafkaRebalanceTimeout time.Duration `env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
 
 	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"5"`
 	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"100ms"`

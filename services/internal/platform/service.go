@@ -110,6 +110,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	subConf.Consumer.Offsets.AutoCommit.Interval = cfg.KafkaCommitInterval
 	subConf.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
 	subConf.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 3
+	subConf.Consumer.Group.Rebalance.Timeout = cfg.KafkaRebalanceTimeout
 	subConf.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
 	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: cfg.KafkaBrokers, Unmarshaler: marshaler, OverwriteSaramaConfig: subConf,
