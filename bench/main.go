@@ -1,0 +1,193 @@
+// Command bench measures what the pattern costs, side by side in one run on
+// one machine: the same order round trips (OrderPaid committed in orders →
+// reservation committed in inventory → InventoryReserved applied in orders)
+// against
+//
+//   - textbook: the shape the well-known articles show: watermill-sql's
+//     polling subscriber with its default settings relaying the outbox,
+//     one synchronous Kafka send per message (RELAY_DRIVER=textbook);
+//   - project:  the default configuration users get;
+//   - project, dedupe off: the same, with the inbox's INSERT switched off,
+//     to price the inbox itself;
+//   - limit:    the same SQL statements replayed straight against Postgres in
+//     batches, with no Kafka and no Go services in between.
+//
+// Speed claims are the ratios between these, measured in the same run.
+// It writes bench-report.json (BENCH_REPORT overrides the path) and an SVG
+// chart next to it.
+//
+//	go run ./bench            # make bench
+//	go run ./bench -smoke     # seconds; what CI runs
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outboxref/outbox-inbox/internal/stack"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: FAIL:", err)
+		os.Exit(1)
+	}
+}
+
+// params sizes a run; every build gets the same.
+type params struct {
+	Orders      int     `json:"orders"`       // round trips in the saturation phase
+	Payers      int     `json:"payers"`       // concurrent paying clients
+	SKUs        int     `json:"skus"`         // catalogue size (large: little lock contention)
+	Partitions  int     `json:"partitions"`   // per topic
+	LatencyRate float64 `json:"latency_rate"` // orders/s offered in the latency phase
+	LatencyFor  float64 `json:"latency_s"`    // seconds of the latency phase
+	LimitBatch  int     `json:"limit_batch"`  // orders per transaction in the limit build
+	Seed        uint64  `json:"seed"`
+}
+
+// Result is one build's figures.
+type Result struct {
+	Build          string      `json:"build"`
+	RoundTripsPerS float64     `json:"round_trips_per_s"`
+	HopLatencyMS   Percentiles `json:"hop_latency_ms"`
+	DBTxPerMessage float64     `json:"db_tx_per_message"`
+	CPUSPer1000    float64     `json:"cpu_s_per_1000_round_trips"`
+	SaturationS    float64     `json:"saturation_s"`
+	LatencySamples int         `json:"latency_samples"`
+	LatencyMissing int         `json:"latency_missing"`
+	Env            []string    `json:"env,omitempty"`
+	Notes          string      `json:"notes,omitempty"`
+}
+
+// Percentiles of one-hop latency, producer commit → consumer commit.
+type Percentiles struct {
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+}
+
+// Report is bench-report.json.
+type Report struct {
+	When         string             `json:"when"`
+	Machine      map[string]string  `json:"machine"`
+	Params       params             `json:"params"`
+	Textbook     Result             `json:"textbook"`
+	Project      Result             `json:"project"`
+	ProjectNoDup Result             `json:"project_dedupe_off"`
+	Limit        Result             `json:"limit"`
+	Ratios       map[string]float64 `json:"ratios"`
+	Goals        map[string]bool    `json:"goals"`
+	Chart        string             `json:"chart"`
+}
+
+func run(ctx context.Context) error {
+	smoke := flag.Bool("smoke", false, "a few seconds per build: checks the benchmark works, measures nothing")
+	flag.Parse()
+	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 12, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
+	if *smoke {
+		p.Orders, p.LatencyFor = 500, 1
+	}
+	path := os.Getenv("BENCH_REPORT")
+	if path == "" {
+		path = "bench-report.json"
+	}
+
+	start := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	pg, err := stack.StartPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Stop() //nolint:errcheck
+
+	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
+	say("params: %+v", p)
+	builds := []struct {
+		name string
+		env  []string
+		dst  *Result
+	}{
+		{"textbook", []string{"RELAY_DRIVER=textbook"}, &r.Textbook},
+		{"project", nil, &r.Project},
+		{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, &r.ProjectNoDup},
+	}
+	for _, b := range builds {
+		say("== %s %v", b.name, b.env)
+		res, err := runServices(ctx, pg, p, b.name, b.env, b.name != "project_dedupe_off", say)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.name, err)
+		}
+		*b.dst = res
+		say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms, %.2f db tx/message, %.2f CPU s/1000",
+			b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000)
+	}
+	say("== limit (batched SQL, no Kafka, no services)")
+	if r.Limit, err = runLimit(ctx, pg, p, say); err != nil {
+		return fmt.Errorf("limit: %w", err)
+	}
+	say("limit: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms", r.Limit.RoundTripsPerS,
+		r.Limit.HopLatencyMS.P50, r.Limit.HopLatencyMS.P95, r.Limit.HopLatencyMS.P99)
+
+	r.Ratios = map[string]float64{
+		"project_vs_textbook": r.Project.RoundTripsPerS / r.Textbook.RoundTripsPerS,
+		"project_vs_limit":    r.Project.RoundTripsPerS / r.Limit.RoundTripsPerS,
+		"inbox_overhead":      1 - r.Project.RoundTripsPerS/r.ProjectNoDup.RoundTripsPerS,
+	}
+	r.Goals = map[string]bool{
+		"project >= 3x textbook":        r.Ratios["project_vs_textbook"] >= 3,
+		"project >= 40% of limit":       r.Ratios["project_vs_limit"] >= 0.4,
+		"p99 hop <= 25ms at 500/s":      r.Project.HopLatencyMS.P99 <= 25,
+		"inbox overhead <= 15%":         r.Ratios["inbox_overhead"] <= 0.15,
+		"project >= 5000 round trips/s": r.Project.RoundTripsPerS >= 5000,
+	}
+	r.Chart = strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
+	if err := os.WriteFile(r.Chart, chart(r), 0o644); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Printf("%-20s %12s %9s %9s %9s %10s %10s\n", "build", "round trip/s", "p50 ms", "p95 ms", "p99 ms", "tx/msg", "CPU s/1k")
+	for _, res := range []Result{r.Textbook, r.Project, r.ProjectNoDup, r.Limit} {
+		fmt.Printf("%-20s %12.0f %9.1f %9.1f %9.1f %10.2f %10.2f\n", res.Build, res.RoundTripsPerS,
+			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000)
+	}
+	fmt.Printf("\nproject/textbook %.2f×, project/limit %.0f%%, inbox overhead %.1f%%\n",
+		r.Ratios["project_vs_textbook"], 100*r.Ratios["project_vs_limit"], 100*r.Ratios["inbox_overhead"])
+	for _, g := range sortedGoals(r.Goals) {
+		mark := "met"
+		if !r.Goals[g] {
+			mark = "NOT met"
+		}
+		fmt.Printf("  goal %-32s %s\n", g, mark)
+	}
+	fmt.Printf("\nwrote %s and %s\n", path, r.Chart)
+	if *smoke {
+		fmt.Println("(smoke run: the figures above measure nothing)")
+	}
+	return nil
+}
+
+func machine() map[string]string {
+	host, _ := os.Hostname()
+	return map[string]string{"cpus": fmt.Sprint(runtime.NumCPU()), "go": runtime.Version(), "host": host}
+}

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/loadgen"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// runServices measures one build of the two services, run as processes.
+func runServices(ctx context.Context, pg *stack.Postgres, p params, build string, env []string, latency bool, say func(string, ...any)) (Result, error) {
+	res := Result{Build: build, Env: env}
+	sys, err := system.Start(ctx, system.Options{
+		Postgres: pg, DBPrefix: "bench_" + build + "_",
+		Env:   append([]string{"LOG_LEVEL=warn"}, env...),
+		Kafka: stack.KafkaOptions{Partitions: p.Partitions},
+	})
+	if err != nil {
+		return res, err
+	}
+	defer sys.Stop()
+	orders, inventory := sys.Pools["orders"], sys.Pools["inventory"]
+
+	rng := rand.New(rand.NewPCG(p.Seed, 1))
+	skus := loadgen.SKUs(p.SKUs)
+	stock := map[string]int{}
+	for _, s := range skus {
+		stock[s] = 1 << 30
+	}
+	if err := sys.Client.SeedStock(ctx, stock); err != nil {
+		return res, err
+	}
+	latencyOrders := int(p.LatencyRate * p.LatencyFor)
+	ids, err := createOrders(ctx, orders, p.Orders+latencyOrders, rng, skus)
+	if err != nil {
+		return res, err
+	}
+
+	// Saturation: every order paid as fast as Payers clients can, until every
+	// one is settled.
+	pids := func() []int {
+		var out []int
+		for _, proc := range sys.All() {
+			out = append(out, proc.Pid())
+		}
+		return out
+	}
+	cpu0 := cpuSeconds(pids())
+	tx0, err := xacts(ctx, orders, sys.DBURL)
+	if err != nil {
+		return res, err
+	}
+	t0 := time.Now()
+	if err := payAll(ctx, orders, ids[:p.Orders], p.Payers, nil); err != nil {
+		return res, err
+	}
+	polls, err := waitSettled(ctx, orders, p.Orders, 5*time.Minute)
+	if err != nil {
+		return res, err
+	}
+	elapsed := time.Since(t0)
+	cpu1 := cpuSeconds(pids())
+	time.Sleep(1500 * time.Millisecond) // Postgres publishes transaction counts about once a second
+	tx1, err := xacts(ctx, orders, sys.DBURL)
+	if err != nil {
+		return res, err
+	}
+	res.SaturationS = elapsed.Seconds()
+	res.RoundTripsPerS = float64(p.Orders) / elapsed.Seconds()
+	res.DBTxPerMessage = float64(tx1-tx0-polls-2) / float64(2*p.Orders) // minus the bench's own polls and reads
+	res.CPUSPer1000 = (cpu1 - cpu0) / float64(p.Orders) * 1000
+	say("%s: %d round trips in %s", build, p.Orders, elapsed.Round(time.Millisecond))
+
+	if !latency {
+		res.Notes = "saturation only"
+		return res, nil
+	}
+	lat, missing, err := measureLatency(ctx, orders, inventory, sys.DBURL["inventory"], ids[p.Orders:], p.LatencyRate)
+	if err != nil {
+		return res, err
+	}
+	res.HopLatencyMS, res.LatencySamples, res.LatencyMissing = lat, latencyOrders-missing, missing
+	return res, nil
+}
+
+// createOrders inserts n unpaid orders of 1-3 random lines.
+func createOrders(ctx context.Context, pool *pgxpool.Pool, n int, rng *rand.Rand, skus []string) ([]string, error) {
+	ids := make([]string, n)
+	lines := make([]string, n)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7()).String()
+		b, _ := events.Encode(loadgen.Lines(rng, skus))
+		lines[i] = string(b)
+	}
+	_, err := pool.Exec(ctx, `INSERT INTO orders (id, lines) SELECT * FROM unnest($1::uuid[], $2::jsonb[])`, ids, lines)
+	return ids, err
+}
+
+// pay runs exactly the orders service's payment transaction: the status
+// transition and the OrderPaid outbox row, committed together.
+func pay(ctx context.Context, pool *pgxpool.Pool, id string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var lines []events.Line
+		var paidAt time.Time
+		if err := tx.QueryRow(ctx, `
+			UPDATE orders SET status = 'paid', paid_at = now()
+			WHERE id = $1 AND status = 'created' RETURNING lines, paid_at`, id).Scan(&lines, &paidAt); err != nil {
+			return err
+		}
+		payload, err := events.Encode(events.OrderPaid{Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt})
+		if err != nil {
+			return err
+		}
+		return outbox.PublishTx(ctx, tx, events.TopicOrders, outbox.NewMessage(id, payload))
+	})
+}
+
+// payAll pays ids with n concurrent clients; when tick is set, each payment
+// waits for a tick first (a fixed offered rate), and committed receives the
+// commit time of each order.
+func payAll(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, tick <-chan time.Time, committed ...func(string, time.Time)) error {
+	work := make(chan string)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				if err := pay(ctx, pool, id); err != nil {
+					errs <- fmt.Errorf("paying %s: %w", id, err)
+					return
+				}
+				for _, f := range committed {
+					f(id, time.Now())
+				}
+			}
+		}()
+	}
+	var err error
+feed:
+	for _, id := range ids {
+		if tick != nil {
+			<-tick
+		}
+		select {
+		case work <- id:
+		case err = <-errs:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return err
+}
+
+// waitSettled polls until n orders are reserved or rejected; it returns how
+// many polls (database transactions of the bench's own) it took.
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, n int, timeout time.Duration) (int64, error) {
+	deadline := time.Now().Add(timeout)
+	var polls int64
+	for {
+		var settled int
+		polls++
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE status IN ('reserved', 'rejected')`).Scan(&settled); err != nil {
+			return polls, err
+		}
+		if settled >= n {
+			return polls, nil
+		}
+		if time.Now().After(deadline) {
+			return polls, fmt.Errorf("only %d of %d round trips completed within %s", settled, n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// xacts sums committed and rolled-back transactions of the build's two
+// databases.
+func xacts(ctx context.Context, pool *pgxpool.Pool, urls map[string]string) (int64, error) {
+	var names []string
+	for _, u := range urls {
+		cfg, err := pgx.ParseConfig(u)
+		if err != nil {
+			return 0, err
+		}
+		names = append(names, cfg.Database)
+	}
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT coalesce(sum(xact_commit + xact_rollback), 0)::bigint FROM pg_stat_database WHERE datname = ANY($1)`, names).Scan(&n)
+	return n, err
+}
+
+// measureLatency pays ids at rate per second and times each hop from the
+// payment's commit to the commit of inventory's reservation, which a trigger
+// announces with NOTIFY (delivered at commit).
+func measureLatency(ctx context.Context, orders, inventory *pgxpool.Pool, inventoryURL string, ids []string, rate float64) (Percentiles, int, error) {
+	if _, err := inventory.Exec(ctx, `
+		CREATE OR REPLACE FUNCTION bench_hop() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN PERFORM pg_notify('bench_hop', NEW.order_id); RETURN NULL; END $$;
+		CREATE OR REPLACE TRIGGER bench_hop AFTER INSERT ON reservations FOR EACH ROW EXECUTE FUNCTION bench_hop();`); err != nil {
+		return Percentiles{}, 0, fmt.Errorf("installing the latency trigger: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, inventoryURL)
+	if err != nil {
+		return Percentiles{}, 0, err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN bench_hop"); err != nil {
+		return Percentiles{}, 0, err
+	}
+	var mu sync.Mutex
+	committed := map[string]time.Time{}
+	applied := map[string]time.Time{}
+	var got atomic.Int64
+	listenCtx, stopListening := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(listenCtx)
+			if err != nil {
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			if _, seen := applied[n.Payload]; !seen {
+				applied[n.Payload] = now
+				got.Add(1)
+			}
+			mu.Unlock()
+		}
+	}()
+	ticker := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	err = payAll(ctx, orders, ids, 64, ticker.C, func(id string, t time.Time) {
+		mu.Lock()
+		committed[id] = t
+		mu.Unlock()
+	})
+	ticker.Stop()
+	if err != nil {
+		stopListening()
+		return Percentiles{}, 0, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for got.Load() < int64(len(ids)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopListening()
+	<-done
+	var hops []float64
+	for id, c := range committed {
+		if a, ok := applied[id]; ok {
+			hops = append(hops, float64(a.Sub(c).Microseconds())/1000)
+		}
+	}
+	if len(hops) == 0 {
+		return Percentiles{}, len(ids), errors.New("no hop was observed")
+	}
+	return percentiles(hops), len(ids) - len(hops), nil
+}
+
+func percentiles(v []float64) Percentiles {
+	sort.Float64s(v)
+	at := func(q float64) float64 { return v[min(len(v)-1, int(q*float64(len(v))))] }
+	return Percentiles{P50: at(0.50), P95: at(0.95), P99: at(0.99)}
+}
