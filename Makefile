@@ -43,3 +43,11 @@ chaos-ci: ## The chaos proof CI runs: ci profile (must pass), then the control r
 .PHONY: chaos
 chaos: ## The long chaos profile: SEED=7
 	$(GO) run ./chaos -profile long -seed $(SEED) -report chaos-report.json
+
+.PHONY: bench
+bench: ## Benchmark textbook vs project vs the database's limit, in one run: bench-report.json + .svg
+	$(GO) run ./bench
+
+.PHONY: bench-smoke
+bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)
+	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke

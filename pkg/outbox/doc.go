@@ -31,8 +31,12 @@
 // with SELECT … FOR UPDATE SKIP LOCKED inside one transaction, publishes the
 // batch, and marks it with one UPDATE; and it LISTENs for the NOTIFY that
 // PublishTx queues in the producer's transaction, so it wakes within
-// milliseconds of a commit and polls only as a fallback. The benchmark in
-// bench/ measures both against the same broker.
+// milliseconds of a commit and polls only as a fallback; and KafkaPublisher
+// sends a batch in one produce round trip instead of one per message. The
+// benchmark in bench/ runs both side by side against the same broker: the
+// textbook relay there (internal/textbook) is watermill-sql's subscriber with
+// its default settings feeding watermill-kafka's publisher, the Forwarder's
+// engine.
 //
 // # Several replicas
 //
