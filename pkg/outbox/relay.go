@@ -306,7 +306,9 @@ func (r *Relay) listen(ctx context.Context) {
 			return
 		}
 		r.cfg.Logger.Error("Outbox listener lost; falling back to polling until it reconnects", err, nil)
-		sleep(ctx, r.cfg.PollInterval)
+		// Reconnect soon even when the poll is slow: until then, commits
+		// wait for the poll.
+		sleep(ctx, min(r.cfg.PollInterval, time.Second))
 	}
 }
 
