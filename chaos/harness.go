@@ -167,6 +167,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	h.faults = newBrokerFaults(sys.Kafka.Cluster(), h.seed)
 	go func() { defer wg.Done(); h.faults.run(chaosCtx, h.p.BrokerFault) }()
 	go func() { defer wg.Done(); h.progress(chaosCtx) }()
+	go h.writeStatus(ctx) // status.go: live status for cmd/dashboard (-status)
 
 	var paid atomic.Int64
 	hostile := newHostile(sys, h.seed)

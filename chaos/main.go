@@ -60,6 +60,7 @@ func run(ctx context.Context) error {
 	}
 	h := newHarness(p, *seed, *inboxFlag == "on")
 	report, err := h.run(ctx)
+	writeFinalStatus(report) // status.go: the dashboard shows the verdict
 	if report != nil {
 		report.print()
 		if *reportPath != "" {

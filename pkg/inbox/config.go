@@ -22,7 +22,8 @@ type Config struct {
 
 	// MessageID returns the id a message is deduplicated by. Defaults to
 	// FromUUID (the Watermill message UUID, which watermill-kafka carries in a
-	// header). An empty id or an error quarantines the message.
+	// header). An empty id, one over 1 KiB or not valid UTF-8 text (a key of
+	// the inbox's indexes), or an error quarantines the message.
 	MessageID func(*message.Message) (string, error)
 
 	// MaxAttempts is how many times a failing handler runs before its message

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -173,6 +174,8 @@ func IsPermanent(err error) bool {
 // the message is then redelivered, which the inbox makes harmless.
 func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		span := in.startSpan(msg) // tracing.go: one span per delivery, child of the producer's trace
+		defer span.End()
 		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
 		start := time.Now()
 		d := delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: start}
@@ -184,6 +187,10 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, in.quarantineInvalid(&d, fmt.Sprintf("reading message id: %v", err))
 		case id == "":
 			return nil, in.quarantineInvalid(&d, "message has no id")
+		case len(id) > maxIDBytes:
+			return nil, in.quarantineInvalid(&d, fmt.Sprintf("message id of %d bytes exceeds the %d-byte limit", len(id), maxIDBytes))
+		case id != pgText(id):
+			return nil, in.quarantineInvalid(&d, fmt.Sprintf("message id %q is not valid UTF-8 text", id))
 		}
 		d.id = id
 		if len(msg.Payload) > in.cfg.MaxPayloadBytes {
@@ -379,8 +386,24 @@ func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
 	return nil
 }
 
+// maxIDBytes bounds a message id: it is a key of btree indexes, whose entries
+// Postgres caps at about 2.7 kB. A longer id is quarantined as invalid.
+const maxIDBytes = 1024
+
+// pgText returns s as a Postgres text or jsonb value can hold it: invalid
+// UTF-8 and NUL bytes become U+FFFD. Message ids, metadata and handler errors
+// come from producers and handlers; a value the database refuses would fail
+// the delivery on every redelivery and block the partition.
+func pgText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
 func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
-	meta, err := json.Marshal(d.msg.Metadata)
+	md := make(map[string]string, len(d.msg.Metadata))
+	for k, v := range d.msg.Metadata {
+		md[pgText(k)] = pgText(v)
+	}
+	meta, err := json.Marshal(md)
 	if err != nil {
 		return fmt.Errorf("inbox: encoding metadata: %w", err)
 	}
@@ -391,7 +414,7 @@ func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, k
 	_, err = tx.Exec(ctx, `
 		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) `+onConflict,
-		in.cfg.Consumer, d.id, kind, reason, d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta)
+		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta)
 	if err != nil {
 		return fmt.Errorf("inbox: recording %s: %w", kind, err)
 	}
@@ -409,7 +432,7 @@ func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
 		VALUES ($1, $2, 1, $3)
 		ON CONFLICT (consumer, message_id) DO UPDATE
 		SET attempts = inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
-		RETURNING attempts`, in.cfg.Consumer, d.id, herr.Error()).Scan(&n)
+		RETURNING attempts`, in.cfg.Consumer, d.id, pgText(herr.Error())).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
 	}
@@ -446,9 +469,9 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 		}
 		dlq := message.NewMessage(watermill.NewUUID(), d.msg.Payload)
 		for k, v := range d.msg.Metadata {
-			dlq.Metadata.Set(k, v)
+			dlq.Metadata.Set(pgText(k), pgText(v))
 		}
-		dlq.Metadata.Set("dead_letter_reason", reason)
+		dlq.Metadata.Set("dead_letter_reason", pgText(reason))
 		dlq.Metadata.Set("dead_letter_consumer", in.cfg.Consumer)
 		dlq.Metadata.Set("dead_letter_message_id", d.id)
 		dlq.Metadata.Set("dead_letter_topic", d.topic)
@@ -467,6 +490,7 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 
 func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
 	in.stats[outcomeIndex(o)].Add(1)
+	traceOutcome(d.msg.Context(), o, d.attempts, reason) // tracing.go
 	if in.cfg.OnOutcome != nil {
 		in.cfg.OnOutcome(Event{
 			Consumer: in.cfg.Consumer, MessageID: d.id, Outcome: o,

@@ -75,7 +75,7 @@ func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Me
 		if err != nil {
 			return fmt.Errorf("outbox: message id %q is not a UUID: %w", msg.UUID, err)
 		}
-		meta, err := json.Marshal(msg.Metadata)
+		meta, err := json.Marshal(stampedMetadata(ctx, msg.Metadata)) // tracing.go: + outbox_created_at, traceparent
 		if err != nil {
 			return fmt.Errorf("outbox: encoding metadata: %w", err)
 		}

@@ -42,9 +42,19 @@ type Config struct {
 	// control run sets it, to prove the harness catches double-applies.
 	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`
 
+	// RelayDriver picks the relay: "batch" (pkg/outbox's Relay with the
+	// batching KafkaPublisher), "watermill" (pkg/outbox's Relay with
+	// watermill-kafka's one-at-a-time Publisher) or "textbook" (the
+	// benchmark's baseline, internal/textbook).
+	RelayDriver       string        `env:"RELAY_DRIVER" default:"batch"`
 	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"500"`
 	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"1s"`
 	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"1h"`
+
+	// Tracing (tracing.go): "otlp" exports OpenTelemetry spans, "off"
+	// records none; unset means otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+	Tracing      string `env:"TRACING"`
+	OTLPEndpoint string `env:"OTEL_EXPORTER_OTLP_ENDPOINT"` // read by the exporter; default http://localhost:4318
 }
 
 // EnvVars lists every variable LoadConfig reads, plus the failpoint

@@ -57,6 +57,11 @@ type Stats struct {
 func Run(ctx context.Context, cfg Config, svc Service) error {
 	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
 	wlog := watermill.NewSlogLogger(log)
+	stopTracing, err := setupTracing(ctx, cfg, svc.Name) // tracing.go
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.Background()) //nolint:errcheck // best effort flush
 
 	pool, err := connect(ctx, cfg.DatabaseURL, log)
 	if err != nil {
@@ -72,15 +77,12 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err := migrate.Apply(ctx, pool, svc.Name, svc.Migrations); err != nil {
 		return fmt.Errorf("migrating %s: %w", svc.Name, err)
 	}
+	mtr := newMetrics(pool, log) // metrics.go
 
 	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
-	pubConf := kafkaconf.Sarama()
-	pubConf.ClientID = svc.Name + "-relay"
-	publisher, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: cfg.KafkaBrokers, Marshaler: marshaler, OverwriteSaramaConfig: pubConf,
-	}, wlog)
+	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler, wlog) // relay.go
 	if err != nil {
-		return fmt.Errorf("creating kafka publisher: %w", err)
+		return err
 	}
 	defer publisher.Close()
 
@@ -96,7 +98,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		Pool: pool, Consumer: svc.Name, Logger: wlog,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		DisableDedupe: cfg.InboxDisabled,
-		OnOutcome:     logOutcome(log),
+		OnOutcome:     mtr.onOutcome(logOutcome(log)), // metrics, then the log
 	})
 	if err != nil {
 		return err
@@ -104,6 +106,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if cfg.InboxDisabled {
 		log.Warn("INBOX DISABLED: every delivery runs the handler; duplicates will be applied twice")
 	}
+	mtr.register(ibx, relay)
 
 	subConf := kafkaconf.Sarama()
 	subConf.ClientID = svc.Name + "-consumer"
@@ -125,6 +128,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return err
 	}
 	router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, subscriber, func(msg *message.Message) error {
+		mtr.handling(msg) // for commit-to-apply latency
 		return svc.Handle(msg)
 	}).AddMiddleware(ibx.Middleware)
 
@@ -147,8 +151,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
 		WriteJSON(w, http.StatusOK, Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: ibx.Stats(), Relay: relay.Stats()})
 	})
+	mux.Handle("GET /metrics", mtr.handler())
 	svc.Routes(mux, pool)
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: traceHTTP(mux), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
@@ -171,7 +176,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		}
 		return nil
 	})
-	g.Go(func() error { return relay.Run(gctx) })
+	g.Go(func() error { return runRelay(gctx, cfg, relay, pool, publisher, wlog) })
 	g.Go(func() error { ibx.RunRetention(gctx, time.Minute); return nil })
 	g.Go(func() error {
 		<-gctx.Done()

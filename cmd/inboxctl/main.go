@@ -1,0 +1,237 @@
+// Command inboxctl lets an operator deal with the messages a consumer's inbox
+// did not apply: dead letters and quarantined messages, in the consumer's
+// database (DATABASE_URL).
+//
+//	inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-resolved]
+//	inboxctl show ID
+//	inboxctl redrive [-by WHO] ID | -all [-consumer NAME]
+//	inboxctl discard -by WHO -why WHY ID
+//
+// redrive writes a dead letter back to its topic through the consumer's
+// outbox, under its original id, in the transaction that marks it redriven
+// (see inbox.Redrive): fix the handler first, then redrive. discard closes a
+// row without applying it and records who, why and when.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "inboxctl:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-resolved]
+  inboxctl show ID
+  inboxctl redrive [-by WHO] ID
+  inboxctl redrive [-by WHO] -all [-consumer NAME]
+  inboxctl discard -by WHO -why WHY ID
+DATABASE_URL names the consumer's database.`
+
+// errUsage is returned for a command line that does not parse.
+var errUsage = errors.New(usage)
+
+func run(ctx context.Context, args []string, out io.Writer, getenv func(string) string) error {
+	if len(args) == 0 {
+		return errUsage
+	}
+	cmd, args := args[0], args[1:]
+	fs := flag.NewFlagSet("inboxctl "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	consumer := fs.String("consumer", "", "only this consumer")
+	kind := fs.String("kind", "", "only this kind: dead_letter, payload_conflict or invalid")
+	resolved := fs.Bool("resolved", false, "list: also rows already redriven or discarded")
+	all := fs.Bool("all", false, "redrive: every open dead letter (of -consumer)")
+	by := fs.String("by", defaultOperator(getenv), "redrive, discard: who does it (recorded)")
+	why := fs.String("why", "", "discard: why (recorded)")
+	switch cmd {
+	case "list", "show", "redrive", "discard":
+	case "help", "-h", "-help", "--help":
+		fmt.Fprintln(out, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%v\n%s", err, usage)
+	}
+	id, err := idArg(cmd, fs.Args(), *all)
+	if err != nil {
+		return err
+	}
+
+	url := getenv("DATABASE_URL")
+	if url == "" {
+		return errors.New("DATABASE_URL is required: the consumer's database")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connecting: %w", err)
+	}
+	defer pool.Close()
+
+	switch cmd {
+	case "list":
+		list, err := inbox.ListQuarantine(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Resolved: *resolved})
+		if err != nil {
+			return err
+		}
+		printList(out, list)
+	case "show":
+		q, err := inbox.GetQuarantined(ctx, pool, id)
+		if err != nil {
+			return err
+		}
+		printOne(out, q)
+	case "redrive":
+		ids := []int64{id}
+		if *all {
+			list, err := inbox.ListQuarantine(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: inbox.KindDeadLetter})
+			if err != nil {
+				return err
+			}
+			ids = ids[:0]
+			for _, q := range list {
+				ids = append(ids, q.ID)
+			}
+			if len(ids) == 0 {
+				fmt.Fprintln(out, "no open dead letters")
+			}
+		}
+		for _, id := range ids {
+			res, err := inbox.Redrive(ctx, pool, id, *by)
+			if err != nil {
+				return fmt.Errorf("redriving %d: %w", id, err)
+			}
+			verb := "redriven"
+			if !res.Redriven {
+				verb = "not redriven"
+			}
+			fmt.Fprintf(out, "%d %s: %s\n", id, verb, res.Note)
+		}
+	case "discard":
+		if strings.TrimSpace(*why) == "" {
+			return errors.New("discard needs -why: it is kept as the audit record")
+		}
+		q, err := inbox.Discard(ctx, pool, id, *by, *why)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%d discarded by %s at %s: %s\n", q.ID, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339), q.ResolutionNote)
+	}
+	return nil
+}
+
+// idArg reads the one ID argument show, redrive and discard need.
+func idArg(cmd string, rest []string, all bool) (int64, error) {
+	switch {
+	case cmd == "list":
+		if len(rest) > 0 {
+			return 0, fmt.Errorf("list takes no arguments, got %q\n%s", rest, usage)
+		}
+		return 0, nil
+	case cmd == "redrive" && all:
+		if len(rest) > 0 {
+			return 0, fmt.Errorf("redrive: give an ID or -all, not both\n%s", usage)
+		}
+		return 0, nil
+	case len(rest) != 1:
+		return 0, fmt.Errorf("%s needs one ID (see inboxctl list)\n%s", cmd, usage)
+	}
+	id, err := strconv.ParseInt(rest[0], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: ID %q is not a number", cmd, rest[0])
+	}
+	return id, nil
+}
+
+// defaultOperator is who redrives when -by is not given: the OS user.
+func defaultOperator(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
+}
+
+func printList(out io.Writer, list []inbox.Quarantined) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "nothing quarantined")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tCONSUMER\tKIND\tMESSAGE\tATTEMPTS\tAGE\tSTATE\tREASON")
+	for _, q := range list {
+		state := "open"
+		if q.ResolvedAt != nil {
+			state = q.Resolution + " by " + q.ResolvedBy
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", q.ID, q.Consumer, q.Kind, q.MessageID, q.Attempts,
+			time.Since(q.CreatedAt).Round(time.Second), state, clip(q.Reason, 100))
+	}
+	w.Flush()
+}
+
+func printOne(out io.Writer, q inbox.Quarantined) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+	row("id", q.ID)
+	row("consumer", q.Consumer)
+	row("kind", q.Kind)
+	row("message id", q.MessageID)
+	row("topic", q.Topic)
+	row("reason", q.Reason)
+	row("attempts", q.Attempts)
+	row("quarantined at", q.CreatedAt.Format(time.RFC3339))
+	row("payload sha256", fmt.Sprintf("%x", q.PayloadSHA256))
+	if q.OriginalSHA256 != nil {
+		row("applied sha256", fmt.Sprintf("%x", q.OriginalSHA256))
+	}
+	meta, _ := json.Marshal(q.Metadata)
+	row("metadata", string(meta))
+	if q.ResolvedAt != nil {
+		row("resolution", fmt.Sprintf("%s by %s at %s", q.Resolution, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339)))
+		row("note", q.ResolutionNote)
+	} else {
+		row("resolution", "open")
+	}
+	payload := string(q.Payload)
+	if !utf8.Valid(q.Payload) {
+		payload = fmt.Sprintf("%d bytes, not UTF-8: %x", len(q.Payload), q.Payload[:min(len(q.Payload), 64)])
+	}
+	row("payload", clip(payload, 4096))
+	w.Flush()
+}
+
+func clip(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+var (
+	pg  *stack.Postgres
+	kfk *stack.Kafka
+)
+
+func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+
+func runTests(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var err error
+	if pg, err = stack.StartPostgres(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "inboxctl tests:", err)
+		return 1
+	}
+	defer pg.Stop() //nolint:errcheck
+	if kfk, err = stack.StartKafka(ctx, stack.KafkaOptions{Partitions: 1}); err != nil {
+		fmt.Fprintln(os.Stderr, "inboxctl tests:", err)
+		return 1
+	}
+	defer kfk.Close()
+	return m.Run()
+}
+
+type testBundle struct {
+	ctx  context.Context
+	url  string
+	pool *pgxpool.Pool
+	pub  message.Publisher
+	// topic is consumed by consumer "billing", whose handler refuses
+	// every payload starting with "bad".
+	topic string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	suffix := strings.ToLower(watermill.NewShortUUID())
+	b := &testBundle{ctx: ctx, topic: "inboxctl-" + suffix}
+	var err error
+	b.url, err = pg.CreateDatabase(ctx, "inboxctl_"+suffix)
+	require.NoError(t, err)
+	b.pool, err = pgxpool.New(ctx, b.url)
+	require.NoError(t, err)
+	t.Cleanup(b.pool.Close)
+	require.NoError(t, inbox.Migrate(ctx, b.pool))
+	require.NoError(t, outbox.Migrate(ctx, b.pool))
+
+	require.NoError(t, kfk.CreateTopics(ctx, 1, b.topic))
+	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(), ConsumerGroup: b.topic,
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	b.pub, err = kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(),
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.pub.Close() })
+	in, err := inbox.New(inbox.Config{Pool: b.pool, Consumer: "billing"})
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	router.AddConsumerHandler("billing", b.topic, sub, func(msg *message.Message) error {
+		if bytes.HasPrefix(msg.Payload, []byte("bad")) {
+			return inbox.Permanent(errors.New("amount is not a number"))
+		}
+		return nil
+	}).AddMiddleware(in.Middleware)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, router.Close())
+		require.NoError(t, <-done)
+	})
+	<-router.Running()
+	return b
+}
+
+// deadLetter publishes a payload the handler refuses and waits until it
+// is dead-lettered; it returns the quarantine row's id.
+func (b *testBundle) deadLetter(t *testing.T, payload string) (int64, string) {
+	t.Helper()
+	msg := outbox.NewMessage("account-1", []byte(payload))
+	require.NoError(t, b.pub.Publish(b.topic, msg))
+	var id int64
+	for {
+		err := b.pool.QueryRow(b.ctx, `SELECT id FROM inbox_quarantine WHERE message_id = $1`, msg.UUID).Scan(&id)
+		if err == nil {
+			return id, msg.UUID
+		}
+		select {
+		case <-b.ctx.Done():
+			t.Fatalf("%s was not dead-lettered: %v", payload, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// ctl runs inboxctl with args against the bundle's database.
+func (b *testBundle) ctl(args ...string) (string, error) {
+	var out bytes.Buffer
+	err := run(b.ctx, args, &out, func(k string) string {
+		if k == "DATABASE_URL" {
+			return b.url
+		}
+		return ""
+	})
+	return out.String(), err
+}
+
+func TestInboxctl(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, firstMsg := b.deadLetter(t, "bad: forty-two")
+	second, _ := b.deadLetter(t, "bad: NaN")
+	id1, id2 := fmt.Sprint(first), fmt.Sprint(second)
+
+	out, err := b.ctl("list", "-consumer", "billing", "-kind", "dead_letter")
+	require.NoError(t, err)
+	require.Contains(t, out, "REASON")
+	require.Contains(t, out, firstMsg)
+	require.Contains(t, out, "permanent error: amount is not a number")
+	require.Equal(t, 3, strings.Count(out, "\n"), "a header and two rows:\n%s", out)
+
+	out, err = b.ctl("show", id1)
+	require.NoError(t, err)
+	require.Contains(t, out, "bad: forty-two")
+	require.Contains(t, out, "topic:")
+	require.Contains(t, out, b.topic)
+	require.Contains(t, out, "resolution:      open")
+
+	out, err = b.ctl("redrive", "-by", "alice", id1)
+	require.NoError(t, err)
+	require.Contains(t, out, id1+" redriven: message "+firstMsg+" written back to "+b.topic)
+	var redriven int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND message_id = $2`, b.topic, firstMsg).Scan(&redriven))
+	require.Equal(t, 1, redriven, "written to the outbox")
+	out, err = b.ctl("redrive", "-by", "bob", id1)
+	require.NoError(t, err)
+	require.Contains(t, out, id1+" not redriven: already redriven by alice")
+
+	_, err = b.ctl("discard", "-by", "carol", id2)
+	require.ErrorContains(t, err, "discard needs -why")
+	out, err = b.ctl("discard", "-by", "carol", "-why", "test data from the load generator", id2)
+	require.NoError(t, err)
+	require.Contains(t, out, id2+" discarded by carol")
+
+	out, err = b.ctl("list")
+	require.NoError(t, err)
+	require.Equal(t, "nothing quarantined\n", out)
+	out, err = b.ctl("redrive", "-all")
+	require.NoError(t, err)
+	require.Equal(t, "no open dead letters\n", out)
+	out, err = b.ctl("list", "-resolved")
+	require.NoError(t, err)
+	require.Contains(t, out, "redriven by alice")
+	require.Contains(t, out, "discarded by carol")
+}
+
+func TestInboxctlUsage(t *testing.T) {
+	t.Parallel()
+	b := &testBundle{ctx: t.Context(), url: ""}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "usage"},
+		{[]string{"frobnicate"}, "unknown command"},
+		{[]string{"show"}, "show needs one ID"},
+		{[]string{"show", "x"}, "is not a number"},
+		{[]string{"redrive", "-all", "7"}, "not both"},
+		{[]string{"list", "7"}, "list takes no arguments"},
+		{[]string{"list", "-nope"}, "flag provided but not defined"},
+	} {
+		_, err := b.ctl(tc.args...)
+		require.ErrorContains(t, err, tc.want, "inboxctl %q", tc.args)
+	}
+	_, err := b.ctl("list")
+	require.ErrorContains(t, err, "DATABASE_URL is required")
+}

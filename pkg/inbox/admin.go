@@ -1,0 +1,249 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// The kinds of quarantined message (inbox_quarantine.kind).
+const (
+	KindDeadLetter      = "dead_letter"      // the handler failed permanently or MaxAttempts times
+	KindPayloadConflict = "payload_conflict" // an id already applied arrived with another payload
+	KindInvalid         = "invalid"          // no message id, or a payload over the size limit
+)
+
+// The resolutions an operator records on a quarantined message.
+const (
+	ResolutionRedriven  = "redriven"
+	ResolutionDiscarded = "discarded"
+)
+
+// Metadata that Redrive adds to the message it writes back.
+const (
+	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
+	RedriveByMetadata = "inbox_redrive_by" // who redrove it
+)
+
+var (
+	// ErrNotFound: no quarantined message has that id.
+	ErrNotFound = errors.New("inbox: no quarantined message with that id")
+	// ErrResolved: the message was already redriven or discarded.
+	ErrResolved = errors.New("inbox: quarantined message already resolved")
+	// ErrNotRedrivable: only dead letters with a UUID message id and a known
+	// topic can be written back; discard the others.
+	ErrNotRedrivable = errors.New("inbox: quarantined message cannot be redriven")
+)
+
+// Quarantined is one row of inbox_quarantine: a message the consumer did not
+// apply, with everything needed to inspect, redrive or discard it.
+type Quarantined struct {
+	ID             int64
+	Consumer       string
+	MessageID      string
+	Kind           string // KindDeadLetter, KindPayloadConflict or KindInvalid
+	Reason         string
+	Attempts       int
+	Topic          string
+	PayloadSHA256  []byte
+	OriginalSHA256 []byte // payload_conflict: the hash of the payload that was applied
+	Payload        []byte
+	Metadata       map[string]string
+	CreatedAt      time.Time
+
+	// Set once an operator dealt with it.
+	ResolvedAt     *time.Time
+	Resolution     string // ResolutionRedriven or ResolutionDiscarded
+	ResolvedBy     string
+	ResolutionNote string
+}
+
+// QuarantineFilter selects rows for ListQuarantine.
+type QuarantineFilter struct {
+	Consumer string // empty: every consumer
+	Kind     string // empty: every kind
+	// Resolved also lists rows that were redriven or discarded.
+	Resolved bool
+	// Limit caps the rows returned, oldest first. Defaults to 1000.
+	Limit int
+}
+
+const quarantineColumns = `id, consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256,
+	payload, metadata, created_at, resolved_at, coalesce(resolution, ''), coalesce(resolved_by, ''), coalesce(resolution_note, '')`
+
+func scanQuarantined(row pgx.Row) (Quarantined, error) {
+	var q Quarantined
+	err := row.Scan(&q.ID, &q.Consumer, &q.MessageID, &q.Kind, &q.Reason, &q.Attempts, &q.Topic, &q.PayloadSHA256,
+		&q.OriginalSHA256, &q.Payload, &q.Metadata, &q.CreatedAt, &q.ResolvedAt, &q.Resolution, &q.ResolvedBy, &q.ResolutionNote)
+	return q, err
+}
+
+// ListQuarantine returns the quarantined messages f selects, oldest first:
+// by default the open ones, which an operator has yet to redrive or discard.
+func ListQuarantine(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter) ([]Quarantined, error) {
+	if f.Limit <= 0 {
+		f.Limit = 1000
+	}
+	rows, err := pool.Query(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine
+		WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR kind = $2) AND ($3 OR resolved_at IS NULL)
+		ORDER BY id LIMIT $4`, f.Consumer, f.Kind, f.Resolved, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing quarantine: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Quarantined, error) { return scanQuarantined(row) })
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing quarantine: %w", err)
+	}
+	return list, nil
+}
+
+// GetQuarantined returns one quarantined message, resolved or not.
+func GetQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64) (Quarantined, error) {
+	q, err := scanQuarantined(pool.QueryRow(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return q, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return q, fmt.Errorf("inbox: reading quarantined message %d: %w", id, err)
+	}
+	return q, nil
+}
+
+// RedriveResult says what Redrive did.
+type RedriveResult struct {
+	Quarantined      // the row, as it was before Redrive
+	Redriven    bool // the message was written back to its topic
+	Note        string
+}
+
+// Redrive writes a dead-lettered message back to the topic it came from,
+// under its original message id, with its original payload, partition key
+// and metadata, so the consumer (its handler fixed meanwhile) applies it.
+// In one transaction it
+//
+//   - marks the quarantine row redriven (by whom, when),
+//   - deletes the consumer's 'dead_lettered' inbox row, which would otherwise
+//     suppress the message as a duplicate, and
+//   - writes the message to the outbox (outbox.PublishTx) of the consumer's
+//     database, whose relay publishes it.
+//
+// So a redrive happens exactly once or not at all: the message is published
+// if and only if the redrive commits, and, carrying its original id, it is
+// applied at most once per consumer even if published twice. Other consumers
+// of the topic see a redelivery of a message they already applied, which
+// their inboxes suppress.
+//
+// Redriving a row that is already resolved, or a message the consumer
+// applied meanwhile (its inbox row is 'processed'), changes nothing: the
+// result has Redriven false and a Note that says why. Only dead letters can
+// be redriven (ErrNotRedrivable otherwise): a payload conflict or an invalid
+// message would only be quarantined again; Discard those.
+func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (RedriveResult, error) {
+	if strings.TrimSpace(by) == "" {
+		return RedriveResult{}, errors.New("inbox: Redrive needs the operator's name")
+	}
+	var res RedriveResult
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: %d", ErrNotFound, id)
+		}
+		if err != nil {
+			return fmt.Errorf("inbox: reading quarantined message %d: %w", id, err)
+		}
+		res = RedriveResult{Quarantined: q}
+		switch {
+		case q.ResolvedAt != nil:
+			res.Note = fmt.Sprintf("already %s by %s at %s; nothing done", q.Resolution, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339))
+			return nil
+		case q.Kind != KindDeadLetter:
+			return fmt.Errorf("%w: %d is a %s, which would only be quarantined again; discard it instead", ErrNotRedrivable, id, q.Kind)
+		}
+
+		var status string
+		var processedAt time.Time
+		err = tx.QueryRow(ctx, `SELECT status, processed_at FROM inbox_messages WHERE consumer = $1 AND message_id = $2 FOR UPDATE`,
+			q.Consumer, q.MessageID).Scan(&status, &processedAt)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			// Swept by retention (or deduplication is off): nothing to clear.
+		case err != nil:
+			return fmt.Errorf("inbox: reading inbox row: %w", err)
+		case status == "processed":
+			res.Note = fmt.Sprintf("message %s was applied by %s at %s, after it was dead-lettered; nothing done (discard the row to close it)",
+				q.MessageID, q.Consumer, processedAt.Format(time.RFC3339))
+			return nil
+		}
+		switch _, err := uuid.Parse(q.MessageID); {
+		case q.Topic == "":
+			return fmt.Errorf("%w: %d: the topic it came from is unknown", ErrNotRedrivable, id)
+		case err != nil:
+			return fmt.Errorf("%w: %d: message id %q is not a UUID, which the outbox needs to keep it", ErrNotRedrivable, id, q.MessageID)
+		}
+		if status != "" {
+			if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, q.Consumer, q.MessageID); err != nil {
+				return fmt.Errorf("inbox: clearing inbox row: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, q.Consumer, q.MessageID); err != nil {
+			return fmt.Errorf("inbox: clearing attempts: %w", err)
+		}
+
+		msg := message.NewMessage(q.MessageID, q.Payload)
+		for k, v := range q.Metadata {
+			msg.Metadata.Set(k, v)
+		}
+		msg.Metadata.Set(RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
+		msg.Metadata.Set(RedriveByMetadata, by)
+		if err := outbox.PublishTx(ctx, tx, q.Topic, msg); err != nil {
+			return err
+		}
+		res.Note = fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, q.Topic)
+		if _, err := tx.Exec(ctx, `UPDATE inbox_quarantine
+			SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4 WHERE id = $1`,
+			id, ResolutionRedriven, by, res.Note); err != nil {
+			return fmt.Errorf("inbox: marking %d redriven: %w", id, err)
+		}
+		res.Redriven = true
+		return nil
+	})
+	if err != nil {
+		return RedriveResult{}, err
+	}
+	return res, nil
+}
+
+// Discard closes a quarantined message without applying it, and keeps the
+// audit record on its row: who, why, when. Redeliveries of a discarded dead
+// letter stay suppressed. It returns ErrResolved for a row already redriven
+// or discarded.
+func Discard(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) (Quarantined, error) {
+	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
+		return Quarantined{}, errors.New("inbox: Discard needs who discards and why")
+	}
+	q, err := scanQuarantined(pool.QueryRow(ctx, `UPDATE inbox_quarantine
+		SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
+		WHERE id = $1 AND resolved_at IS NULL
+		RETURNING `+quarantineColumns, id, ResolutionDiscarded, by, why))
+	if errors.Is(err, pgx.ErrNoRows) {
+		prior, gerr := GetQuarantined(ctx, pool, id)
+		if gerr != nil {
+			return Quarantined{}, gerr
+		}
+		return prior, fmt.Errorf("%w: %d was %s by %s at %s", ErrResolved, id, prior.Resolution, prior.ResolvedBy, prior.ResolvedAt.Format(time.RFC3339))
+	}
+	if err != nil {
+		return Quarantined{}, fmt.Errorf("inbox: discarding %d: %w", id, err)
+	}
+	return q, nil
+}

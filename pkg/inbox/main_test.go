@@ -1,0 +1,92 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// The servers every test of the package shares: started once by TestMain.
+// Each test gets its own database on pg, and its own topic and consumer group
+// on kfk.
+var (
+	pg  *stack.Postgres
+	kfk *stack.Kafka
+)
+
+func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+
+func runTests(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var err error
+	if pg, err = stack.StartPostgres(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "inbox tests:", err)
+		return 1
+	}
+	defer pg.Stop() //nolint:errcheck // best effort; the temp dir is reaped by the next run otherwise
+	if kfk, err = stack.StartKafka(ctx, stack.KafkaOptions{Partitions: 3}); err != nil {
+		fmt.Fprintln(os.Stderr, "inbox tests:", err)
+		return 1
+	}
+	defer kfk.Close()
+	return m.Run()
+}
+
+var dbSeq atomic.Int64
+
+// createDatabase creates an empty database with a name unique to this process
+// and returns its URL. The pid keeps concurrent runs against one DATABASE_URL
+// apart.
+func createDatabase(ctx context.Context) (name, url string, err error) {
+	name = fmt.Sprintf("inbox_test_%d_%d", os.Getpid(), dbSeq.Add(1))
+	url, err = pg.CreateDatabase(ctx, name)
+	return name, url, err
+}
+
+// domainSchema is the test handler's domain table. It has no unique
+// constraint on purpose, so that a message applied twice shows up as two rows.
+const domainSchema = `CREATE TABLE applied (consumer text NOT NULL, message_id text NOT NULL, n int NOT NULL)`
+
+// newTestDB returns a pool on a fresh database holding the inbox, the outbox
+// (dead letters go through it) and the domain table. The pool is closed when
+// the test ends.
+func newTestDB(t *testing.T, ctx context.Context) *pgxpool.Pool {
+	t.Helper()
+	name, url, err := createDatabase(ctx)
+	require.NoError(t, err)
+	t.Logf("database %s", name)
+
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 16 // ten concurrent deliveries plus the test's own queries
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	require.NoError(t, inbox.Migrate(ctx, pool))
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, domainSchema)
+	require.NoError(t, err)
+	return pool
+}
+
+// exampleDatabaseURL is for examples, which cannot take a *testing.T: it
+// returns the URL of a fresh, empty database on the package's Postgres.
+func exampleDatabaseURL() string {
+	_, url, err := createDatabase(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return url
+}

@@ -1,0 +1,194 @@
+package platform
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// The metric names GET /metrics serves (documented in docs/operate.md).
+const (
+	metricInboxMessages      = "outbox_inbox_messages_total"
+	metricHandlerDuration    = "inbox_handler_duration_seconds"
+	metricCommitToApply      = "inbox_commit_to_apply_seconds"
+	metricPendingRows        = "outbox_pending_rows"
+	metricOldestPendingAge   = "outbox_oldest_pending_age_seconds"
+	metricPendingQueryErrors = "outbox_pending_query_errors_total"
+	metricRelayed            = "outbox_relayed_total"
+	metricRelayBatches       = "outbox_relay_batches_total"
+	metricRelayErrors        = "outbox_relay_errors_total"
+	metricRetentionDeleted   = "outbox_retention_deleted_total"
+)
+
+// pendingQueryTimeout bounds the outbox query a scrape runs: a slow database
+// must not hold up the scrape, the gauges are left out instead.
+const pendingQueryTimeout = 2 * time.Second
+
+// latencyBuckets span a fast local apply (a millisecond) to a stalled
+// pipeline (a minute), in seconds.
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// metrics is one service's Prometheus registry. It counts inbox outcomes
+// (from Inbox.Stats), times deliveries (from inbox.Config.OnOutcome), measures
+// commit-to-apply latency (from the outbox_created_at metadata PublishTx
+// stamps), and reads the outbox backlog from the database on each scrape.
+type metrics struct {
+	reg             *prometheus.Registry
+	handlerDuration *prometheus.HistogramVec
+	commitToApply   *prometheus.HistogramVec
+
+	// createdAt holds, per message id, when the message being handled was
+	// written to the producer's outbox, from the handler run until the
+	// delivery is settled.
+	createdAt sync.Map
+}
+
+func newMetrics(pool *pgxpool.Pool, log *slog.Logger) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    metricHandlerDuration,
+			Help:    "Time from delivery to settlement of a message in the inbox middleware (inbox transaction, handler, commit, retries), by outcome.",
+			Buckets: latencyBuckets,
+		}, []string{"consumer", "outcome"}),
+		commitToApply: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    metricCommitToApply,
+			Help:    "Time from the producer's outbox write (its transaction's commit) to the consumer's committed apply.",
+			Buckets: latencyBuckets,
+		}, []string{"consumer"}),
+	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.handlerDuration, m.commitToApply,
+		newOutboxCollector(pool, log),
+	)
+	return m
+}
+
+// register adds the counters kept by the inbox and the relay.
+func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay) {
+	relayCounter := func(name, help string, v func(outbox.RelayStats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v(relay.Stats())) })
+	}
+	m.reg.MustRegister(
+		inboxCollector{ibx},
+		relayCounter(metricRelayed, "Outbox rows published and marked by this process's relay.",
+			func(s outbox.RelayStats) int64 { return s.Published }),
+		relayCounter(metricRelayBatches, "Relay transactions that published at least one row.",
+			func(s outbox.RelayStats) int64 { return s.Batches }),
+		relayCounter(metricRelayErrors, "Relay batches that failed; their rows are published by a later batch.",
+			func(s outbox.RelayStats) int64 { return s.Errors }),
+		relayCounter(metricRetentionDeleted, "Published outbox rows deleted by retention.",
+			func(s outbox.RelayStats) int64 { return s.Deleted }),
+	)
+}
+
+// handler serves the registry.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// handling is called by the consumer handler, inside the inbox transaction,
+// just before the service's Handle: it remembers when the message was
+// written to the producer's outbox.
+func (m *metrics) handling(msg *message.Message) {
+	if t, ok := outbox.CreatedAt(msg); ok {
+		m.createdAt.Store(msg.UUID, t)
+	}
+}
+
+// onOutcome returns an inbox.Config.OnOutcome that records e and then calls
+// next (the logger).
+func (m *metrics) onOutcome(next func(inbox.Event)) func(inbox.Event) {
+	return func(e inbox.Event) {
+		m.handlerDuration.WithLabelValues(e.Consumer, string(e.Outcome)).Observe(e.Duration.Seconds())
+		if created, ok := m.createdAt.LoadAndDelete(e.MessageID); ok && e.Outcome == inbox.Applied {
+			m.commitToApply.WithLabelValues(e.Consumer).Observe(time.Since(created.(time.Time)).Seconds())
+		}
+		if next != nil {
+			next(e)
+		}
+	}
+}
+
+// inboxCollector reports Inbox.Stats as one counter with an outcome label.
+type inboxCollector struct{ ibx *inbox.Inbox }
+
+var inboxMessagesDesc = prometheus.NewDesc(metricInboxMessages,
+	"Deliveries settled by the inbox, by outcome: applied, duplicate (suppressed), conflict and invalid (quarantined), dead_lettered, and retried (failed attempts).",
+	[]string{"consumer", "outcome"}, nil)
+
+func (c inboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- inboxMessagesDesc }
+
+func (c inboxCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.ibx.Stats()
+	for _, o := range []struct {
+		outcome inbox.Outcome
+		n       int64
+	}{
+		{inbox.Applied, s.Applied}, {inbox.Duplicate, s.Duplicates}, {inbox.Conflict, s.Conflicts},
+		{inbox.Invalid, s.Invalid}, {inbox.DeadLettered, s.DeadLettered}, {inbox.Retried, s.Retries},
+	} {
+		ch <- prometheus.MustNewConstMetric(inboxMessagesDesc, prometheus.CounterValue, float64(o.n), c.ibx.Consumer(), string(o.outcome))
+	}
+}
+
+// outboxCollector reads the outbox backlog on each scrape. The query uses the
+// partial index on pending rows, so it stays cheap however many published
+// rows wait for retention.
+type outboxCollector struct {
+	pool   *pgxpool.Pool
+	log    *slog.Logger
+	errors prometheus.Counter
+}
+
+var (
+	pendingRowsDesc = prometheus.NewDesc(metricPendingRows,
+		"Outbox rows committed but not yet published (every replica of the service reports the same database).", nil, nil)
+	oldestPendingDesc = prometheus.NewDesc(metricOldestPendingAge,
+		"Age of the oldest unpublished outbox row, in seconds; 0 when none is pending.", nil, nil)
+)
+
+func newOutboxCollector(pool *pgxpool.Pool, log *slog.Logger) *outboxCollector {
+	return &outboxCollector{pool: pool, log: log, errors: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: metricPendingQueryErrors,
+		Help: "Scrapes whose outbox backlog query failed or timed out; " + metricPendingRows + " is missing from those.",
+	})}
+}
+
+func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pendingRowsDesc
+	ch <- oldestPendingDesc
+	c.errors.Describe(ch)
+}
+
+func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
+	defer cancel()
+	var pending int64
+	var age float64
+	err := c.pool.QueryRow(ctx, `
+		SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+		FROM outbox_messages WHERE published_at IS NULL`).Scan(&pending, &age)
+	if err != nil {
+		c.errors.Inc()
+		c.log.Warn("metrics: reading the outbox backlog", "err", err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(pendingRowsDesc, prometheus.GaugeValue, float64(pending))
+		ch <- prometheus.MustNewConstMetric(oldestPendingDesc, prometheus.GaugeValue, max(age, 0))
+	}
+	c.errors.Collect(ch)
+}

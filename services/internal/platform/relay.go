@@ -1,0 +1,43 @@
+package platform
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/textbook"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// newRelayPublisher returns the publisher RELAY_DRIVER asks for.
+func newRelayPublisher(cfg Config, service string, marshaler kafka.MarshalerUnmarshaler, log watermill.LoggerAdapter) (message.Publisher, error) {
+	conf := kafkaconf.Sarama()
+	conf.ClientID = service + "-relay"
+	switch cfg.RelayDriver {
+	case "batch":
+		return outbox.NewKafkaPublisher(cfg.KafkaBrokers, conf, marshaler)
+	case "watermill", "textbook":
+		pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+			Brokers: cfg.KafkaBrokers, Marshaler: marshaler, OverwriteSaramaConfig: conf,
+		}, log)
+		if err != nil {
+			return nil, fmt.Errorf("creating kafka publisher: %w", err)
+		}
+		return pub, nil
+	default:
+		return nil, fmt.Errorf("RELAY_DRIVER=%q: want batch, watermill or textbook", cfg.RelayDriver)
+	}
+}
+
+// runRelay runs the relay RELAY_DRIVER asks for until ctx ends.
+func runRelay(ctx context.Context, cfg Config, relay *outbox.Relay, pool *pgxpool.Pool, pub message.Publisher, log watermill.LoggerAdapter) error {
+	if cfg.RelayDriver == "textbook" {
+		return textbook.Run(ctx, pool, pub, log)
+	}
+	return relay.Run(ctx)
+}
