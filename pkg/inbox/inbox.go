@@ -197,8 +197,24 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, in.quarantineInvalid(&d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes))
 		}
 
+		transientFailures := 0
 		for {
 			out, herr, err := in.attempt(&d, h)
+			var te transientError
+			if errors.As(err, &te) {
+				// The database failed under the handler. Wait and try again
+				// without counting an attempt; but a failure that keeps
+				// coming back for this one message (a handler that always
+				// times out) is the message's, and counts after a while, so
+				// it cannot block its partition forever.
+				if transientFailures++; transientFailures < maxTransientFailures {
+					if !sleep(msg.Context(), in.backoff(transientFailures)) {
+						return nil, err
+					}
+					continue
+				}
+				transientFailures, herr, err = 0, te.err, nil
+			}
 			if err != nil {
 				return nil, err // database trouble: let the broker redeliver
 			}
@@ -244,7 +260,10 @@ func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {
 func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Message, herr, err error) {
 	ctx, cancel := in.txContext(d)
 	defer cancel()
-	tx, err := in.cfg.Pool.Begin(ctx)
+	// Read committed, whatever the database's default: a concurrent
+	// duplicate then waits for the first delivery's inbox row instead of
+	// failing with a serialization error.
+	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, nil, fmt.Errorf("inbox: begin: %w", err)
 	}
@@ -276,9 +295,15 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 	if herr != nil {
 		// The deferred rollback undoes the inbox row and every domain write.
 		if transient(tx, herr) {
-			return nil, nil, fmt.Errorf("inbox: database failed under the handler: %w", herr)
+			return nil, nil, transientError{herr}
 		}
 		return nil, herr, nil
+	}
+	if len(out) > 0 {
+		// The router would publish these after the commit, outside the
+		// transaction: lost if the process dies in between, since the
+		// redelivery is then a duplicate. Refuse them loudly.
+		return nil, Permanent(errors.New("the handler returned messages; write them with outbox.PublishTx on the inbox transaction instead")), nil
 	}
 	failpoint.Hit(failpoint.AfterHandlerBeforeCommit, d.id)
 	if err := tx.Commit(ctx); err != nil {
@@ -290,6 +315,19 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 	in.settle(d, Applied, "")
 	return out, nil, nil
 }
+
+// maxTransientFailures is how many database failures in a row under the
+// handler one delivery absorbs before the next one counts as a failed
+// attempt.
+const maxTransientFailures = 10
+
+// transientError is a database failure under the handler (see transient).
+type transientError struct{ err error }
+
+func (e transientError) Error() string {
+	return "inbox: database failed under the handler: " + e.err.Error()
+}
+func (e transientError) Unwrap() error { return e.err }
 
 // transient reports whether a handler error says the database failed, not
 // the handler: the connection is gone, the server is restarting or shutting
@@ -303,6 +341,9 @@ func transient(tx pgx.Tx, err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
+		if pgErr.Code == "57014" { // query_canceled: the handler's statement timed out
+			return false
+		}
 		switch pgErr.Code[:2] {
 		case "08", "40", "53", "57":
 			return true

@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -377,6 +378,38 @@ func TestMiddleware(t *testing.T) {
 		require.Equal(t, 1, attempts)
 		require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_attempts`), "a permanent error is not counted as a retry")
 		require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM outbox_messages WHERE topic = $1`, consumer+".dlq"))
+	})
+
+	t.Run("ReturnedMessagesDeadLetter", func(t *testing.T) {
+		t.Parallel()
+		in, b := setup(t, inbox.Config{MaxAttempts: 5, RetryBackoff: time.Millisecond})
+		id := newID()
+		returning := func(msg *message.Message) ([]*message.Message, error) {
+			if _, err := b.handler.handle(msg); err != nil {
+				return nil, err
+			}
+			return []*message.Message{message.NewMessage(newID(), []byte("{}"))}, nil
+		}
+
+		require.NoError(t, deliver(b.ctx, in.Middleware(returning), id, []byte(`{}`)))
+
+		require.Equal(t, []inbox.Outcome{inbox.DeadLettered}, b.events.outcomes(id))
+		require.Equal(t, 0, appliedRows(t, b, consumer, id), "the handler's writes were rolled back")
+		require.Contains(t, scalar[string](t, b, `SELECT reason FROM inbox_quarantine WHERE message_id = $1`, id), "outbox.PublishTx")
+	})
+
+	t.Run("RepeatedDatabaseFailureCountsAsAttempt", func(t *testing.T) {
+		t.Parallel()
+		in, b := setup(t, inbox.Config{MaxAttempts: 2, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond})
+		// A deadlock every time, for this one message: transient, so not
+		// counted at first, but it must not block the partition forever.
+		b.handler.hook = func(*message.Message, int) error { return &pgconn.PgError{Code: "40P01", Message: "deadlock detected"} }
+		id := newID()
+
+		require.NoError(t, deliver(b.ctx, in.Middleware(b.handler.handle), id, []byte(`{}`)))
+
+		require.Equal(t, inbox.DeadLettered, b.events.outcomes(id)[len(b.events.outcomes(id))-1])
+		require.Equal(t, 20, b.handler.callsFor(id), "10 database failures absorbed per counted attempt, 2 attempts")
 	})
 
 	t.Run("PayloadConflictQuarantined", func(t *testing.T) {
