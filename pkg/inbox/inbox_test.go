@@ -597,32 +597,32 @@ func TestMiddleware(t *testing.T) {
 	})
 
 	// A database failure under the handler is not the message's fault: it is
-	// not counted as an attempt, and the message goes back to the broker.
-	t.Run("DatabaseFailureUnderHandlerIsRedelivered", func(t *testing.T) {
+	// retried without counting an attempt, and applied once the database
+	// answers again.
+	t.Run("DatabaseFailureUnderHandlerIsNotAnAttempt", func(t *testing.T) {
 		t.Parallel()
-		in, b := setup(t, inbox.Config{MaxAttempts: 1})
+		in, b := setup(t, inbox.Config{MaxAttempts: 1, RetryBackoff: time.Millisecond})
 		failures := map[string]string{
 			"serialization failure": `DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = 'serialization_failure'; END $$`,
 			"connection lost":       `SELECT pg_terminate_backend(pg_backend_pid())`,
 		}
 		for name, sql := range failures {
-			b.handler.hook = func(msg *message.Message, _ int) error {
+			b.handler.hook = func(msg *message.Message, call int) error {
+				if call > 3 {
+					return nil // the database is back
+				}
 				_, err := inbox.Tx(msg.Context()).Exec(msg.Context(), sql)
 				return err
 			}
 			id := newID()
 
-			require.Error(t, deliver(b.ctx, in.Middleware(b.handler.handle), id, []byte(`{}`)), name)
-
-			require.Empty(t, b.events.outcomes(id), name)
-			require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_attempts`), name)
-			require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine`), name)
-
-			// Redelivered once the database is back, it is applied.
-			b.handler.hook = nil
 			require.NoError(t, deliver(b.ctx, in.Middleware(b.handler.handle), id, []byte(`{}`)), name)
+
+			require.Equal(t, 4, b.handler.callsFor(id), name)
 			require.Equal(t, []inbox.Outcome{inbox.Applied}, b.events.outcomes(id), name)
 			require.Equal(t, 1, appliedRows(t, b, consumer, id), name)
+			require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_attempts`), name)
+			require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine`), name)
 		}
 	})
 
