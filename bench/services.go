@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -26,7 +30,7 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 	res := Result{Build: build, Env: env}
 	sys, err := system.Start(ctx, system.Options{
 		Postgres: pg, DBPrefix: "bench_" + build + "_",
-		Env:   append([]string{"LOG_LEVEL=warn"}, env...),
+		Env:   append([]string{"LOG_LEVEL=warn", "DEBUG_PPROF=true"}, env...),
 		Kafka: stack.KafkaOptions{Partitions: p.Partitions},
 	})
 	if err != nil {
@@ -65,9 +69,13 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 		return res, err
 	}
 	t0 := time.Now()
+	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+		go profile(ctx, sys, dir, build, say)
+	}
 	if err := payAll(ctx, orders, ids[:p.Orders], p.Payers, nil); err != nil {
 		return res, err
 	}
+	say("%s: all %d orders paid after %s", build, p.Orders, time.Since(t0).Round(time.Millisecond))
 	polls, err := waitSettled(ctx, orders, p.Orders, 5*time.Minute)
 	if err != nil {
 		return res, err
@@ -287,4 +295,30 @@ func percentiles(v []float64) Percentiles {
 	sort.Float64s(v)
 	at := func(q float64) float64 { return v[min(len(v)-1, int(q*float64(len(v))))] }
 	return Percentiles{P50: at(0.50), P95: at(0.95), P99: at(0.99)}
+}
+
+// profile saves a 5-second CPU profile of every service process, taken 2s
+// into the saturation phase (BENCH_PROFILE_DIR; for working on speed).
+func profile(ctx context.Context, sys *system.System, dir, build string, say func(string, ...any)) {
+	time.Sleep(2 * time.Second)
+	var wg sync.WaitGroup
+	for _, p := range sys.All() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Addr+"/debug/pprof/profile?seconds=5", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				say("profiling %s: %v", p.Name, err)
+				return
+			}
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(resp.Body)
+			path := filepath.Join(dir, build+"-"+p.Name+".pprof")
+			if err := os.WriteFile(path, data, 0o644); err == nil {
+				say("profile of %s: %s", p.Name, path)
+			}
+		}()
+	}
+	wg.Wait()
 }

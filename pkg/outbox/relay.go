@@ -17,6 +17,13 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
+// After a batch with rows, the relay polls relayFollowUps more times,
+// relayFollowUpInterval apart, before it waits for a notification again.
+const (
+	relayFollowUps        = 5
+	relayFollowUpInterval = 5 * time.Millisecond
+)
+
 // relayLockKey is the advisory lock that makes one relay at a time the
 // publisher, so rows leave in id order and one key's messages keep their order.
 const relayLockKey = 7_412_002
@@ -34,9 +41,12 @@ type RelayConfig struct {
 	// BatchSize is how many rows one transaction claims and publishes.
 	// Defaults to 500.
 	BatchSize int
-	// PollInterval is how often the relay looks for rows when no commit
-	// notification woke it. Notifications wake it within milliseconds of a
-	// commit; the poll only covers a lost listener connection. Defaults to 1s.
+	// PollInterval is how often the relay looks for rows when nothing woke
+	// it. A commit's notification wakes it within milliseconds; the poll
+	// covers a lost listener connection and the rare row whose producer did
+	// not notify because another one was notifying at that moment (see
+	// PublishTx) and that committed after the relay's follow-up polls.
+	// Defaults to 250ms.
 	PollInterval time.Duration
 	// Parallel lets several relay replicas publish at the same moment
 	// (each claims rows with SKIP LOCKED). It raises throughput but gives up
@@ -69,7 +79,7 @@ func (c *RelayConfig) setDefaults() {
 		c.BatchSize = 500
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = 250 * time.Millisecond
 	}
 	if c.ErrorBackoff == 0 {
 		c.ErrorBackoff = 200 * time.Millisecond
@@ -164,8 +174,18 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	followUps := 0
 	for {
 		n, err := r.RelayOnce(ctx)
+		// After rows arrived, look again a few times at short intervals:
+		// producers that commit while another one's notification is being
+		// consumed do not notify (see PublishTx), and their rows must not
+		// wait for the regular poll.
+		if n > 0 {
+			followUps = relayFollowUps
+		} else if followUps > 0 {
+			followUps--
+		}
 		switch {
 		case err != nil:
 			r.stats.errors.Add(1)
@@ -180,7 +200,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue // more rows are likely waiting
 		}
-		poll.Reset(r.cfg.PollInterval)
+		wait := r.cfg.PollInterval
+		if followUps > 0 {
+			wait = min(wait, relayFollowUpInterval)
+		}
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return nil

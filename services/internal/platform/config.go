@@ -22,6 +22,8 @@ type Config struct {
 	HTTPAddr     string   `env:"HTTP_ADDR" default:":8080"`
 	Instance     string   `env:"INSTANCE"` // replica name in logs; defaults to host-pid
 	LogLevel     string   `env:"LOG_LEVEL" default:"info"`
+	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.
+	DebugPprof bool `env:"DEBUG_PPROF" default:"false"`
 
 	// How often Sarama commits marked offsets. A crash redelivers at most
 	// this much work; the inbox makes the redeliveries harmless.
@@ -48,7 +50,7 @@ type Config struct {
 	// benchmark's baseline, internal/textbook).
 	RelayDriver       string        `env:"RELAY_DRIVER" default:"batch"`
 	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"500"`
-	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"1s"`
+	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"250ms"`
 	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"1h"`
 
 	// Tracing (tracing.go): "otlp" exports OpenTelemetry spans, "off"

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -152,6 +153,11 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		WriteJSON(w, http.StatusOK, Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: ibx.Stats(), Relay: relay.Stats()})
 	})
 	mux.Handle("GET /metrics", mtr.handler())
+	if cfg.DebugPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	svc.Routes(mux, pool)
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: traceHTTP(mux), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
