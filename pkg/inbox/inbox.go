@@ -69,6 +69,7 @@ type Stats struct {
 // Watermill handler.
 type Inbox struct {
 	cfg   Config
+	batch batcher
 	stats [6]atomic.Int64 // indexed by outcomeIndex
 }
 
@@ -199,7 +200,13 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 		transientFailures := 0
 		for {
-			out, herr, err := in.attempt(&d, h)
+			var out []*message.Message
+			var herr error
+			if in.cfg.BatchSize > 1 && d.attempts == 0 && transientFailures == 0 {
+				out, herr, err = in.viaBatch(&d, h) // batch.go
+			} else {
+				out, herr, err = in.attempt(&d, h)
+			}
 			var te transientError
 			if errors.As(err, &te) {
 				// The database failed under the handler. Wait and try again
@@ -382,34 +389,47 @@ func callHandler(h message.HandlerFunc, msg *message.Message, ctx context.Contex
 // seenBefore settles a delivery whose inbox row already exists: a duplicate
 // when the payload matches, a quarantined conflict when it does not.
 func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
-	var prior []byte
-	if err := tx.QueryRow(ctx, `SELECT payload_sha256 FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-		in.cfg.Consumer, d.id).Scan(&prior); err != nil {
-		return fmt.Errorf("inbox: reading inbox row: %w", err)
-	}
-	if bytes.Equal(prior, d.sum[:]) {
-		// Count it durably, so suppressed redeliveries can be audited across
-		// restarts. Only redeliveries pay for this write.
-		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET duplicates = duplicates + 1 WHERE consumer = $1 AND message_id = $2`,
-			in.cfg.Consumer, d.id); err != nil {
-			return fmt.Errorf("inbox: counting duplicate: %w", err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return fmt.Errorf("inbox: commit: %w", err)
-		}
-		in.settle(d, Duplicate, "")
-		return nil
-	}
-	reason := fmt.Sprintf("message id %s was already applied with payload sha256 %x; this delivery has sha256 %x", d.id, prior, d.sum)
-	if err := in.insertQuarantine(ctx, tx, d, "payload_conflict", reason, prior); err != nil {
+	o, reason, err := in.classifySeen(ctx, tx, d)
+	if err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("inbox: commit: %w", err)
 	}
-	in.cfg.Logger.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
-	in.settle(d, Conflict, reason)
+	in.settleSeen(d, o, reason)
 	return nil
+}
+
+// classifySeen writes, in tx, what a delivery of an already-recorded id
+// leaves behind: the duplicate counted durably (only redeliveries pay for
+// this write), or the conflicting payload quarantined with both hashes. It
+// commits nothing.
+func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, string, error) {
+	var prior []byte
+	if err := tx.QueryRow(ctx, `SELECT payload_sha256 FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+		in.cfg.Consumer, d.id).Scan(&prior); err != nil {
+		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
+	}
+	if bytes.Equal(prior, d.sum[:]) {
+		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET duplicates = duplicates + 1 WHERE consumer = $1 AND message_id = $2`,
+			in.cfg.Consumer, d.id); err != nil {
+			return "", "", fmt.Errorf("inbox: counting duplicate: %w", err)
+		}
+		return Duplicate, "", nil
+	}
+	reason := fmt.Sprintf("message id %s was already applied with payload sha256 %x; this delivery has sha256 %x", d.id, prior, d.sum)
+	if err := in.insertQuarantine(ctx, tx, d, "payload_conflict", reason, prior); err != nil {
+		return "", "", err
+	}
+	return Conflict, reason, nil
+}
+
+// settleSeen settles a committed duplicate or conflict.
+func (in *Inbox) settleSeen(d *delivery, o Outcome, reason string) {
+	if o == Conflict {
+		in.cfg.Logger.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
+	}
+	in.settle(d, o, reason)
 }
 
 // quarantineInvalid records a message that cannot be deduplicated or read.
