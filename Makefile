@@ -51,3 +51,7 @@ bench: ## Benchmark textbook vs project vs the database's limit, in one run: ben
 .PHONY: bench-smoke
 bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)
 	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke
+
+.PHONY: compose-ci
+compose-ci: ## docker-compose.yml for real on this Docker engine (stand-in base images, kfake for Kafka): demo must pass, down -v leaves nothing
+	deploy/ci/compose-ci.sh

@@ -7,6 +7,10 @@
 // rejected within the deadline.
 //
 //	go run ./cmd/demo -orders 1000
+//
+// With ORDERS_URL and INVENTORY_URL set it starts nothing and drives the
+// services at those URLs instead (external.go): the `demo` container of
+// docker-compose.yml.
 package main
 
 import (
@@ -25,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/dashboard"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/system"
@@ -47,6 +52,7 @@ type options struct {
 	deadline    time.Duration
 	seed        uint64
 	keep        bool
+	dashboard   string
 }
 
 func run(ctx context.Context) error {
@@ -56,15 +62,30 @@ func run(ctx context.Context) error {
 	flag.DurationVar(&o.deadline, "deadline", 2*time.Minute, "how long paid orders may take to settle")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seeds the order contents")
 	flag.BoolVar(&o.keep, "keep", false, "keep the stack running after the check, until interrupted")
+	flag.StringVar(&o.dashboard, "dashboard", "127.0.0.1:8090", "address of the live page (cmd/dashboard)")
 	flag.Parse()
 
 	say("seed %d; %d orders, %d clients", o.seed, o.orders, o.concurrency)
+	if ext, ok, err := externalFromEnv(); ok {
+		if err != nil {
+			return err
+		}
+		return runExternal(ctx, o, ext) // external.go: services already running (docker-compose.yml)
+	}
 	sys, err := system.Start(ctx, system.Options{Log: say})
 	if err != nil {
 		return err
 	}
 	defer sys.Stop()
 	say("logs in %s", sys.Work)
+	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"]}
+	dash, err := dashboard.Start(ctx, o.dashboard, dopts)
+	if err != nil { // the port is taken: any free one will do
+		if dash, err = dashboard.Start(ctx, "127.0.0.1:0", dopts); err != nil {
+			return err
+		}
+	}
+	say("live page: %s (-keep keeps it up after the run)", dash)
 
 	client := sys.Client
 	skus := loadgen.SKUs(20)

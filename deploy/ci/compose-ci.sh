@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# make compose-ci: runs docker-compose.yml for real on this machine's Docker
+# engine, as a user's `docker compose up` would, and judges the result.
+#
+# What is substituted, and only because this machine has no container
+# registry (nothing can be pulled):
+#   - the base images: GO_IMAGE and POSTGRES_IMAGE point at local stand-ins
+#     (deploy/ci/standins.sh: debootstrapped Debian + the host's Go / Debian's
+#     postgresql-15), built once and cached;
+#   - Kafka: deploy/ci/docker-compose.ci.yml replaces `kafka` and
+#     `kafka-init` with the kfake broker (deploy/kfake).
+# Everything else is the user's: services/Dockerfile (multi-stage, static,
+# scratch, non-root), docker-compose.yml's healthchecks, depends_on
+# conditions, network, environment, the init script, the migrations the
+# services apply at start, and the demo container.
+#
+# Steps: stand-ins → docker build → `up --exit-code-from demo demo` → checks
+# of the demo's output, the services' logs, the images and, with psql, the
+# databases → `down -v` → nothing of the project left. Logs and timings go
+# to .tmp/compose-ci/. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PATH:/usr/local/go/bin"
+
+PROJECT=${COMPOSE_PROJECT_NAME:-outbox-ci}
+OUT=${COMPOSE_CI_OUT:-$PWD/.tmp/compose-ci}
+TIMEOUT=${COMPOSE_CI_TIMEOUT:-900} # seconds for `up` (services start + demo)
+export DEMO_ORDERS=${DEMO_ORDERS:-300}
+
+say() { echo "compose-ci: $*"; }
+fail() {
+	say "FAIL: $*"
+	exit 1
+}
+START=$SECONDS
+t0=$SECONDS
+TIMES=()
+mark() {
+	TIMES+=("$(printf '  %-34s %4ds' "$1" $((SECONDS - t0)))")
+	t0=$SECONDS
+}
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+command -v docker >/dev/null || fail "docker is not installed"
+docker info >/dev/null 2>&1 || fail "the Docker daemon is not running"
+if ! command -v docker-compose >/dev/null; then
+	say "docker-compose missing; installing Debian's"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+fi
+say "$(docker-compose version --short 2>/dev/null || docker-compose version | head -1), engine $(docker version -f '{{.Server.Version}}')"
+
+# Build and run from a snapshot of the tree: what is built is what is
+# judged, even if files change meanwhile.
+SNAP=$(mktemp -d /var/tmp/outbox-compose-ci.XXXXXX)
+tar --exclude=./.git --exclude=./.tmp --exclude=./bin -c . | tar -x -C "$SNAP"
+
+compose() { (cd "$SNAP" && docker-compose -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml "$@"); }
+
+finish() {
+	local rc=$?
+	set +e
+	if [ -n "${STARTED:-}" ]; then
+		compose logs --no-color --timestamps >"$OUT/compose.log" 2>&1
+		compose down -v --remove-orphans --timeout 20 >"$OUT/down.log" 2>&1
+		local left
+		left=$(
+			docker ps -aq --filter "label=com.docker.compose.project=$PROJECT"
+			docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"
+			docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT"
+		)
+		if [ -n "$left" ]; then
+			say "FAIL: left behind after down -v:"
+			docker ps -a --filter "label=com.docker.compose.project=$PROJECT"
+			rc=1
+		else
+			say "down -v: no container, network or volume of project $PROJECT left"
+		fi
+	fi
+	rm -rf "$SNAP"
+	if [ "$rc" != 0 ]; then
+		say "FAILED (exit $rc); logs in $OUT"
+		[ -s "$OUT/compose.log" ] && tail -60 "$OUT/compose.log"
+	fi
+	exit "$rc"
+}
+trap finish EXIT
+
+# 1. Stand-ins of the official base images (and of Kafka).
+eval "$("$SNAP/deploy/ci/standins.sh")"
+export GO_IMAGE POSTGRES_IMAGE
+mark "stand-in images"
+
+# 2. Build. The services' build stage first, under a tag: compose's builds
+# of orders, inventory and demo take it from the cache, and the images of
+# earlier builds can be told apart and removed.
+STARTED=1
+compose down -v --remove-orphans >/dev/null 2>&1 || true # an aborted run's leftovers
+images() { # the project's own images: the build stage and what compose built
+	docker image inspect -f '{{.Id}}' outbox-ci/build-stage:latest 2>/dev/null || true
+	docker images -q --no-trunc --filter "reference=${PROJECT}_*" --filter "reference=${PROJECT}-*"
+}
+before=$(images)
+(
+	cd "$SNAP"
+	docker build -f services/Dockerfile --target build --build-arg "GO_IMAGE=$GO_IMAGE" \
+		-t outbox-ci/build-stage:latest .
+) >"$OUT/build.log" 2>&1 || {
+	tail -40 "$OUT/build.log"
+	fail "docker build of the services' build stage"
+}
+compose build >>"$OUT/build.log" 2>&1 || {
+	tail -40 "$OUT/build.log"
+	fail "docker-compose build"
+}
+# Images of earlier builds that the tags have moved away from.
+for id in $before; do
+	if [ "$(docker image inspect -f '{{len .RepoTags}}' "$id" 2>/dev/null)" = 0 ]; then
+		docker rmi "$id" >/dev/null 2>&1 || true
+	fi
+done
+mark "docker build"
+
+# 3. Up: the demo and everything it depends on, in dependency order, each
+# waiting for its dependencies' healthchecks; the run ends when the demo
+# exits, with its exit code.
+say "docker-compose up --exit-code-from demo demo (DEMO_ORDERS=$DEMO_ORDERS)"
+set +e
+(
+	cd "$SNAP"
+	timeout -k 20 "$TIMEOUT" docker-compose -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml \
+		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo
+) 2>&1 | tee "$OUT/up.log"
+up_rc=${PIPESTATUS[0]}
+set -e
+mark "up (services start + demo)"
+compose logs --no-color >"$OUT/compose.log" 2>&1 || true
+[ "$up_rc" = 0 ] || fail "the demo exited $up_rc (124: timed out after ${TIMEOUT}s)"
+
+# 4. Checks.
+sed -nE 's/^demo[-_]1 +\| ?//p' "$OUT/compose.log" >"$OUT/demo.log"
+svc_log() { sed -nE "s/^$1[-_]1 +\\| ?//p" "$OUT/compose.log"; }
+h='…[0-9a-f]{8}'
+expect() { # expect DESCRIPTION REGEX: a line of the demo's output matches
+	grep -Eq "$2" "$OUT/demo.log" || fail "the demo did not print $1 (no line matching: $2)"
+	say "ok: $1: $(grep -Em1 "$2" "$OUT/demo.log")"
+}
+expect "the replayed order's flow" "^order $h paid → OrderPaid $h published → inventory reserved [0-9]+ × sku-[0-9]+ → duplicate delivery of $h suppressed → order $h reserved$"
+expect "the double-submitted order's flow (one OrderPaid)" "^order $h paid twice at once → OrderPaid $h published → inventory reserved [^→]+ → order $h reserved$"
+expect "the rejected order's flow" "^order $h paid → OrderPaid $h published → inventory rejected it \(insufficient stock: [^)]+\) → order $h rejected$"
+expect "the exactly-once invariant" "^  PASS  exactly-once "
+expect "the stock invariant" "^  PASS  stock-consistent "
+expect "the nothing-lost invariant" "^  PASS  nothing-lost "
+expect "the per-run check" "^every paid order ended reserved or rejected: $((DEMO_ORDERS + 3)) paid in this run"
+expect "PASS" "^PASS$"
+
+replayed=$(sed -nE 's/^replayed OrderPaid ([0-9a-f-]{36}) .*/\1/p' "$OUT/demo.log")
+[ -n "$replayed" ] || fail "the demo did not say which OrderPaid it replayed"
+svc_log inventory | grep -q "duplicate delivery suppressed.*message_id=$replayed" ||
+	fail "inventory's log does not show the replayed $replayed suppressed"
+say "ok: inventory logged the replayed $replayed as a suppressed duplicate"
+for s in orders inventory; do
+	svc_log "$s" | grep -q 'msg=started' || fail "$s never logged that it started"
+done
+
+# The images as users get them: static binary on scratch, non-root, small,
+# no shell.
+for s in orders inventory demo; do
+	cid=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$s" | head -1)
+	img=$(docker inspect -f '{{.Image}}' "$cid")
+	user=$(docker image inspect -f '{{.Config.User}}' "$img")
+	size=$(docker image inspect -f '{{.Size}}' "$img")
+	[ "$user" = 65532:65532 ] || fail "$s image runs as '$user', not 65532:65532"
+	[ "$size" -lt $((60 * 1024 * 1024)) ] || fail "$s image is $((size / 1024 / 1024)) MB"
+	if docker run --rm --entrypoint /bin/sh "$img" -c true >/dev/null 2>&1; then
+		fail "$s image has a shell: it is not the scratch image"
+	fi
+	say "ok: $s image: user $user, $((size / 1024 / 1024)) MB, no shell"
+done
+
+# The databases, read independently of the demo.
+compose start postgres >/dev/null 2>&1
+for _ in $(seq 1 60); do
+	compose exec -T postgres pg_isready -h 127.0.0.1 -U postgres >/dev/null 2>&1 && break
+	sleep 1
+done
+psql_orders() { compose exec -T postgres psql -h 127.0.0.1 -U postgres -d orders -tAc "$1"; }
+counts=$(psql_orders "SELECT count(*) FILTER (WHERE status IN ('reserved', 'rejected')) || ' ' || count(*) FILTER (WHERE status = 'paid') FROM orders")
+read -r settled unsettled <<<"$counts"
+[ "$unsettled" = 0 ] || fail "psql: $unsettled paid orders are neither reserved nor rejected"
+[ "$settled" = $((DEMO_ORDERS + 3)) ] || fail "psql: $settled orders settled, want $((DEMO_ORDERS + 3))"
+tables=$(compose exec -T postgres psql -h 127.0.0.1 -U postgres -d inventory -tAc \
+	"SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE tablename IN ('stock', 'reservations', 'inbox_messages', 'outbox_messages')")
+[ "$tables" = "inbox_messages,outbox_messages,reservations,stock" ] || fail "psql: inventory's migrations did not run ($tables)"
+say "ok: psql: $settled paid orders, every one reserved or rejected; both services migrated their databases"
+mark "checks"
+
+# 5. Down; then nothing of the project may be left (finish checks).
+STARTED=
+trap - EXIT
+compose down -v --remove-orphans --timeout 20 >"$OUT/down.log" 2>&1 || fail "docker-compose down -v failed (see $OUT/down.log)"
+left=$(
+	docker ps -aq --filter "label=com.docker.compose.project=$PROJECT"
+	docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"
+	docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT"
+)
+rm -rf "$SNAP"
+[ -z "$left" ] || fail "left behind after down -v: $left"
+say "ok: down -v: no container, network or volume of project $PROJECT left"
+mark "down -v"
+
+echo
+say "timings:"
+printf '%s\n' "${TIMES[@]}"
+printf '  %-34s %4ds\n' total $((SECONDS - START))
+say "PASS"

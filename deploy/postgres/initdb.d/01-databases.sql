@@ -1,0 +1,4 @@
+-- Run once, by the postgres image's entrypoint, when the data volume is new:
+-- one database per service (each service migrates its own at start).
+CREATE DATABASE orders;
+CREATE DATABASE inventory;

@@ -1,0 +1,265 @@
+// Package services_test checks docker-compose.yml against the code it runs,
+// without Docker: it loads the file with compose-go (the loader Docker
+// Compose itself uses) and compares it with the services' own list of
+// variables, the system's topics and the Dockerfiles' base images.
+package services_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+)
+
+const (
+	composeFile  = "../docker-compose.yml"
+	ciOverride   = "../deploy/ci/docker-compose.ci.yml"
+	servicesFile = "Dockerfile"
+)
+
+// load parses compose files as `docker compose` would, with no variables
+// set, so every ${VAR:-default} takes its default: what a user gets.
+func load(t *testing.T, files ...string) *types.Project {
+	t.Helper()
+	details := types.ConfigDetails{WorkingDir: "..", Environment: types.Mapping{}}
+	for _, f := range files {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		details.ConfigFiles = append(details.ConfigFiles, types.ConfigFile{Filename: abs})
+	}
+	p, err := loader.LoadWithContext(context.Background(), details, func(o *loader.Options) {
+		o.SetProjectName("outbox-inbox", true)
+	})
+	if err != nil {
+		t.Fatalf("loading %v: %v", files, err)
+	}
+	return p
+}
+
+func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
+	t.Helper()
+	s, err := p.GetService(name)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return s
+}
+
+// TestComposeEnvironmentIsRead: every variable given to a service is one
+// its binary reads (platform.EnvVars, the one list LoadConfig works from),
+// and the required ones are all given.
+func TestComposeEnvironmentIsRead(t *testing.T) {
+	p := load(t, composeFile)
+	known := platform.EnvVars()
+	for _, name := range system.Services {
+		s := service(t, p, name)
+		for key := range s.Environment {
+			if !slices.Contains(known, key) {
+				t.Errorf("%s: environment variable %s is not read by the service (platform.EnvVars: %v)", name, key, known)
+			}
+		}
+		for _, key := range []string{"DATABASE_URL", "KAFKA_BROKERS"} {
+			if v := s.Environment[key]; v == nil || *v == "" {
+				t.Errorf("%s: required variable %s not set", name, key)
+			}
+		}
+		if v := s.Environment["DATABASE_URL"]; v != nil && !strings.HasSuffix(strings.SplitN(*v, "?", 2)[0], "/"+name) {
+			t.Errorf("%s: DATABASE_URL %q is not the service's own database %q", name, *v, name)
+		}
+	}
+}
+
+var versioned = regexp.MustCompile(`\d`)
+
+// pinned reports why image is not pinned to a version, or "".
+func pinned(image string) string {
+	if image == "scratch" { // the empty image: nothing to pull, nothing to pin
+		return ""
+	}
+	if _, digest, ok := strings.Cut(image, "@sha256:"); ok && len(digest) == 64 {
+		return ""
+	}
+	name := image
+	if i := strings.LastIndex(name, "/"); i >= 0 {
+		name = name[i+1:]
+	}
+	_, tag, ok := strings.Cut(name, ":")
+	switch {
+	case !ok:
+		return "no tag (means latest)"
+	case tag == "latest" || strings.HasPrefix(tag, "latest-"):
+		return "tag latest"
+	case !versioned.MatchString(tag):
+		return fmt.Sprintf("tag %q names no version", tag)
+	}
+	return ""
+}
+
+// TestComposeImagesArePinned: every image a user's `docker compose up`
+// pulls, directly or as a base image of a build, has a versioned tag, and
+// the compose defaults are the Dockerfiles' own defaults.
+func TestComposeImagesArePinned(t *testing.T) {
+	p := load(t, composeFile)
+	dockerfileArgs := map[string]map[string]string{}
+	for _, s := range p.Services {
+		if s.Build == nil {
+			if why := pinned(s.Image); why != "" {
+				t.Errorf("%s: image %q is not pinned: %s", s.Name, s.Image, why)
+			}
+			continue
+		}
+		df := filepath.Join(s.Build.Context, s.Build.Dockerfile)
+		if dockerfileArgs[df] == nil {
+			dockerfileArgs[df] = imageArgs(t, df)
+		}
+		for arg, def := range dockerfileArgs[df] {
+			if why := pinned(def); why != "" {
+				t.Errorf("%s: default of ARG %s is %q, not pinned: %s", df, arg, def, why)
+			}
+			v := s.Build.Args[arg]
+			if v == nil {
+				continue // the Dockerfile's default applies
+			}
+			if why := pinned(*v); why != "" {
+				t.Errorf("%s: build arg %s=%q is not pinned: %s", s.Name, arg, *v, why)
+			}
+			if *v != def {
+				t.Errorf("%s: build arg %s defaults to %q in compose but %q in %s", s.Name, arg, *v, def, df)
+			}
+		}
+		if len(dockerfileArgs[df]) == 0 {
+			t.Errorf("%s: found no *_IMAGE build arguments", df)
+		}
+	}
+}
+
+func TestPinned(t *testing.T) {
+	for image, ok := range map[string]bool{
+		"golang":               false,
+		"postgres:latest":      false,
+		"apache/kafka:latest":  false,
+		"localhost:5000/kafka": false, // a port is no tag
+		"gcr.io/distroless/static-debian12:nonroot": false,
+		"postgres:15.18-bookworm":                   true,
+		"apache/kafka:4.1.0":                        true,
+		"localhost:5000/kafka:4.1.0":                true,
+		"scratch":                                   true,
+		"gcr.io/distroless/static-debian12@sha256:" + strings.Repeat("a", 64): true,
+	} {
+		if got := pinned(image) == ""; got != ok {
+			t.Errorf("pinned(%q) = %q; want pinned %v", image, pinned(image), ok)
+		}
+	}
+}
+
+// imageArgs returns the `ARG *_IMAGE=default` lines of a Dockerfile.
+func imageArgs(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	args := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 2 && strings.EqualFold(fields[0], "ARG") {
+			if name, def, ok := strings.Cut(fields[1], "="); ok && strings.HasSuffix(name, "_IMAGE") {
+				args[name] = def
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return args
+}
+
+// TestComposeWiring: healthchecks probe the port each service listens on,
+// the services start only after their infrastructure is healthy and the
+// topics exist, and the topics are the system's, with its partitions.
+func TestComposeWiring(t *testing.T) {
+	p := load(t, composeFile)
+	for _, name := range system.Services {
+		s := service(t, p, name)
+		_, port, err := net.SplitHostPort(*s.Environment["HTTP_ADDR"])
+		if err != nil {
+			t.Fatalf("%s: HTTP_ADDR: %v", name, err)
+		}
+		if s.HealthCheck == nil || !slices.Contains(s.HealthCheck.Test, "http://127.0.0.1:"+port+"/readyz") {
+			t.Errorf("%s: healthcheck %v does not GET /readyz on port %s", name, s.HealthCheck, port)
+		}
+		if len(s.Ports) != 1 || fmt.Sprint(s.Ports[0].Target) != port {
+			t.Errorf("%s: ports %+v do not publish container port %s", name, s.Ports, port)
+		}
+		for dep, cond := range map[string]string{"postgres": "service_healthy", "kafka-init": "service_completed_successfully"} {
+			if got := s.DependsOn[dep].Condition; got != cond {
+				t.Errorf("%s: depends_on %s condition %q, want %q", name, dep, got, cond)
+			}
+		}
+	}
+	demo := service(t, p, "demo")
+	for _, dep := range system.Services {
+		if got := demo.DependsOn[dep].Condition; got != "service_healthy" {
+			t.Errorf("demo: depends_on %s condition %q, want service_healthy", dep, got)
+		}
+	}
+	for _, name := range []string{"postgres", "kafka"} {
+		if s := service(t, p, name); s.HealthCheck == nil || len(s.HealthCheck.Test) == 0 {
+			t.Errorf("%s has no healthcheck", name)
+		}
+	}
+	initCmd := strings.Join(service(t, p, "kafka-init").Command, " ")
+	for _, topic := range system.Topics {
+		if !strings.Contains(initCmd, topic) {
+			t.Errorf("kafka-init does not create topic %s", topic)
+		}
+	}
+	if want := fmt.Sprintf("--partitions %d", stack.DefaultPartitions); !strings.Contains(initCmd, want) {
+		t.Errorf("kafka-init does not create the topics with %s", want)
+	}
+}
+
+// TestCIOverrideReplacesOnlyKafka: the override CI adds (it cannot pull
+// apache/kafka) touches the broker and its topic job and nothing else, so
+// CI runs the services, the demo and Postgres' settings as users do.
+func TestCIOverrideReplacesOnlyKafka(t *testing.T) {
+	user := load(t, composeFile)
+	ci := load(t, composeFile, ciOverride)
+	for _, s := range user.Services {
+		if s.Name == "kafka" || s.Name == "kafka-init" {
+			continue
+		}
+		u, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := json.Marshal(service(t, ci, s.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(u) != string(c) {
+			t.Errorf("the CI override changes service %s:\n user: %s\n   ci: %s", s.Name, u, c)
+		}
+	}
+	if len(ci.Services) != len(user.Services) {
+		t.Errorf("the CI override adds services: %v vs %v", ci.ServiceNames(), user.ServiceNames())
+	}
+}
