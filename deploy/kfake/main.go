@@ -2,7 +2,8 @@
 //
 // CI has no container registry, so it cannot pull apache/kafka; the CI-only
 // override deploy/ci/docker-compose.ci.yml replaces the `kafka` service (and
-// the `kafka-init` job that creates the topics) with this image. It runs the
+// the `kafka-init` job that creates the topics) with an image holding only
+// this binary (built by deploy/ci/standins.sh). It runs the
 // same embedded Kafka-protocol broker the tests use (franz-go's kfake), on
 // 0.0.0.0:9092, advertised as kafka:9092 (the compose service name), with
 // the system's four topics seeded at 6 partitions each. Nothing else in the
