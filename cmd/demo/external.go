@@ -23,16 +23,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/stack"
-	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -69,7 +64,8 @@ func externalFromEnv() (external, bool, error) {
 	}, true, nil
 }
 
-// followed is an order the demo narrates from payment to settlement.
+// followed is an order the demo narrates from payment to settlement, read
+// back from both databases.
 type followed struct {
 	id    string
 	lines []events.Line
@@ -334,17 +330,7 @@ func replayOrderPaid(ctx context.Context, orders *pgxpool.Pool, brokers []string
 	if err != nil {
 		return "", fmt.Errorf("reading the OrderPaid of order %s: %w", orderID, err)
 	}
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: brokers, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
-	}, watermill.NopLogger{})
-	if err != nil {
-		return "", err
-	}
-	defer pub.Close()
-	msg := message.NewMessage(id, payload)
-	msg.Metadata.Set(outbox.KeyMetadata, key)
-	return id, pub.Publish(events.TopicOrders, msg)
+	return id, republish(brokers, id, key, payload)
 }
 
 // payTwiceAtOnce sends two payments of one order at the same moment.

@@ -155,17 +155,23 @@ func replayOne(ctx context.Context, orders *pgxpool.Pool, brokers []string) (str
 	if err != nil {
 		return "", err
 	}
+	return id, republish(brokers, id, key, payload)
+}
+
+// republish publishes an OrderPaid again straight onto Kafka, with its id,
+// key and payload, as a relay that crashed before marking it would.
+func republish(brokers []string, id, key string, payload []byte) error {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: brokers, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
 		OverwriteSaramaConfig: kafkaconf.Sarama(),
 	}, watermill.NopLogger{})
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer pub.Close()
 	msg := message.NewMessage(id, payload)
 	msg.Metadata.Set(outbox.KeyMetadata, key)
-	return id, pub.Publish(events.TopicOrders, msg)
+	return pub.Publish(events.TopicOrders, msg)
 }
 
 func printReport(r check.Report, took time.Duration) {
