@@ -52,6 +52,15 @@ if ! command -v docker-compose >/dev/null; then
 fi
 say "$(docker-compose version --short 2>/dev/null || docker-compose version | head -1), engine $(docker version -f '{{.Server.Version}}')"
 
+# One run at a time on this engine: two runs would share the project's
+# name, its network and volume, the stand-ins' tags and the host ports.
+LOCK=/var/tmp/outbox-compose-ci.lock
+exec 9>"$LOCK"
+if ! flock -n 9; then
+	say "another compose-ci run holds $LOCK; waiting for it (at most 30 min)"
+	flock -w 1800 9 || fail "another compose-ci run still holds $LOCK"
+fi
+
 # Build and run from a snapshot of the tree: what is built is what is
 # judged, even if files change meanwhile.
 SNAP=$(mktemp -d /var/tmp/outbox-compose-ci.XXXXXX)

@@ -68,15 +68,32 @@ func main() {
 }
 
 func serve(listen, advertise string, topics []string, partitions int) error {
+	c, err := start(listen, advertise, topics, partitions)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Printf("kfake: Kafka-protocol broker on %s, advertised as %s; topics %s with %d partitions each\n",
+		listen, advertise, strings.Join(topics, ", "), partitions)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	fmt.Println("kfake: stopping")
+	return nil
+}
+
+// start runs a one-broker kfake cluster listening on listen and telling
+// clients to connect to advertise, with topics seeded.
+func start(listen, advertise string, topics []string, partitions int) (*kfake.Cluster, error) {
 	_, port, err := net.SplitHostPort(listen)
 	if err != nil {
-		return fmt.Errorf("-listen %q: %w", listen, err)
+		return nil, fmt.Errorf("-listen %q: %w", listen, err)
 	}
 	p, err := strconv.Atoi(port)
 	if err != nil {
-		return fmt.Errorf("-listen %q: %w", listen, err)
+		return nil, fmt.Errorf("-listen %q: %w", listen, err)
 	}
-	c, err := kfake.NewCluster(
+	return kfake.NewCluster(
 		kfake.Ports(p), // one broker
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			// kfake listens on 127.0.0.1 and advertises its listener's
@@ -92,17 +109,6 @@ func serve(listen, advertise string, topics []string, partitions int) error {
 		kfake.DefaultNumPartitions(partitions),
 		kfake.SeedTopics(int32(partitions), topics...),
 	)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	fmt.Printf("kfake: Kafka-protocol broker on %s, advertised as %s; topics %s with %d partitions each\n",
-		listen, advertise, strings.Join(topics, ", "), partitions)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	<-ctx.Done()
-	fmt.Println("kfake: stopping")
-	return nil
 }
 
 // check connects to the broker and verifies every topic has its partitions.
