@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/ctxtime"
 	"github.com/outboxref/outbox-inbox/internal/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -215,7 +216,7 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				// times out) is the message's, and counts after a while, so
 				// it cannot block its partition forever.
 				if transientFailures++; transientFailures < maxTransientFailures {
-					if !sleep(msg.Context(), in.backoff(transientFailures)) {
+					if !ctxtime.Sleep(msg.Context(), in.backoff(transientFailures)) {
 						return nil, err
 					}
 					continue
@@ -241,7 +242,7 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				return nil, in.deadLetter(&d, attempts, fmt.Sprintf("failed %d attempts, last: %v", attempts, herr))
 			}
 			in.settle(&d, Retried, herr.Error())
-			if !sleep(msg.Context(), in.backoff(attempts)) {
+			if !ctxtime.Sleep(msg.Context(), in.backoff(attempts)) {
 				return nil, fmt.Errorf("inbox: shutting down while retrying: %w", herr)
 			}
 		}
@@ -603,29 +604,11 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 
 // RunRetention calls Sweep every interval until ctx ends.
 func (in *Inbox) RunRetention(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ctxtime.Every(ctx, interval, func() {
 		if n, err := in.Sweep(ctx); err != nil && ctx.Err() == nil {
 			in.cfg.Logger.Error("Inbox retention sweep failed", err, nil)
 		} else if n > 0 {
 			in.cfg.Logger.Info("Inbox retention sweep", watermill.LogFields{"consumer": in.cfg.Consumer, "deleted": n})
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	})
 }

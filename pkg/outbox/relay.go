@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/ctxtime"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
@@ -190,7 +191,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case err != nil:
 			r.stats.errors.Add(1)
 			r.cfg.Logger.Error("Relay batch failed; rows will be retried", err, nil)
-			if !sleep(ctx, r.cfg.ErrorBackoff) {
+			if !ctxtime.Sleep(ctx, r.cfg.ErrorBackoff) {
 				return nil
 			}
 			continue
@@ -332,7 +333,7 @@ func (r *Relay) listen(ctx context.Context) {
 		r.cfg.Logger.Error("Outbox listener lost; falling back to polling until it reconnects", err, nil)
 		// Reconnect soon even when the poll is slow: until then, commits
 		// wait for the poll.
-		sleep(ctx, min(r.cfg.PollInterval, time.Second))
+		ctxtime.Sleep(ctx, min(r.cfg.PollInterval, time.Second))
 	}
 }
 
@@ -364,18 +365,11 @@ func (r *Relay) poke() {
 
 // retain deletes published rows older than Retention, in batches.
 func (r *Relay) retain(ctx context.Context) {
-	t := time.NewTicker(r.cfg.RetentionInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ctxtime.Every(ctx, r.cfg.RetentionInterval, func() {
 		if _, err := r.DeletePublished(ctx); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("Outbox retention failed", err, nil)
 		}
-	}
+	})
 }
 
 // DeletePublished removes rows published more than Retention ago, at most
@@ -398,17 +392,5 @@ func (r *Relay) DeletePublished(ctx context.Context) (int64, error) {
 		if tag.RowsAffected() < int64(r.cfg.RetentionBatch) {
 			return total, nil
 		}
-	}
-}
-
-// sleep waits d or until ctx ends; it reports whether the full d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
