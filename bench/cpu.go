@@ -12,16 +12,33 @@ import (
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on Linux.
 const clockTicks = 100
 
-// cpuSeconds returns the user+system CPU time consumed so far by the given
-// processes, every postgres process on the machine (the benchmark's cluster
-// is the only one), and this process (which hosts the embedded broker and
-// the paying clients).
-func cpuSeconds(pids []int) float64 {
-	total := 0.0
+// cpuUse is CPU time consumed so far, in seconds, by component.
+type cpuUse struct {
+	Postgres float64 `json:"postgres"` // every postgres process on the machine (the benchmark's cluster is the only one)
+	Services float64 `json:"services"` // the service processes
+	Bench    float64 `json:"bench"`    // this process: the embedded broker and the paying clients
+}
+
+func (c cpuUse) total() float64 { return c.Postgres + c.Services + c.Bench }
+
+func (c cpuUse) sub(d cpuUse) cpuUse {
+	return cpuUse{c.Postgres - d.Postgres, c.Services - d.Services, c.Bench - d.Bench}
+}
+
+// per1000 scales CPU seconds to seconds per 1,000 round trips.
+func (c cpuUse) per1000(n int) cpuUse {
+	k := 1000 / float64(n)
+	return cpuUse{c.Postgres * k, c.Services * k, c.Bench * k}
+}
+
+// cpuSeconds reads the CPU time consumed so far by the given service
+// processes, by every postgres process and by this process.
+func cpuSeconds(pids []int) cpuUse {
+	var use cpuUse
 	seen := map[int]bool{}
 	for _, pid := range pids {
 		seen[pid] = true
-		total += procCPU(pid)
+		use.Services += procCPU(pid)
 	}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -30,14 +47,14 @@ func cpuSeconds(pids []int) float64 {
 			continue
 		}
 		if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-			total += procCPU(pid)
+			use.Postgres += procCPU(pid)
 		}
 	}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
-		total += float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
+		use.Bench = float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
 	}
-	return total
+	return use
 }
 
 // procCPU reads utime+stime of one process.

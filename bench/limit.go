@@ -111,7 +111,8 @@ func runLimit(ctx context.Context, pg *stack.Postgres, p params, say func(string
 	res.SaturationS = elapsed.Seconds()
 	res.RoundTripsPerS = float64(p.Orders) / elapsed.Seconds()
 	res.DBTxPerMessage = float64(tx1-tx0-1) / float64(2*p.Orders)
-	res.CPUSPer1000 = (cpu1 - cpu0) / float64(p.Orders) * 1000
+	res.CPU = cpu1.sub(cpu0).per1000(p.Orders)
+	res.CPUSPer1000 = res.CPU.total()
 	say("limit: %d round trips in %s", p.Orders, elapsed.Round(time.Millisecond))
 
 	// Latency: at the offered rate, each order's payment and then its

@@ -64,6 +64,7 @@ type Result struct {
 	HopLatencyMS   Percentiles `json:"hop_latency_ms"`
 	DBTxPerMessage float64     `json:"db_tx_per_message"`
 	CPUSPer1000    float64     `json:"cpu_s_per_1000_round_trips"`
+	CPU            cpuUse      `json:"cpu_s_per_1000_by_process"`
 	SaturationS    float64     `json:"saturation_s"`
 	LatencySamples int         `json:"latency_samples"`
 	LatencyMissing int         `json:"latency_missing"`
@@ -96,6 +97,7 @@ func run(ctx context.Context) error {
 	smoke := flag.Bool("smoke", false, "a few seconds per build: checks the benchmark works, measures nothing")
 	only := flag.String("only", "", "run only these builds (comma-separated), for working on one; the report is then partial")
 	orders := flag.Int("orders", 0, "override the number of round trips in the saturation phase")
+	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	flag.Parse()
 	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 12, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
 	if *smoke {
@@ -135,14 +137,18 @@ func run(ctx context.Context) error {
 		if !want(b.name) {
 			continue
 		}
+		if *extraEnv != "" {
+			b.env = append(b.env, strings.Split(*extraEnv, ",")...)
+		}
 		say("== %s %v", b.name, b.env)
 		res, err := runServices(ctx, pg, p, b.name, b.env, b.name != "project_dedupe_off", say)
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
 		}
 		*b.dst = res
-		say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms, %.2f db tx/message, %.2f CPU s/1000",
-			b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000)
+		say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms, %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench+broker %.2f)",
+			b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000,
+			res.CPU.Postgres, res.CPU.Services, res.CPU.Bench)
 	}
 	if want("limit") {
 		say("== limit (batched SQL, no Kafka, no services)")

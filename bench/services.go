@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -68,6 +69,9 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 	if err != nil {
 		return res, err
 	}
+	if *statements {
+		resetStatements(ctx, orders, say)
+	}
 	t0 := time.Now()
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		go profile(ctx, sys, dir, build, say)
@@ -90,8 +94,12 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 	res.SaturationS = elapsed.Seconds()
 	res.RoundTripsPerS = float64(p.Orders) / elapsed.Seconds()
 	res.DBTxPerMessage = float64(tx1-tx0-polls-2) / float64(2*p.Orders) // minus the bench's own polls and reads
-	res.CPUSPer1000 = (cpu1 - cpu0) / float64(p.Orders) * 1000
+	res.CPU = cpu1.sub(cpu0).per1000(p.Orders)
+	res.CPUSPer1000 = res.CPU.total()
 	say("%s: %d round trips in %s", build, p.Orders, elapsed.Round(time.Millisecond))
+	if *statements {
+		printStatements(ctx, orders, p.Orders, say)
+	}
 
 	if !latency {
 		res.Notes = "saturation only"
@@ -321,4 +329,37 @@ func profile(ctx context.Context, sys *system.System, dir, build string, say fun
 		}()
 	}
 	wg.Wait()
+}
+
+// statements, for working on speed, prints where Postgres's time went in
+// each build's saturation phase. It needs pg_stat_statements loaded:
+//
+//	STACK_POSTGRES_CONF="shared_preload_libraries = 'pg_stat_statements'" go run ./bench -statements
+var statements = flag.Bool("statements", false, "print the top statements by total time per build (needs pg_stat_statements, see bench/services.go)")
+
+func resetStatements(ctx context.Context, pool *pgxpool.Pool, say func(string, ...any)) {
+	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()`); err != nil {
+		say("statements: %v", err)
+	}
+}
+
+func printStatements(ctx context.Context, pool *pgxpool.Pool, roundTrips int, say func(string, ...any)) {
+	rows, err := pool.Query(ctx, `
+		SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\s+', ' ', 'g')
+		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25`)
+	if err != nil {
+		say("statements: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var calls int64
+		var ms float64
+		var q string
+		if err := rows.Scan(&calls, &ms, &q); err != nil {
+			say("statements: %v", err)
+			return
+		}
+		say("  %8d calls %6.3f/rt %8.1f ms  %s", calls, float64(calls)/float64(roundTrips), ms, q)
+	}
 }

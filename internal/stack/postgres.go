@@ -250,6 +250,11 @@ max_connections = 300
 fsync = on
 synchronous_commit = on
 `, p.port, p.dir)
+	// STACK_POSTGRES_CONF adds settings, one per line, for working on speed:
+	// e.g. shared_preload_libraries = 'pg_stat_statements'.
+	if extra := os.Getenv("STACK_POSTGRES_CONF"); extra != "" {
+		conf += "# from STACK_POSTGRES_CONF\n" + extra + "\n"
+	}
 	path := filepath.Join(p.dataDir(), "stack.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return fmt.Errorf("stack: %w", err)
