@@ -129,7 +129,7 @@ func run(ctx context.Context) error {
 		env  []string
 		dst  *Result
 	}{
-		{"textbook", []string{"RELAY_DRIVER=textbook"}, &r.Textbook},
+		{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1"}, &r.Textbook},
 		{"project", nil, &r.Project},
 		{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, &r.ProjectNoDup},
 	}

@@ -61,12 +61,13 @@ func setup(t *testing.T, opts system.Options) *testBundle {
 	return b
 }
 
-// run pays n orders and waits until every paid order is settled.
-func (b *testBundle) run(t *testing.T, n int) check.Report {
+// run pays n orders, at most rate per second when rate > 0, and waits until
+// every paid order is settled.
+func (b *testBundle) run(t *testing.T, n int, rate float64) check.Report {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := loadgen.Run(ctx, b.sys.Client, b.skus, loadgen.Plan{Orders: n, Concurrency: 8, DoubleSubmit: 10, Seed: 1})
+	res, err := loadgen.Run(ctx, b.sys.Client, b.skus, loadgen.Plan{Orders: n, Concurrency: 8, DoubleSubmit: 10, Seed: 1, Rate: rate})
 	require.NoError(t, err)
 	require.Len(t, res.Paid, n)
 	report, err := check.Wait(ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, check.Settled(n),
@@ -79,7 +80,7 @@ func (b *testBundle) run(t *testing.T, n int) check.Report {
 func TestRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t, system.Options{})
-	report := b.run(t, 200)
+	report := b.run(t, 200, 0)
 
 	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
 	require.Equal(t, 200, report.Reserved+report.Rejected)
@@ -112,7 +113,9 @@ func crashAfterCommit(t *testing.T, inboxDisabled bool) (check.Report, int64) {
 	var restarts atomic.Int64
 	b.sys.Supervise(ctx, func() time.Duration { return 100 * time.Millisecond }, func(*procs.Proc) { restarts.Add(1) })
 
-	report := b.run(t, 200)
+	// Paced, so the run outlasts FAILPOINT_GRACE: batched, 200 orders settle
+	// in well under a second.
+	report := b.run(t, 200, 50)
 	cancel()
 	return report, restarts.Load()
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
@@ -14,8 +17,11 @@ import (
 
 // Batching. The router runs one handler call per partition at a time, so a
 // consumer with many partitions has many deliveries in flight at once. With
-// Config.BatchSize > 1, those that arrive together share one transaction,
-// one savepoint each:
+// Config.BatchSize > 1, those that arrive together share one transaction, in
+// one of two ways.
+//
+// Behind Middleware, the handler sees one message at a time, so the batch
+// gives each message a savepoint:
 //
 //	BEGIN
 //	  SAVEPOINT; INSERT inbox row; handler; RELEASE      -- message 1
@@ -23,17 +29,59 @@ import (
 //	  SAVEPOINT; INSERT inbox row (exists): duplicate; RELEASE
 //	COMMIT                                               -- one WAL flush for the batch
 //
-// and only after that COMMIT does any of their middleware calls return, so
-// every offset is still marked after its message's effects are durable. A
-// message whose handler failed continues alone, through the retry path. A
-// batch that fails as a whole (the connection dropped, the COMMIT failed) is
-// not retried as a batch: each of its messages is tried again alone, so one
-// message can never fail its companions twice.
+// That saves commits but not statements. Behind Handler, the handler is a
+// BatchFunc that takes the whole batch, so the statements are shared too:
+//
+//	BEGIN
+//	  INSERT all inbox rows ON CONFLICT DO NOTHING RETURNING message_id  -- one statement
+//	  BatchFunc(the messages whose rows were inserted)                   -- set-based writes
+//	COMMIT
+//
+// If the BatchFunc fails, nothing of the batch commits and each message is
+// tried again alone, a batch of one, so a poison message fails by itself.
+//
+// Either way, only after the COMMIT does any of the batch's middleware calls
+// return, so every offset is still marked after its message's effects are
+// durable. A message whose handler failed continues alone, through the retry
+// path. A batch that fails as a whole (the connection dropped, the COMMIT
+// failed) is not retried as a batch: each of its messages is tried again
+// alone, so one message can never fail its companions twice.
+
+// BatchFunc applies msgs in tx, the inbox's transaction, and must neither
+// commit nor roll it back. Every message in msgs is new to the consumer: the
+// inbox has already recorded it and filtered out duplicates. An error fails
+// the whole batch; the inbox then calls the BatchFunc again with each message
+// alone, so the error is pinned on the message that causes it (wrap it with
+// Permanent to dead-letter that message at once). ctx carries the batch's
+// deadline; each message keeps its own context.
+type BatchFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
+
+// setHandler is one BatchFunc registered with Handler. Deliveries are only
+// batched with others of the same setHandler.
+type setHandler struct{ fn BatchFunc }
+
+// Handler returns a Watermill handler that applies each message at most once
+// per consumer, like Middleware, through fn: up to Config.BatchSize
+// deliveries that arrive together are applied by one call of fn, in one
+// transaction. With BatchSize 1, fn sees one message per transaction.
+func (in *Inbox) Handler(fn BatchFunc) message.NoPublishHandlerFunc {
+	set := &setHandler{fn: fn}
+	one := func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		return nil, fn(ctx, Tx(ctx), []*message.Message{msg})
+	}
+	h := in.handler(one, set)
+	return func(msg *message.Message) error {
+		_, err := h(msg)
+		return err
+	}
+}
 
 // batchItem is one delivery waiting for a batch.
 type batchItem struct {
 	d    *delivery
 	h    message.HandlerFunc
+	set  *setHandler // nil: batched with savepoints
 	done chan batchResult
 }
 
@@ -53,14 +101,14 @@ type batcher struct {
 }
 
 // viaBatch runs the first attempt of d in a batch. It returns like attempt.
-func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc) (out []*message.Message, herr, err error) {
+func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc, set *setHandler) (out []*message.Message, herr, err error) {
 	in.batch.once.Do(func() {
 		in.batch.queue = make(chan *batchItem, in.cfg.BatchSize*in.cfg.BatchWorkers)
 		for range in.cfg.BatchWorkers {
 			go in.batchWorker()
 		}
 	})
-	item := &batchItem{d: d, h: h, done: make(chan batchResult, 1)}
+	item := &batchItem{d: d, h: h, set: set, done: make(chan batchResult, 1)}
 	in.batch.queue <- item
 	res := <-item.done
 	switch {
@@ -77,7 +125,8 @@ func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc) (out []*message.Me
 }
 
 // batchWorker takes whatever deliveries are waiting, up to BatchSize, and
-// runs them as one transaction, for as long as the process lives.
+// runs them as one transaction per kind of handler, for as long as the
+// process lives.
 func (in *Inbox) batchWorker() {
 	for first := range in.batch.queue {
 		items := []*batchItem{first}
@@ -90,11 +139,136 @@ func (in *Inbox) batchWorker() {
 				break gather
 			}
 		}
-		results := in.runBatch(items)
-		for i, it := range items {
-			it.done <- results[i]
+		groups := map[*setHandler][]*batchItem{}
+		for _, it := range items {
+			groups[it.set] = append(groups[it.set], it)
+		}
+		for set, group := range groups {
+			var results []batchResult
+			if set == nil {
+				results = in.runBatch(group)
+			} else {
+				results = in.runSetBatch(set, group)
+			}
+			for i, it := range group {
+				it.done <- results[i]
+			}
 		}
 	}
+}
+
+// runSetBatch runs items through set's BatchFunc in one transaction and
+// returns a result for each.
+func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) []batchResult {
+	results := make([]batchResult, len(items))
+	fallbackAll := func() []batchResult {
+		for i := range results {
+			results[i] = batchResult{fallback: true}
+		}
+		return results
+	}
+	ctx, cancel := in.txContext(items[0].d)
+	defer cancel()
+	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return fallbackAll()
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
+	if in.cfg.DisableDedupe {
+		for i := range items {
+			fresh = append(fresh, i)
+		}
+	} else {
+		if fresh, err = in.insertRows(ctx, tx, items); err != nil {
+			return fallbackAll()
+		}
+		for i, it := range items {
+			if slices.Contains(fresh, i) {
+				continue
+			}
+			o, reason, err := in.classifySeen(ctx, tx, it.d)
+			if err != nil {
+				return fallbackAll()
+			}
+			results[i] = batchResult{outcome: o, reason: reason}
+		}
+		if len(fresh) > 0 {
+			failpoint.Hit(failpoint.AfterInboxInsert, items[fresh[0]].d.id)
+		}
+	}
+	if len(fresh) > 0 {
+		msgs := make([]*message.Message, len(fresh))
+		for j, i := range fresh {
+			msgs[j] = items[i].d.msg
+		}
+		if err := callBatch(ctx, set.fn, tx, msgs); err != nil {
+			if len(items) > 1 {
+				in.cfg.Logger.Debug("Inbox batch failed; applying each message alone", watermill.LogFields{
+					"consumer": in.cfg.Consumer, "messages": len(items), "err": err.Error()})
+			}
+			return fallbackAll() // each alone, so the error lands on its own message
+		}
+		for _, i := range fresh {
+			results[i] = batchResult{outcome: Applied}
+		}
+	}
+	failpoint.Hit(failpoint.AfterHandlerBeforeCommit, items[0].d.id)
+	if err := tx.Commit(ctx); err != nil {
+		return fallbackAll()
+	}
+	return results
+}
+
+// insertRows inserts the inbox rows of items in one statement and returns the
+// indexes of the items whose row it inserted: the others were seen before.
+// Rows go in in id order, so two batches that share ids wait for each other
+// instead of deadlocking. When one id comes twice in the batch, its first
+// delivery is the fresh one.
+func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, items []*batchItem) ([]int, error) {
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(items[a].d.id, items[b].d.id) })
+	ids := make([]string, len(items))
+	sums := make([][]byte, len(items))
+	topics := make([]string, len(items))
+	for j, i := range order {
+		ids[j], sums[j], topics[j] = items[i].d.id, items[i].d.sum[:], items[i].d.topic
+	}
+	rows, err := tx.Query(ctx, `
+		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic)
+		SELECT $1, u.id, u.sum, u.topic FROM unnest($2::text[], $3::bytea[], $4::text[]) AS u(id, sum, topic)
+		ON CONFLICT DO NOTHING
+		RETURNING message_id`, in.cfg.Consumer, ids, sums, topics)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
+	}
+	var fresh []int
+	for _, i := range order {
+		if k := slices.Index(inserted, items[i].d.id); k >= 0 {
+			inserted = slices.Delete(inserted, k, k+1) // a second delivery of the id is not fresh
+			fresh = append(fresh, i)
+		}
+	}
+	slices.Sort(fresh)
+	return fresh, nil
+}
+
+// callBatch runs fn and turns a panic into an error.
+func callBatch(ctx context.Context, fn BatchFunc, tx pgx.Tx, msgs []*message.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return fn(ctx, tx, msgs)
 }
 
 // runBatch runs items in one transaction and returns a result for each.

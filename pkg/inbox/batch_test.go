@@ -1,12 +1,15 @@
 package inbox_test
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -65,4 +68,94 @@ func TestBatching(t *testing.T) {
 	require.Equal(t, len(ids)-1, rows)
 	require.Less(t, txs, rows, "no two deliveries shared a transaction")
 	t.Logf("%d good messages applied in %d transactions", rows, txs)
+}
+
+// TestHandlerBatches delivers many messages at once to a set-based Handler:
+// poison messages among them, a payload conflict, a redelivery, and one id
+// delivered twice at the same moment. Each good message is applied exactly
+// once, batches of more than one message commit together, each poison
+// message alone is retried and dead-lettered, and the companions of a poison
+// message are applied alone after their batch failed.
+func TestHandlerBatches(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{BatchSize: 16, BatchWorkers: 2, MaxAttempts: 2, RetryBackoff: time.Millisecond})
+	var mu sync.Mutex
+	var sizes []int
+	failedWithCompanions := 0
+	poison := map[string]bool{}
+	apply := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, len(msgs))
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			if poison[m.UUID] {
+				if len(msgs) > 1 {
+					failedWithCompanions++
+				}
+				return errors.New("cannot apply " + m.UUID)
+			}
+			ids[i] = m.UUID
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, message_id, n) SELECT $1, unnest($2::text[]), 1`, in.Consumer(), ids)
+		return err
+	}
+	h := in.Handler(apply)
+	deliverTo := func(id string, payload []byte) error {
+		msg := message.NewMessage(id, payload)
+		msg.SetContext(b.ctx)
+		return h(msg)
+	}
+	seen := newID()
+	require.NoError(t, deliverTo(seen, []byte(`{"n":1}`)))
+
+	twice := newID()
+	var good, all []string
+	for i := range 80 {
+		id := newID()
+		if i%20 == 10 {
+			poison[id] = true
+		} else {
+			good = append(good, id)
+		}
+		all = append(all, id)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(all)+4)
+	for _, id := range append(all, twice, twice) {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- deliverTo(id, []byte(`{}`)) }()
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); errs <- deliverTo(seen, []byte(`{"n":1}`)) }() // a redelivery
+	go func() { defer wg.Done(); errs <- deliverTo(seen, []byte(`{"n":2}`)) }() // a conflict
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	for _, id := range good {
+		require.Equal(t, []inbox.Outcome{inbox.Applied}, b.events.outcomes(id))
+		require.Equal(t, 1, appliedRows(t, b, consumer, id))
+	}
+	require.ElementsMatch(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate}, b.events.outcomes(twice))
+	require.Equal(t, 1, appliedRows(t, b, consumer, twice))
+	for id := range poison {
+		require.Equal(t, []inbox.Outcome{inbox.Retried, inbox.DeadLettered}, b.events.outcomes(id))
+		require.Equal(t, 0, appliedRows(t, b, consumer, id))
+		require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE message_id = $1 AND kind = 'dead_letter'`, id))
+	}
+	require.ElementsMatch(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate, inbox.Conflict}, b.events.outcomes(seen))
+	require.Equal(t, 1, appliedRows(t, b, consumer, seen))
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, slices.Max(sizes), 1, "every call of the BatchFunc had one message")
+	require.Positive(t, failedWithCompanions, "no poison message shared a batch; the fallback went untested")
+	var rows, txs int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*), count(DISTINCT processed_at) FROM inbox_messages WHERE message_id = ANY($1)`, good).Scan(&rows, &txs))
+	require.Equal(t, len(good), rows)
+	require.Less(t, txs, rows, "no two deliveries shared a transaction")
+	t.Logf("%d good messages applied in %d transactions; BatchFunc calls of sizes %v", rows, txs, sizes)
 }

@@ -55,9 +55,10 @@ type Config struct {
 	RetentionBatch int
 
 	// BatchSize is how many deliveries that arrive together may share one
-	// transaction, a savepoint each (see batch.go): fewer commits, so fewer
-	// WAL flushes, for the same effects. 1 gives every delivery a
-	// transaction of its own. Defaults to 1.
+	// transaction (see batch.go): behind Handler, one call of the BatchFunc
+	// for them all, so they share statements as well as the commit; behind
+	// Middleware, a savepoint each, so they share the commit (one WAL flush).
+	// 1 gives every delivery a transaction of its own. Defaults to 1.
 	BatchSize int
 	// BatchWorkers is how many batch transactions run at once, each on its
 	// own connection. Defaults to 2.

@@ -175,6 +175,12 @@ func IsPermanent(err error) bool {
 // An error is returned to the router only when the database is unreachable:
 // the message is then redelivered, which the inbox makes harmless.
 func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return in.handler(h, nil)
+}
+
+// handler is Middleware for h; with set, the first attempt of a delivery may
+// run in a set-based batch (batch.go, Inbox.Handler).
+func (in *Inbox) handler(h message.HandlerFunc, set *setHandler) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		span := in.startSpan(msg) // tracing.go: one span per delivery, child of the producer's trace
 		defer span.End()
@@ -204,7 +210,7 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			var out []*message.Message
 			var herr error
 			if in.cfg.BatchSize > 1 && d.attempts == 0 && transientFailures == 0 {
-				out, herr, err = in.viaBatch(&d, h) // batch.go
+				out, herr, err = in.viaBatch(&d, h, set) // batch.go
 			} else {
 				out, herr, err = in.attempt(&d, h)
 			}

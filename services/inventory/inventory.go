@@ -7,8 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -31,7 +32,7 @@ func Service() platform.Service {
 		Name:       "inventory",
 		Migrations: migrations,
 		Topic:      events.TopicOrders,
-		Handle:     handleOrderPaid,
+		Apply:      reserveOrders,
 		Routes:     routes,
 	}
 }
@@ -116,99 +117,143 @@ func listStock(ctx context.Context, pool *pgxpool.Pool) ([]Stock, error) {
 	})
 }
 
-// handleOrderPaid reserves every line of a paid order, or none: if any SKU
-// is unknown or short, the order is rejected. The reservation (or rejection)
-// and the event that announces it are written in the inbox's transaction.
-func handleOrderPaid(msg *message.Message) error {
-	ev, err := events.Decode(msg.Payload)
+// reserveOrders applies a batch of OrderPaid events in the inbox's
+// transaction (the inbox hands it every delivery that arrived together; see
+// pkg/inbox Handler). Each order is reserved in full or rejected: if any of
+// its SKUs is unknown or short, the order is rejected. The orders are decided
+// one after another, in the order they came, against what the earlier ones
+// left, so a batch decides exactly as the same messages would one by one;
+// only the statements are shared: one to lock the stock, then one per table
+// written, however many orders the batch holds.
+func reserveOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	paid := make([]*events.OrderPaid, len(msgs))
+	var skus []string
+	for i, msg := range msgs {
+		ev, err := events.Decode(msg.Payload)
+		if err != nil {
+			return inbox.Permanent(err)
+		}
+		p, ok := ev.(*events.OrderPaid)
+		if !ok {
+			return inbox.Permanent(fmt.Errorf("inventory does not consume %T", ev))
+		}
+		paid[i] = p
+		for _, l := range p.Lines {
+			skus = append(skus, l.SKU)
+		}
+	}
+	slices.Sort(skus)
+	have, err := lockStock(ctx, tx, slices.Compact(skus))
 	if err != nil {
-		return inbox.Permanent(err)
+		return err
 	}
-	paid, ok := ev.(*events.OrderPaid)
-	if !ok {
-		return inbox.Permanent(fmt.Errorf("inventory does not consume %T", ev))
-	}
-	ctx := msg.Context()
-	tx := inbox.Tx(ctx)
 
-	// Sum quantities per SKU and lock the rows in SKU order, so two orders
-	// touching the same SKUs cannot deadlock.
-	want := map[string]int{}
-	for _, l := range paid.Lines {
-		want[l.SKU] += l.Quantity
+	var w writes
+	for i, p := range paid {
+		want := map[string]int{}
+		for _, l := range p.Lines {
+			want[l.SKU] += l.Quantity
+		}
+		var short []string
+		for _, sku := range slices.Sorted(maps.Keys(want)) {
+			n, known := have[sku]
+			switch {
+			case !known:
+				short = append(short, fmt.Sprintf("unknown sku %s", sku))
+			case n < want[sku]:
+				short = append(short, fmt.Sprintf("%s: want %d, have %d", sku, want[sku], n))
+			}
+		}
+		if len(short) > 0 {
+			reason := "insufficient stock: " + strings.Join(short, "; ")
+			w.reject(p.OrderID, reason, msgs[i].UUID)
+			if err := w.announce(p.OrderID, events.InventoryRejected{
+				Envelope: events.NewEnvelope(events.TypeInventoryRejected, p.OrderID), Reason: reason,
+			}); err != nil {
+				return err
+			}
+			continue
+		}
+		for sku, n := range want {
+			have[sku] -= n
+			w.reserve(p.OrderID, sku, n, msgs[i].UUID)
+		}
+		if err := w.announce(p.OrderID, events.InventoryReserved{
+			Envelope: events.NewEnvelope(events.TypeInventoryReserved, p.OrderID), Lines: p.Lines,
+		}); err != nil {
+			return err
+		}
 	}
-	skus := make([]string, 0, len(want))
-	for sku := range want {
-		skus = append(skus, sku)
-	}
-	sort.Strings(skus)
+	return w.flush(ctx, tx)
+}
+
+// lockStock locks the stock rows of skus (sorted: two batches touching the
+// same SKUs then lock them in the same order and cannot deadlock) and
+// returns what is available of each. Unknown SKUs are missing from the map.
+func lockStock(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int, error) {
 	rows, err := tx.Query(ctx, `SELECT sku, available FROM stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
 	if err != nil {
-		return fmt.Errorf("locking stock: %w", err)
+		return nil, fmt.Errorf("locking stock: %w", err)
 	}
 	have := map[string]int{}
-	for rows.Next() {
-		var sku string
-		var n int
-		if err := rows.Scan(&sku, &n); err != nil {
-			rows.Close()
-			return fmt.Errorf("reading stock: %w", err)
-		}
-		have[sku] = n
+	var sku string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&sku, &n}, func() error { have[sku] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("reading stock: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reading stock: %w", err)
-	}
-
-	var short []string
-	for _, sku := range skus {
-		n, known := have[sku]
-		switch {
-		case !known:
-			short = append(short, fmt.Sprintf("unknown sku %s", sku))
-		case n < want[sku]:
-			short = append(short, fmt.Sprintf("%s: want %d, have %d", sku, want[sku], n))
-		}
-	}
-	if len(short) > 0 {
-		return reject(ctx, tx, msg, paid.OrderID, "insufficient stock: "+strings.Join(short, "; "))
-	}
-
-	qty := make([]int32, len(skus))
-	for i, sku := range skus {
-		qty[i] = int32(want[sku])
-	}
-	if _, err := tx.Exec(ctx, `
-		UPDATE stock s SET available = s.available - u.qty, reserved = s.reserved + u.qty, updated_at = now()
-		FROM unnest($1::text[], $2::int[]) AS u(sku, qty)
-		WHERE s.sku = u.sku`, skus, qty); err != nil {
-		return fmt.Errorf("reserving stock: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO reservations (order_id, sku, quantity, message_id)
-		SELECT $1, u.sku, u.qty, $4 FROM unnest($2::text[], $3::int[]) AS u(sku, qty)`,
-		paid.OrderID, skus, qty, msg.UUID); err != nil {
-		return fmt.Errorf("recording reservation: %w", err)
-	}
-	return announce(ctx, tx, paid.OrderID, events.InventoryReserved{
-		Envelope: events.NewEnvelope(events.TypeInventoryReserved, paid.OrderID), Lines: paid.Lines,
-	})
+	return have, nil
 }
 
-func reject(ctx context.Context, tx pgx.Tx, msg *message.Message, orderID, reason string) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO rejections (order_id, reason, message_id) VALUES ($1, $2, $3)`,
-		orderID, reason, msg.UUID); err != nil {
-		return fmt.Errorf("recording rejection: %w", err)
-	}
-	return announce(ctx, tx, orderID, events.InventoryRejected{
-		Envelope: events.NewEnvelope(events.TypeInventoryRejected, orderID), Reason: reason,
-	})
+// writes collects a batch's effects, column by column, for set-based
+// statements.
+type writes struct {
+	resOrder, resSKU, resMsg []string
+	resQty                   []int32
+	rejOrder, rejReason      []string
+	rejMsg                   []string
+	out                      []*message.Message
 }
 
-func announce(ctx context.Context, tx pgx.Tx, orderID string, ev any) error {
+func (w *writes) reserve(orderID, sku string, n int, msgID string) {
+	w.resOrder, w.resSKU, w.resQty, w.resMsg = append(w.resOrder, orderID), append(w.resSKU, sku), append(w.resQty, int32(n)), append(w.resMsg, msgID)
+}
+
+func (w *writes) reject(orderID, reason, msgID string) {
+	w.rejOrder, w.rejReason, w.rejMsg = append(w.rejOrder, orderID), append(w.rejReason, reason), append(w.rejMsg, msgID)
+}
+
+func (w *writes) announce(orderID string, ev any) error {
 	payload, err := events.Encode(ev)
 	if err != nil {
 		return err
 	}
-	return outbox.PublishTx(ctx, tx, events.TopicInventory, outbox.NewMessage(orderID, payload))
+	w.out = append(w.out, outbox.NewMessage(orderID, payload))
+	return nil
+}
+
+// flush writes the reservations (taking their quantities off the stock), the
+// rejections and the announcing events.
+func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
+	if len(w.resOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			UPDATE stock s SET available = s.available - u.qty, reserved = s.reserved + u.qty, updated_at = now()
+			FROM (SELECT sku, sum(qty)::int AS qty FROM unnest($1::text[], $2::int[]) AS r(sku, qty) GROUP BY sku) AS u
+			WHERE s.sku = u.sku`, w.resSKU, w.resQty); err != nil {
+			return fmt.Errorf("reserving stock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO reservations (order_id, sku, quantity, message_id)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[])`,
+			w.resOrder, w.resSKU, w.resQty, w.resMsg); err != nil {
+			return fmt.Errorf("recording reservations: %w", err)
+		}
+	}
+	if len(w.rejOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO rejections (order_id, reason, message_id)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[])`, w.rejOrder, w.rejReason, w.rejMsg); err != nil {
+			return fmt.Errorf("recording rejections: %w", err)
+		}
+	}
+	return outbox.PublishTx(ctx, tx, events.TopicInventory, w.out...)
 }

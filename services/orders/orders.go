@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -32,7 +33,7 @@ func Service() platform.Service {
 		Name:       "orders",
 		Migrations: migrations,
 		Topic:      events.TopicInventory,
-		Handle:     handleInventoryEvent,
+		Apply:      settleOrders,
 		Routes:     routes,
 	}
 }
@@ -206,52 +207,92 @@ func countByStatus(ctx context.Context, pool *pgxpool.Pool) (map[string]int, err
 	return counts, rows.Err()
 }
 
-// handleInventoryEvent applies InventoryReserved or InventoryRejected to the
-// order, inside the inbox's transaction.
-func handleInventoryEvent(msg *message.Message) error {
-	ev, err := events.Decode(msg.Payload)
-	if err != nil {
-		return inbox.Permanent(err)
-	}
-	var orderID, status, event string
-	var reason *string
-	switch e := ev.(type) {
-	case *events.InventoryReserved:
-		orderID, status, event = e.OrderID, "reserved", e.Type
-	case *events.InventoryRejected:
-		orderID, status, event, reason = e.OrderID, "rejected", e.Type, &e.Reason
-	default:
-		return inbox.Permanent(fmt.Errorf("orders does not consume %T", ev))
-	}
-	if _, err := uuid.Parse(orderID); err != nil {
-		return inbox.Permanent(fmt.Errorf("%s: order_id %q is not a UUID", event, orderID))
-	}
-	ctx := msg.Context()
-	tx := inbox.Tx(ctx)
-	tag, err := tx.Exec(ctx, `
-		UPDATE orders SET status = $2, reject_reason = $3, settled_at = now()
-		WHERE id = $1 AND status = 'paid'`, orderID, status, reason)
-	if err != nil {
-		return fmt.Errorf("settling order: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		var current string
-		err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, orderID).Scan(&current)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return inbox.Permanent(fmt.Errorf("%s for order %s, which does not exist", event, orderID))
-		}
+// settleOrders applies a batch of InventoryReserved and InventoryRejected
+// events to their orders, in the inbox's transaction (the inbox hands it
+// every delivery that arrived together; see pkg/inbox Handler). Every event
+// is recorded in order_events, so an order answered twice is visible to the
+// checker.
+func settleOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	var ids, statuses []string // the first answer per order settles it
+	var reasons []*string
+	first := map[string]bool{}
+	evOrder, evName, evMsg := make([]string, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
+	for i, msg := range msgs {
+		ev, err := events.Decode(msg.Payload)
 		if err != nil {
-			return fmt.Errorf("reading order: %w", err)
+			return inbox.Permanent(err)
 		}
-		if current == "created" {
-			return inbox.Permanent(fmt.Errorf("%s for order %s, which was never paid", event, orderID))
+		var orderID, status, event string
+		var reason *string
+		switch e := ev.(type) {
+		case *events.InventoryReserved:
+			orderID, status, event = e.OrderID, "reserved", e.Type
+		case *events.InventoryRejected:
+			orderID, status, event, reason = e.OrderID, "rejected", e.Type, &e.Reason
+		default:
+			return inbox.Permanent(fmt.Errorf("orders does not consume %T", ev))
 		}
-		// Already settled: a second answer for the same order. Recorded below,
-		// so a double-apply is visible to the checker.
+		id, err := uuid.Parse(orderID)
+		if err != nil {
+			return inbox.Permanent(fmt.Errorf("%s: order_id %q is not a UUID", event, orderID))
+		}
+		orderID = id.String() // as Postgres prints it
+		evOrder[i], evName[i], evMsg[i] = orderID, event, msg.UUID
+		if !first[orderID] {
+			first[orderID] = true
+			ids, statuses, reasons = append(ids, orderID), append(statuses, status), append(reasons, reason)
+		}
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO order_events (order_id, event, message_id) VALUES ($1, $2, $3)`,
-		orderID, event, msg.UUID); err != nil {
-		return fmt.Errorf("recording event: %w", err)
+
+	rows, err := tx.Query(ctx, `
+		UPDATE orders o SET status = u.status, reject_reason = u.reason, settled_at = now()
+		FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason)
+		WHERE o.id = u.id AND o.status = 'paid'
+		RETURNING o.id::text`, ids, statuses, reasons)
+	if err != nil {
+		return fmt.Errorf("settling orders: %w", err)
+	}
+	settled, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("settling orders: %w", err)
+	}
+	if len(settled) < len(ids) {
+		if err := checkUnsettled(ctx, tx, evOrder, evName, settled); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO order_events (order_id, event, message_id)
+		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, evOrder, evName, evMsg); err != nil {
+		return fmt.Errorf("recording events: %w", err)
+	}
+	return nil
+}
+
+// checkUnsettled looks at the orders an answer did not settle. An order that
+// is already settled got a second answer, which is recorded like any other;
+// an answer for an order that does not exist, or was never paid, is a
+// permanent error.
+func checkUnsettled(ctx context.Context, tx pgx.Tx, orderIDs, names, settled []string) error {
+	rows, err := tx.Query(ctx, `SELECT id::text, status FROM orders WHERE id = ANY($1::uuid[])`, orderIDs)
+	if err != nil {
+		return fmt.Errorf("reading orders: %w", err)
+	}
+	current := map[string]string{}
+	var id, status string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { current[id] = status; return nil }); err != nil {
+		return fmt.Errorf("reading orders: %w", err)
+	}
+	for i, orderID := range orderIDs {
+		if slices.Contains(settled, orderID) {
+			continue
+		}
+		switch current[orderID] {
+		case "":
+			return inbox.Permanent(fmt.Errorf("%s for order %s, which does not exist", names[i], orderID))
+		case "created":
+			return inbox.Permanent(fmt.Errorf("%s for order %s, which was never paid", names[i], orderID))
+		}
 	}
 	return nil
 }

@@ -38,9 +38,10 @@ type Config struct {
 
 	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"5"`
 	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"100ms"`
-	// Deliveries that arrive together share one transaction, a savepoint
-	// each, up to this many (pkg/inbox Config.BatchSize).
-	InboxBatchSize    int `env:"INBOX_BATCH_SIZE" default:"1"`
+	// Deliveries that arrive together, up to this many, are applied by one
+	// call of the service's Apply in one transaction (pkg/inbox
+	// Config.BatchSize). 1: a transaction per message, the textbook shape.
+	InboxBatchSize    int `env:"INBOX_BATCH_SIZE" default:"64"`
 	InboxBatchWorkers int `env:"INBOX_BATCH_WORKERS" default:"2"`
 	// Larger payloads are quarantined unread.
 	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`

@@ -26,7 +26,6 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
-	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -129,10 +128,13 @@ func setup(t *testing.T) *pair {
 				WriteJSON(w, http.StatusOK, map[string]string{"id": id, "status": "paid"})
 			})
 		},
-		Handle: func(msg *message.Message) error {
-			ctx := msg.Context()
-			_, err := inbox.Tx(ctx).Exec(ctx, `UPDATE orders SET status = 'reserved' WHERE id = $1`, string(msg.Payload))
-			return err
+		Apply: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+			for _, msg := range msgs {
+				if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'reserved' WHERE id = $1`, string(msg.Payload)); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 	}
 	inventorySvc := Service{
@@ -141,13 +143,17 @@ func setup(t *testing.T) *pair {
 		Migrations: fstest.MapFS{"001_inventory.sql": {Data: []byte(
 			`CREATE TABLE reservations (order_id text NOT NULL, message_id text NOT NULL)`)}},
 		Routes: func(*http.ServeMux, *pgxpool.Pool) {},
-		Handle: func(msg *message.Message) error {
-			ctx, tx := msg.Context(), inbox.Tx(msg.Context())
-			id := string(msg.Payload)
-			if _, err := tx.Exec(ctx, `INSERT INTO reservations VALUES ($1, $2)`, id, msg.UUID); err != nil {
-				return err
+		Apply: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+			for _, msg := range msgs {
+				id := string(msg.Payload)
+				if _, err := tx.Exec(ctx, `INSERT INTO reservations VALUES ($1, $2)`, id, msg.UUID); err != nil {
+					return err
+				}
+				if err := outbox.PublishTx(ctx, tx, p.invTopic, outbox.NewMessage(id, []byte(id))); err != nil {
+					return err
+				}
 			}
-			return outbox.PublishTx(ctx, tx, p.invTopic, outbox.NewMessage(id, []byte(id)))
+			return nil
 		},
 	}
 	p.ordersAddr, p.ordersPool = start(t, ctx, ordersSvc)

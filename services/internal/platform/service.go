@@ -36,10 +36,11 @@ type Service struct {
 	Migrations fs.FS
 	// Topic is the topic the service consumes.
 	Topic string
-	// Handle applies one message. It reads the inbox transaction with
-	// inbox.Tx(msg.Context()) and writes only through it. Errors wrapped with
-	// inbox.Permanent dead-letter the message at once.
-	Handle func(msg *message.Message) error
+	// Apply applies a batch of messages, each new to the service, in the
+	// inbox's transaction, and writes only through it (see pkg/inbox
+	// BatchFunc). With INBOX_BATCH_SIZE=1 every batch holds one message.
+	// Errors wrapped with inbox.Permanent dead-letter the message at once.
+	Apply inbox.BatchFunc
 	// Routes adds the service's HTTP endpoints.
 	Routes func(mux *http.ServeMux, pool *pgxpool.Pool)
 }
@@ -129,10 +130,11 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
+	apply := ibx.Handler(svc.Apply)
 	router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, subscriber, func(msg *message.Message) error {
 		mtr.handling(msg) // for commit-to-apply latency
-		return svc.Handle(msg)
-	}).AddMiddleware(ibx.Middleware)
+		return apply(msg)
+	})
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
