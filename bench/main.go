@@ -3,10 +3,14 @@
 // reservation committed in inventory → InventoryReserved applied in orders)
 // against
 //
-//   - textbook: the shape the well-known articles show: watermill-sql's
-//     polling subscriber with its default settings relaying the outbox,
-//     one synchronous Kafka send per message (RELAY_DRIVER=textbook);
-//   - project:  the default configuration users get;
+//   - textbook: the shape the well-known articles show: a transaction per
+//     payment and per consumed message (API_BATCH_SIZE=1,
+//     INBOX_BATCH_SIZE=1), and watermill-sql's polling subscriber with its
+//     default settings relaying the outbox, one synchronous Kafka send per
+//     message (RELAY_DRIVER=textbook);
+//   - project:  the default configuration users get: payments that arrive
+//     together commit together, consumed messages that arrive together are
+//     applied by one set-based transaction, the batching relay;
 //   - project, dedupe off: the same, with the inbox's INSERT switched off,
 //     to price the inbox itself;
 //   - limit:    the same SQL statements replayed straight against Postgres in
@@ -97,14 +101,18 @@ func run(ctx context.Context) error {
 	smoke := flag.Bool("smoke", false, "a few seconds per build: checks the benchmark works, measures nothing")
 	only := flag.String("only", "", "run only these builds (comma-separated), for working on one; the report is then partial")
 	orders := flag.Int("orders", 0, "override the number of round trips in the saturation phase")
+	partitions := flag.Int("partitions", 0, "override the number of partitions per topic")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	flag.Parse()
-	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 12, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
+	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 32, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
 	if *smoke {
 		p.Orders, p.LatencyFor = 500, 1
 	}
 	if *orders > 0 {
 		p.Orders = *orders
+	}
+	if *partitions > 0 {
+		p.Partitions = *partitions
 	}
 	want := func(build string) bool { return *only == "" || strings.Contains(","+*only+",", ","+build+",") }
 	path := os.Getenv("BENCH_REPORT")
@@ -129,7 +137,7 @@ func run(ctx context.Context) error {
 		env  []string
 		dst  *Result
 	}{
-		{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1"}, &r.Textbook},
+		{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, &r.Textbook},
 		{"project", nil, &r.Project},
 		{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, &r.ProjectNoDup},
 	}

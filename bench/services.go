@@ -22,7 +22,6 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
-	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -76,7 +75,7 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		go profile(ctx, sys, dir, build, say)
 	}
-	if err := payAll(ctx, orders, ids[:p.Orders], p.Payers, nil); err != nil {
+	if err := payAll(ctx, sys.Client, ids[:p.Orders], p.Payers, nil); err != nil {
 		return res, err
 	}
 	say("%s: all %d orders paid after %s", build, p.Orders, time.Since(t0).Round(time.Millisecond))
@@ -105,7 +104,7 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 		res.Notes = "saturation only"
 		return res, nil
 	}
-	lat, missing, err := measureLatency(ctx, orders, inventory, sys.DBURL["inventory"], ids[p.Orders:], p.LatencyRate)
+	lat, missing, err := measureLatency(ctx, sys.Client, inventory, sys.DBURL["inventory"], ids[p.Orders:], p.LatencyRate)
 	if err != nil {
 		return res, err
 	}
@@ -126,29 +125,11 @@ func createOrders(ctx context.Context, pool *pgxpool.Pool, n int, rng *rand.Rand
 	return ids, err
 }
 
-// pay runs exactly the orders service's payment transaction: the status
-// transition and the OrderPaid outbox row, committed together.
-func pay(ctx context.Context, pool *pgxpool.Pool, id string) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var lines []events.Line
-		var paidAt time.Time
-		if err := tx.QueryRow(ctx, `
-			UPDATE orders SET status = 'paid', paid_at = now()
-			WHERE id = $1 AND status = 'created' RETURNING lines, paid_at`, id).Scan(&lines, &paidAt); err != nil {
-			return err
-		}
-		payload, err := events.Encode(events.OrderPaid{Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt})
-		if err != nil {
-			return err
-		}
-		return outbox.PublishTx(ctx, tx, events.TopicOrders, outbox.NewMessage(id, payload))
-	})
-}
-
-// payAll pays ids with n concurrent clients; when tick is set, each payment
-// waits for a tick first (a fixed offered rate), and committed receives the
-// commit time of each order.
-func payAll(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, tick <-chan time.Time, committed ...func(string, time.Time)) error {
+// payAll pays ids through the orders service's API with n concurrent
+// clients; when tick is set, each payment waits for a tick first (a fixed
+// offered rate), and committed receives, for each order, the time its
+// payment was answered, which is just after its commit.
+func payAll(ctx context.Context, client *loadgen.Client, ids []string, n int, tick <-chan time.Time, committed ...func(string, time.Time)) error {
 	work := make(chan string)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
@@ -157,7 +138,7 @@ func payAll(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, tick <
 		go func() {
 			defer wg.Done()
 			for id := range work {
-				if err := pay(ctx, pool, id); err != nil {
+				if _, err := client.Pay(ctx, id); err != nil {
 					errs <- fmt.Errorf("paying %s: %w", id, err)
 					return
 				}
@@ -233,7 +214,7 @@ func xacts(ctx context.Context, pool *pgxpool.Pool, urls map[string]string) (int
 // measureLatency pays ids at rate per second and times each hop from the
 // payment's commit to the commit of inventory's reservation, which a trigger
 // announces with NOTIFY (delivered at commit).
-func measureLatency(ctx context.Context, orders, inventory *pgxpool.Pool, inventoryURL string, ids []string, rate float64) (Percentiles, int, error) {
+func measureLatency(ctx context.Context, client *loadgen.Client, inventory *pgxpool.Pool, inventoryURL string, ids []string, rate float64) (Percentiles, int, error) {
 	if _, err := inventory.Exec(ctx, `
 		CREATE OR REPLACE FUNCTION bench_hop() RETURNS trigger LANGUAGE plpgsql AS
 		$$ BEGIN PERFORM pg_notify('bench_hop', NEW.order_id); RETURN NULL; END $$;
@@ -271,7 +252,7 @@ func measureLatency(ctx context.Context, orders, inventory *pgxpool.Pool, invent
 		}
 	}()
 	ticker := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	err = payAll(ctx, orders, ids, 64, ticker.C, func(id string, t time.Time) {
+	err = payAll(ctx, client, ids, 64, ticker.C, func(id string, t time.Time) {
 		mu.Lock()
 		committed[id] = t
 		mu.Unlock()

@@ -30,9 +30,13 @@ type Client struct {
 	retries atomic.Int64
 }
 
-// NewClient returns a client with a short per-request timeout.
+// NewClient returns a client with a short per-request timeout that keeps
+// enough idle connections for many concurrent clients (Go's default keeps
+// two per host, and opens and closes the rest on every request).
 func NewClient(orders, inventory []string) *Client {
-	return &Client{Orders: orders, Inventory: inventory, HTTP: &http.Client{Timeout: 5 * time.Second}}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 256
+	return &Client{Orders: orders, Inventory: inventory, HTTP: &http.Client{Timeout: 5 * time.Second, Transport: t}}
 }
 
 // Retries counts requests that were sent again after no response.

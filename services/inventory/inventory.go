@@ -44,7 +44,7 @@ type Stock struct {
 	Reserved  int    `json:"reserved"`
 }
 
-func routes(mux *http.ServeMux, pool *pgxpool.Pool) {
+func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 	// PUT /stock sets the available quantity of each SKU given (seeding).
 	mux.HandleFunc("PUT /stock", func(w http.ResponseWriter, r *http.Request) {
 		var items []Stock

@@ -46,7 +46,10 @@ type Order struct {
 	RejectReason string        `json:"reject_reason,omitempty"`
 }
 
-func routes(mux *http.ServeMux, pool *pgxpool.Pool) {
+func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
+	// Payments that arrive together commit together (API_BATCH_SIZE).
+	payments := platform.NewGroup(cfg.APIBatchSize, cfg.APIBatchWorkers, 30*time.Second,
+		func(ctx context.Context, ids []string) ([]payment, error) { return payOrders(ctx, pool, ids) })
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Lines []events.Line `json:"lines"`
@@ -69,7 +72,11 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool) {
 		platform.WriteJSON(w, http.StatusCreated, o)
 	})
 	mux.HandleFunc("POST /orders/{id}/pay", func(w http.ResponseWriter, r *http.Request) {
-		o, err := payOrder(r.Context(), pool, r.PathValue("id"))
+		p, err := payments.Do(r.Context(), r.PathValue("id"))
+		if err == nil {
+			err = p.err
+		}
+		o := p.order
 		switch {
 		case errors.Is(err, errNotFound):
 			platform.WriteError(w, http.StatusNotFound, err.Error())
@@ -123,42 +130,102 @@ func createOrder(ctx context.Context, pool *pgxpool.Pool, lines []events.Line) (
 	return o, nil
 }
 
-// payOrder moves a created order to paid and writes OrderPaid to the outbox,
-// in one transaction. Paying an order that is already paid (a double submit,
-// a client retrying after a lost response) changes nothing and publishes
-// nothing: the status transition is the idempotency key.
-func payOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error) {
-	if _, err := uuid.Parse(id); err != nil {
-		return Order{}, errNotFound
+// payment is the outcome of paying one order.
+type payment struct {
+	order Order
+	err   error // errNotFound
+}
+
+// payOrders pays a batch of orders in one transaction: each created order
+// moves to paid and gets its OrderPaid in the outbox, committed together.
+// Paying an order that is already paid (a double submit, a client retrying
+// after a lost response) changes nothing and publishes nothing: the status
+// transition is the idempotency key. The statements are set-based, so a
+// batch costs the same few statements however many orders it holds.
+func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment, error) {
+	res := make([]payment, len(ids))
+	var valid []string
+	for i, id := range ids {
+		u, err := uuid.Parse(id)
+		if err != nil {
+			res[i].err = errNotFound
+			continue
+		}
+		ids[i] = u.String() // as Postgres prints it
+		valid = append(valid, ids[i])
 	}
-	var o Order
+	orders := map[string]Order{}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		clear(orders)
+		rows, err := tx.Query(ctx, `
+			UPDATE orders SET status = 'paid', paid_at = now()
+			WHERE id = ANY($1::uuid[]) AND status = 'created'
+			RETURNING id::text, lines, paid_at`, valid)
+		if err != nil {
+			return fmt.Errorf("paying orders: %w", err)
+		}
+		var msgs []*message.Message
+		var id string
 		var lines []events.Line
 		var paidAt time.Time
-		err := tx.QueryRow(ctx, `
-			UPDATE orders SET status = 'paid', paid_at = now()
-			WHERE id = $1 AND status = 'created'
-			RETURNING lines, paid_at`, id).Scan(&lines, &paidAt)
-		if errors.Is(err, pgx.ErrNoRows) {
-			o, err = readOrder(ctx, tx, id) // already paid, or no such order
+		if _, err := pgx.ForEachRow(rows, []any{&id, &lines, &paidAt}, func() error {
+			payload, err := events.Encode(events.OrderPaid{
+				Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt,
+			})
+			msgs = append(msgs, outbox.NewMessage(id, payload))
+			orders[id] = Order{ID: id, Status: "paid", Lines: lines}
+			lines = nil // the next row decodes into a new slice
+			return err
+		}); err != nil {
+			return fmt.Errorf("paying orders: %w", err)
+		}
+		if err := outbox.PublishTx(ctx, tx, events.TopicOrders, msgs...); err != nil {
 			return err
 		}
-		if err != nil {
-			return fmt.Errorf("paying order: %w", err)
+		if len(orders) == len(valid) {
+			return nil
 		}
-		payload, err := events.Encode(events.OrderPaid{
-			Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt,
-		})
-		if err != nil {
-			return err
+		// The others were paid before, or do not exist.
+		return readOrders(ctx, tx, valid, orders)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, id := range ids {
+		if res[i].err != nil {
+			continue
 		}
-		if err := outbox.PublishTx(ctx, tx, events.TopicOrders, outbox.NewMessage(id, payload)); err != nil {
-			return err
+		o, ok := orders[id]
+		if !ok {
+			res[i].err = fmt.Errorf("%w: %s", errNotFound, id)
 		}
-		o = Order{ID: id, Status: "paid", Lines: lines}
+		res[i].order = o
+	}
+	return res, nil
+}
+
+// readOrders adds to orders those of ids it does not hold yet.
+func readOrders(ctx context.Context, tx pgx.Tx, ids []string, orders map[string]Order) error {
+	rows, err := tx.Query(ctx, `SELECT id::text, status, lines, reject_reason FROM orders WHERE id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return fmt.Errorf("reading orders: %w", err)
+	}
+	var o Order
+	var reason *string
+	_, err = pgx.ForEachRow(rows, []any{&o.ID, &o.Status, &o.Lines, &reason}, func() error {
+		if _, ok := orders[o.ID]; !ok {
+			if reason != nil {
+				o.RejectReason = *reason
+			}
+			orders[o.ID] = o
+		}
+		o, reason = Order{}, nil // the next row decodes into new values
 		return nil
 	})
-	return o, err
+	if err != nil {
+		return fmt.Errorf("reading orders: %w", err)
+	}
+	return nil
 }
 
 func getOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error) {

@@ -42,7 +42,12 @@ type Config struct {
 	// call of the service's Apply in one transaction (pkg/inbox
 	// Config.BatchSize). 1: a transaction per message, the textbook shape.
 	InboxBatchSize    int `env:"INBOX_BATCH_SIZE" default:"64"`
-	InboxBatchWorkers int `env:"INBOX_BATCH_WORKERS" default:"2"`
+	InboxBatchWorkers int `env:"INBOX_BATCH_WORKERS" default:"1"`
+	// Concurrent API writes (payments) are committed together, up to this
+	// many per transaction, this many transactions at once (group.go).
+	// 1: a transaction per request, the textbook shape.
+	APIBatchSize    int `env:"API_BATCH_SIZE" default:"64"`
+	APIBatchWorkers int `env:"API_BATCH_WORKERS" default:"2"`
 	// Larger payloads are quarantined unread.
 	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's

@@ -42,7 +42,7 @@ type Service struct {
 	// Errors wrapped with inbox.Permanent dead-letter the message at once.
 	Apply inbox.BatchFunc
 	// Routes adds the service's HTTP endpoints.
-	Routes func(mux *http.ServeMux, pool *pgxpool.Pool)
+	Routes func(mux *http.ServeMux, pool *pgxpool.Pool, cfg Config)
 }
 
 // Stats is what GET /stats returns.
@@ -161,7 +161,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	svc.Routes(mux, pool)
+	svc.Routes(mux, pool, cfg)
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: traceHTTP(mux), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
