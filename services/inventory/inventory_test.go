@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+var pg *stack.Postgres
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var err error
+	pg, err = stack.StartPostgres(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "inventory tests:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	pg.Stop() //nolint:errcheck
+	os.Exit(code)
+}
+
+// newDB returns a pool on a fresh database with the inventory's schema and
+// the outbox, stocked with stock.
+func newDB(t *testing.T, stock map[string]int) *pgxpool.Pool {
+	t.Helper()
+	ctx := t.Context()
+	url, err := pg.CreateDatabase(ctx, fmt.Sprintf("inventory_test_%d_%s", os.Getpid(), uuid.NewString()[:8]))
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	svc := Service()
+	require.NoError(t, migrate.Apply(ctx, pool, svc.Name, svc.Migrations))
+	for sku, n := range stock {
+		_, err := pool.Exec(ctx, `INSERT INTO stock (sku, available) VALUES ($1, $2)`, sku, n)
+		require.NoError(t, err)
+	}
+	return pool
+}
+
+// apply runs reserveOrders on msgs in one transaction.
+func apply(t *testing.T, pool *pgxpool.Pool, msgs []*message.Message) {
+	t.Helper()
+	require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		return reserveOrders(t.Context(), tx, msgs)
+	}))
+}
+
+// TestBatchDecidesAsOneByOne applies the same paid orders, over scarce stock
+// and with unknown SKUs among them, once as one batch and once one message
+// per transaction: the stock, the reservations, the rejections and the
+// events announced must come out the same.
+func TestBatchDecidesAsOneByOne(t *testing.T) {
+	t.Parallel()
+	stock := map[string]int{"a": 25, "b": 12, "c": 40, "d": 2}
+	skus := []string{"a", "b", "c", "d", "unknown"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var msgs []*message.Message
+	for range 60 {
+		var lines []events.Line
+		for range 1 + rng.IntN(3) {
+			lines = append(lines, events.Line{SKU: skus[rng.IntN(len(skus))], Quantity: 1 + rng.IntN(3)})
+		}
+		id := uuid.NewString()
+		payload, err := events.Encode(events.OrderPaid{Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines})
+		require.NoError(t, err)
+		msgs = append(msgs, message.NewMessage(uuid.NewString(), payload))
+	}
+
+	batched, single := newDB(t, stock), newDB(t, stock)
+	apply(t, batched, msgs)
+	for _, msg := range msgs {
+		apply(t, single, []*message.Message{msg})
+	}
+
+	queries := []string{
+		`SELECT sku, available, reserved FROM stock ORDER BY sku`,
+		`SELECT order_id, sku, quantity, message_id FROM reservations ORDER BY order_id, sku`,
+		`SELECT order_id, reason, message_id FROM rejections ORDER BY order_id`,
+		`SELECT topic, partition_key, payload::text FROM outbox_messages ORDER BY partition_key`,
+	}
+	for _, q := range queries {
+		want, got := rowsOf(t, single, q), rowsOf(t, batched, q)
+		require.NotEmpty(t, want, q)
+		require.Equal(t, want, got, q)
+	}
+	reserved, rejected := len(rowsOf(t, single, `SELECT DISTINCT order_id FROM reservations`)), len(rowsOf(t, single, `SELECT order_id FROM rejections`))
+	require.Positive(t, reserved)
+	require.Positive(t, rejected, "the stock was never short: the test decides nothing")
+	require.Equal(t, len(msgs), reserved+rejected)
+	t.Logf("%d orders: %d reserved, %d rejected, the same in one batch as one by one", len(msgs), reserved, rejected)
+}
+
+func rowsOf(t *testing.T, pool *pgxpool.Pool, q string) [][]any {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), q)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+	require.NoError(t, err)
+	return out
+}

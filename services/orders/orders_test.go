@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+var pg *stack.Postgres
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var err error
+	pg, err = stack.StartPostgres(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "orders tests:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	pg.Stop() //nolint:errcheck
+	os.Exit(code)
+}
+
+// newDB returns a pool on a fresh database with the orders schema and the
+// outbox.
+func newDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := t.Context()
+	url, err := pg.CreateDatabase(ctx, fmt.Sprintf("orders_test_%d_%s", os.Getpid(), uuid.NewString()[:8]))
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	svc := Service()
+	require.NoError(t, migrate.Apply(ctx, pool, svc.Name, svc.Migrations))
+	return pool
+}
+
+var oneLine = []events.Line{{SKU: "a", Quantity: 1}}
+
+func newOrder(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	o, err := createOrder(t.Context(), pool, oneLine)
+	require.NoError(t, err)
+	return o.ID
+}
+
+func scalar[T any](t *testing.T, pool *pgxpool.Pool, q string, args ...any) T {
+	t.Helper()
+	var v T
+	require.NoError(t, pool.QueryRow(t.Context(), q, args...).Scan(&v), q)
+	return v
+}
+
+// TestPayOrders pays one batch holding new orders, an order paid before,
+// the same order twice, an unknown id and a malformed one: every request
+// gets its own answer, and each order gets exactly one OrderPaid.
+func TestPayOrders(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	a, b, before := newOrder(t, pool), newOrder(t, pool), newOrder(t, pool)
+	_, err := payOrders(t.Context(), pool, []string{before})
+	require.NoError(t, err)
+	unknown := uuid.NewString()
+
+	res, err := payOrders(t.Context(), pool, []string{a, before, b, a, unknown, "not-a-uuid"})
+	require.NoError(t, err)
+	require.Len(t, res, 6)
+	for i, id := range []string{a, before, b, a} {
+		require.NoError(t, res[i].err, id)
+		require.Equal(t, id, res[i].order.ID)
+		require.Equal(t, "paid", res[i].order.Status)
+		require.Equal(t, oneLine, res[i].order.Lines)
+	}
+	require.ErrorIs(t, res[4].err, errNotFound)
+	require.ErrorIs(t, res[5].err, errNotFound)
+	for _, id := range []string{a, b, before} {
+		require.Equal(t, 1, scalar[int](t, pool, `SELECT count(*) FROM outbox_messages WHERE partition_key = $1`, id), id)
+	}
+	require.Equal(t, 3, scalar[int](t, pool, `SELECT count(*) FROM outbox_messages`))
+}
+
+func answer(t *testing.T, ev any) *message.Message {
+	t.Helper()
+	payload, err := events.Encode(ev)
+	require.NoError(t, err)
+	return message.NewMessage(uuid.NewString(), payload)
+}
+
+// TestSettleOrders applies a batch of answers, one order answered twice
+// within it; an answer for an unknown order or an unpaid one is a
+// permanent error.
+func TestSettleOrders(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	reserved, rejected, created := newOrder(t, pool), newOrder(t, pool), newOrder(t, pool)
+	_, err := payOrders(t.Context(), pool, []string{reserved, rejected})
+	require.NoError(t, err)
+	settle := func(msgs ...*message.Message) error {
+		return pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error { return settleOrders(t.Context(), tx, msgs) })
+	}
+
+	require.NoError(t, settle(
+		answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, reserved), Lines: oneLine}),
+		answer(t, events.InventoryRejected{Envelope: events.NewEnvelope(events.TypeInventoryRejected, rejected), Reason: "short"}),
+		answer(t, events.InventoryRejected{Envelope: events.NewEnvelope(events.TypeInventoryRejected, reserved), Reason: "second answer"}),
+	))
+	require.Equal(t, "reserved", scalar[string](t, pool, `SELECT status FROM orders WHERE id = $1`, reserved), "the first answer settles")
+	require.Equal(t, "rejected", scalar[string](t, pool, `SELECT status FROM orders WHERE id = $1`, rejected))
+	require.Equal(t, "short", scalar[string](t, pool, `SELECT reject_reason FROM orders WHERE id = $1`, rejected))
+	require.Equal(t, 2, scalar[int](t, pool, `SELECT count(*) FROM order_events WHERE order_id = $1`, reserved), "a second answer is recorded")
+
+	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, uuid.NewString()), Lines: oneLine}))
+	require.True(t, inbox.IsPermanent(err), "unknown order: %v", err)
+	require.ErrorContains(t, err, "does not exist")
+	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, created), Lines: oneLine}))
+	require.True(t, inbox.IsPermanent(err), "unpaid order: %v", err)
+	require.ErrorContains(t, err, "never paid")
+	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, "nope"), Lines: oneLine}))
+	require.True(t, inbox.IsPermanent(err))
+}
