@@ -32,6 +32,22 @@
 // outbox, in one transaction; then it is acknowledged, so one poison message
 // never blocks its partition.
 //
+// # Batches
+//
+// Inbox.Handler is the same guarantee for a handler that takes many messages
+// at once (a BatchFunc). The router runs one delivery per partition at a
+// time, so a consumer with many partitions has many in flight; with
+// Config.BatchSize > 1, those that arrive together are inserted into
+// inbox_messages by one statement, the ones not seen before are handed to one
+// call of the BatchFunc, and all of it commits in one transaction. Every
+// delivery of the batch returns only after that commit. The BatchFunc writes
+// set-based (one UPDATE … FROM unnest for the batch), so a batch costs a few
+// statements and one WAL flush however many messages it holds. If it fails,
+// nothing of the batch commits and each message is applied alone, so a
+// poison message fails, is retried and is dead-lettered by itself. Middleware
+// batches too, with a savepoint per message: fewer commits, the same number
+// of statements.
+//
 // # What it needs from you
 //
 //   - The handler writes only through the transaction it is given, and does

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -74,5 +75,61 @@ func ExampleInbox_Middleware() {
 	// delivery: duplicate
 	// balance: 100
 	// applied: 1
+	// duplicates: 1
+}
+
+// A set-based handler: the payments that arrive together are credited by one
+// statement in one transaction, and a payment delivered twice still counts
+// once. (Delivered one after another here, each batch holds one message; a
+// router with many partitions hands the inbox many at once.)
+func ExampleInbox_Handler() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDatabaseURL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE account (balance int NOT NULL); INSERT INTO account VALUES (0)`); err != nil {
+		panic(err)
+	}
+
+	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: "billing", BatchSize: 64})
+	if err != nil {
+		panic(err)
+	}
+	// In a service: router.AddConsumerHandler("credit", topic, subscriber, credit).
+	credit := in.Handler(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		amounts := make([]int32, len(msgs))
+		for i, msg := range msgs {
+			n, err := strconv.Atoi(string(msg.Payload))
+			if err != nil {
+				return inbox.Permanent(fmt.Errorf("message %s: reading amount: %w", msg.UUID, err))
+			}
+			amounts[i] = int32(n)
+		}
+		_, err := tx.Exec(ctx, `UPDATE account SET balance = balance + (SELECT sum(a) FROM unnest($1::int[]) AS a)`, amounts)
+		return err
+	})
+
+	for _, id := range []string{"0191a3c4-0000-7000-8000-000000000001", "0191a3c4-0000-7000-8000-000000000002", "0191a3c4-0000-7000-8000-000000000001"} {
+		if err := credit(message.NewMessage(id, []byte("100"))); err != nil {
+			panic(err)
+		}
+	}
+
+	var balance int
+	if err := pool.QueryRow(ctx, `SELECT balance FROM account`).Scan(&balance); err != nil {
+		panic(err)
+	}
+	fmt.Println("balance:", balance)
+	fmt.Println("duplicates:", in.Stats().Duplicates)
+	// Output:
+	// balance: 200
 	// duplicates: 1
 }
