@@ -49,10 +49,41 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 		return res, err
 	}
 	latencyOrders := int(p.LatencyRate * p.LatencyFor)
-	ids, err := createOrders(ctx, orders, p.Orders+latencyOrders, rng, skus)
+	warmOrders := int(p.LatencyRate) // one second at the latency phase's rate
+	ids, err := createOrders(ctx, orders, warmOrders+latencyOrders+p.Orders, rng, skus)
 	if err != nil {
 		return res, err
 	}
+	settled := 0 // orders settled so far
+
+	// Latency first, on a system that is warm but not still digesting the
+	// saturation phase's backlog: a fixed offered rate, each hop timed.
+	if latency {
+		warm, measured := ids[:warmOrders], ids[warmOrders:warmOrders+latencyOrders]
+		ticker := time.NewTicker(time.Duration(float64(time.Second) / p.LatencyRate))
+		err := payAll(ctx, sys.Client, warm, 64, ticker.C)
+		ticker.Stop()
+		if err != nil {
+			return res, err
+		}
+		settled += len(warm)
+		if _, err := waitSettled(ctx, orders, settled, time.Minute); err != nil {
+			return res, err
+		}
+		lat, missing, err := measureLatency(ctx, sys.Client, inventory, sys.DBURL["inventory"], measured, p.LatencyRate)
+		if err != nil {
+			return res, err
+		}
+		if *splitHops {
+			printHops(ctx, orders, inventory, measured, say)
+		}
+		res.HopLatencyMS, res.LatencySamples, res.LatencyMissing = lat, latencyOrders-missing, missing
+		settled += len(measured)
+		if _, err := waitSettled(ctx, orders, settled, time.Minute); err != nil {
+			return res, err
+		}
+	}
+	ids = ids[warmOrders+latencyOrders:]
 
 	// Saturation: every order paid as fast as Payers clients can, until every
 	// one is settled.
@@ -75,11 +106,11 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		go profile(ctx, sys, dir, build, say)
 	}
-	if err := payAll(ctx, sys.Client, ids[:p.Orders], p.Payers, nil); err != nil {
+	if err := payAll(ctx, sys.Client, ids, p.Payers, nil); err != nil {
 		return res, err
 	}
 	say("%s: all %d orders paid after %s", build, p.Orders, time.Since(t0).Round(time.Millisecond))
-	polls, err := waitSettled(ctx, orders, p.Orders, 5*time.Minute)
+	polls, err := waitSettled(ctx, orders, settled+p.Orders, 5*time.Minute)
 	if err != nil {
 		return res, err
 	}
@@ -99,16 +130,9 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, build string
 	if *statements {
 		printStatements(ctx, orders, p.Orders, say)
 	}
-
 	if !latency {
 		res.Notes = "saturation only"
-		return res, nil
 	}
-	lat, missing, err := measureLatency(ctx, sys.Client, inventory, sys.DBURL["inventory"], ids[p.Orders:], p.LatencyRate)
-	if err != nil {
-		return res, err
-	}
-	res.HopLatencyMS, res.LatencySamples, res.LatencyMissing = lat, latencyOrders-missing, missing
 	return res, nil
 }
 
@@ -268,6 +292,11 @@ func measureLatency(ctx context.Context, client *loadgen.Client, inventory *pgxp
 	}
 	stopListening()
 	<-done
+	// The saturation phase runs without the trigger, like the builds that
+	// measure no latency.
+	if _, err := inventory.Exec(ctx, `DROP TRIGGER bench_hop ON reservations`); err != nil {
+		return Percentiles{}, 0, err
+	}
 	var hops []float64
 	for id, c := range committed {
 		if a, ok := applied[id]; ok {
@@ -326,7 +355,7 @@ func resetStatements(ctx context.Context, pool *pgxpool.Pool, say func(string, .
 
 func printStatements(ctx context.Context, pool *pgxpool.Pool, roundTrips int, say func(string, ...any)) {
 	rows, err := pool.Query(ctx, `
-		SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\s+', ' ', 'g')
+		SELECT calls, total_exec_time, max_exec_time, rows, regexp_replace(left(query, 100), '\s+', ' ', 'g')
 		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25`)
 	if err != nil {
 		say("statements: %v", err)
@@ -334,13 +363,60 @@ func printStatements(ctx context.Context, pool *pgxpool.Pool, roundTrips int, sa
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var calls int64
-		var ms float64
+		var calls, n int64
+		var ms, maxMS float64
 		var q string
-		if err := rows.Scan(&calls, &ms, &q); err != nil {
+		if err := rows.Scan(&calls, &ms, &maxMS, &n, &q); err != nil {
 			say("statements: %v", err)
 			return
 		}
-		say("  %8d calls %6.3f/rt %8.1f ms  %s", calls, float64(calls)/float64(roundTrips), ms, q)
+		say("  %7d calls %6.3f/rt %8.1f ms (max %6.1f) %7d rows  %s", calls, float64(calls)/float64(roundTrips), ms, maxMS, n, q)
 	}
+}
+
+// splitHops, for working on latency, splits the latency phase's hops into their
+// stages by the transactions' start times (now() in Postgres): payment →
+// relay batch that claimed its OrderPaid → inventory batch that applied it.
+var splitHops = flag.Bool("hops", false, "print where the latency phase's hops spent their time")
+
+func printHops(ctx context.Context, orders, inventory *pgxpool.Pool, ids []string, say func(string, ...any)) {
+	type stamps struct{ paid, claimed, applied time.Time }
+	at := map[string]*stamps{}
+	rows, err := orders.Query(ctx, `SELECT partition_key, created_at, published_at FROM outbox_messages WHERE partition_key = ANY($1) AND published_at IS NOT NULL`, ids)
+	if err != nil {
+		say("hops: %v", err)
+		return
+	}
+	var id string
+	var a, b time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &a, &b}, func() error { at[id] = &stamps{paid: a, claimed: b}; return nil })
+	if err == nil {
+		rows, err = inventory.Query(ctx, `SELECT order_id, min(created_at) FROM reservations WHERE order_id = ANY($1) GROUP BY order_id
+			UNION ALL SELECT order_id, min(created_at) FROM rejections WHERE order_id = ANY($1) GROUP BY order_id`, ids)
+	}
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&id, &a}, func() error {
+			if s := at[id]; s != nil {
+				s.applied = a
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		say("hops: %v", err)
+		return
+	}
+	var toClaim, toApply []float64
+	for _, s := range at {
+		if !s.applied.IsZero() {
+			toClaim = append(toClaim, float64(s.claimed.Sub(s.paid).Microseconds())/1000)
+			toApply = append(toApply, float64(s.applied.Sub(s.claimed).Microseconds())/1000)
+		}
+	}
+	if len(toClaim) == 0 {
+		return
+	}
+	c, p := percentiles(toClaim), percentiles(toApply)
+	say("hops by transaction start: payment → relay claim p50/p95/p99 %.1f/%.1f/%.1f ms; relay claim → inventory batch %.1f/%.1f/%.1f ms",
+		c.P50, c.P95, c.P99, p.P50, p.P95, p.P99)
 }

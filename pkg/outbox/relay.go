@@ -227,7 +227,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	defer cancel()
 
 	var n int
-	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, r.cfg.Pool, claimTx, func(tx pgx.Tx) error {
 		if !r.cfg.Parallel {
 			var leader bool
 			if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, relayLockKey).Scan(&leader); err != nil {
@@ -243,7 +243,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 			WHERE published_at IS NULL
 			ORDER BY id
 			LIMIT $1
-			FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize)
+			FOR UPDATE SKIP LOCKED`, planEachTime, r.cfg.BatchSize)
 		if err != nil {
 			return fmt.Errorf("claiming rows: %w", err)
 		}
@@ -277,7 +277,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		}
 		failpoint.Hit(failpoint.AfterPublishBeforeMark, batch[0].msgID)
 
-		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = now() WHERE id = ANY($1)`, ids); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = now() WHERE id = ANY($1)`, planEachTime, ids); err != nil {
 			return fmt.Errorf("marking %d rows published: %w", len(ids), err)
 		}
 		n = len(ids)
@@ -292,6 +292,26 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// planEachTime, passed before a statement's arguments, has Postgres plan the
+// statement for its actual arguments every time (pgx's one-round-trip
+// unnamed statement) instead of reusing a prepared statement. A prepared
+// statement settles on a generic plan after five executions, and one made
+// while outbox_messages was nearly empty, as it is when a service starts,
+// scans the table sequentially forever after: under load the mark below was
+// seen scanning 8,000 rows for every 50 it marked, ~20 ms a batch, and the
+// table only grows until retention. Planning each time costs microseconds
+// per batch.
+var planEachTime = pgx.QueryExecModeExec
+
+// claimTx begins the relay's transaction with bitmap scans off, in the same
+// round trip. Published rows leave dead entries in the pending index until
+// vacuum runs (autovacuum visits a database about once a minute); a bitmap
+// scan visits the heap for every one of them on every claim (seen: 2,800
+// entries, 180 pages, 7 ms to claim one row), while an index scan in id
+// order stops at LIMIT and marks the dead entries it passes, so the next
+// claim skips them without touching the heap.
+var claimTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL enable_bitmapscan = off"}
 
 type pending struct {
 	id      int64
@@ -383,7 +403,7 @@ func (r *Relay) DeletePublished(ctx context.Context) (int64, error) {
 				SELECT id FROM outbox_messages
 				WHERE published_at < now() - $1::interval
 				ORDER BY published_at
-				LIMIT $2)`, r.cfg.Retention, r.cfg.RetentionBatch)
+				LIMIT $2)`, planEachTime, r.cfg.Retention, r.cfg.RetentionBatch)
 		if err != nil {
 			return total, fmt.Errorf("outbox retention: %w", err)
 		}
