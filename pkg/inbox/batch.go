@@ -157,48 +157,66 @@ func (in *Inbox) batchWorker() {
 	}
 }
 
-// runSetBatch runs items through set's BatchFunc in one transaction and
-// returns a result for each.
-func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) []batchResult {
+// inBatchTx runs apply in one transaction for items and commits it. apply
+// fills in a result for each item, or fails the batch: a batch that fails,
+// or whose commit fails, sends every one of its items to be tried alone.
+// Like attempt, the transaction outlives no delivery's shutdown: it does not
+// inherit cancellation, and it is bounded by TxTimeout.
+func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, tx pgx.Tx, results []batchResult) error) []batchResult {
 	results := make([]batchResult, len(items))
-	fallbackAll := func() []batchResult {
+	ctx, cancel := in.txContext(items[0].d)
+	defer cancel()
+	err := func() error {
+		tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+		if err := apply(ctx, tx, results); err != nil {
+			return err
+		}
+		failpoint.Hit(failpoint.AfterHandlerBeforeCommit, items[0].d.id)
+		return tx.Commit(ctx)
+	}()
+	if err != nil {
 		for i := range results {
 			results[i] = batchResult{fallback: true}
 		}
-		return results
 	}
-	ctx, cancel := in.txContext(items[0].d)
-	defer cancel()
-	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return fallbackAll()
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	return results
+}
 
-	fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
-	if in.cfg.DisableDedupe {
-		for i := range items {
-			fresh = append(fresh, i)
-		}
-	} else {
-		if fresh, err = in.insertRows(ctx, tx, items); err != nil {
-			return fallbackAll()
-		}
-		for i, it := range items {
-			if slices.Contains(fresh, i) {
-				continue
+// runSetBatch runs items through set's BatchFunc in one transaction and
+// returns a result for each.
+func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) []batchResult {
+	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
+		fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
+		if in.cfg.DisableDedupe {
+			for i := range items {
+				fresh = append(fresh, i)
 			}
-			o, reason, err := in.classifySeen(ctx, tx, it.d)
-			if err != nil {
-				return fallbackAll()
+		} else {
+			var err error
+			if fresh, err = in.insertRows(ctx, tx, items); err != nil {
+				return err
 			}
-			results[i] = batchResult{outcome: o, reason: reason}
+			for i, it := range items {
+				if slices.Contains(fresh, i) {
+					continue
+				}
+				o, reason, err := in.classifySeen(ctx, tx, it.d)
+				if err != nil {
+					return err
+				}
+				results[i] = batchResult{outcome: o, reason: reason}
+			}
+			if len(fresh) > 0 {
+				failpoint.Hit(failpoint.AfterInboxInsert, items[fresh[0]].d.id)
+			}
 		}
-		if len(fresh) > 0 {
-			failpoint.Hit(failpoint.AfterInboxInsert, items[fresh[0]].d.id)
+		if len(fresh) == 0 {
+			return nil
 		}
-	}
-	if len(fresh) > 0 {
 		msgs := make([]*message.Message, len(fresh))
 		for j, i := range fresh {
 			msgs[j] = items[i].d.msg
@@ -208,17 +226,13 @@ func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) []batchResult 
 				in.cfg.Logger.Debug("Inbox batch failed; applying each message alone", watermill.LogFields{
 					"consumer": in.cfg.Consumer, "messages": len(items), "err": err.Error()})
 			}
-			return fallbackAll() // each alone, so the error lands on its own message
+			return err // each alone, so the error lands on its own message
 		}
 		for _, i := range fresh {
 			results[i] = batchResult{outcome: Applied}
 		}
-	}
-	failpoint.Hit(failpoint.AfterHandlerBeforeCommit, items[0].d.id)
-	if err := tx.Commit(ctx); err != nil {
-		return fallbackAll()
-	}
-	return results
+		return nil
+	})
 }
 
 // insertRows inserts the inbox rows of items in one statement and returns the
@@ -271,42 +285,27 @@ func callBatch(ctx context.Context, fn BatchFunc, tx pgx.Tx, msgs []*message.Mes
 	return fn(ctx, tx, msgs)
 }
 
-// runBatch runs items in one transaction and returns a result for each.
+// runBatch runs items in one transaction, a savepoint each, and returns a
+// result for each.
 func (in *Inbox) runBatch(items []*batchItem) []batchResult {
-	results := make([]batchResult, len(items))
-	fallbackAll := func() []batchResult {
-		for i := range results {
-			results[i] = batchResult{fallback: true}
+	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
+		deadline, _ := ctx.Deadline()
+		for i, it := range items {
+			// Each message keeps its own context (its trace span, its values),
+			// without its cancellation, within the batch's deadline.
+			ictx, cancel := context.WithDeadline(context.WithoutCancel(it.d.msg.Context()), deadline)
+			res, err := in.batchOne(ictx, tx, it)
+			cancel()
+			if err != nil {
+				return err // the transaction is gone: everyone alone
+			}
+			if tx.Conn().IsClosed() {
+				return errors.New("inbox: connection closed during the batch")
+			}
+			results[i] = res
 		}
-		return results
-	}
-	// The batch outlives no delivery's shutdown: like attempt, it does not
-	// inherit cancellation, and it is bounded by TxTimeout.
-	ctx, cancel := in.txContext(items[0].d)
-	defer cancel()
-	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return fallbackAll()
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
-	deadline, _ := ctx.Deadline()
-	for i, it := range items {
-		// Each message keeps its own context (its trace span, its values),
-		// without its cancellation, within the batch's deadline.
-		ictx, cancel := context.WithDeadline(context.WithoutCancel(it.d.msg.Context()), deadline)
-		res, err := in.batchOne(ictx, tx, it)
-		cancel()
-		if err != nil || tx.Conn().IsClosed() {
-			return fallbackAll() // the transaction is gone: everyone alone
-		}
-		results[i] = res
-	}
-	failpoint.Hit(failpoint.AfterHandlerBeforeCommit, items[0].d.id)
-	if err := tx.Commit(ctx); err != nil {
-		return fallbackAll()
-	}
-	return results
+		return nil
+	})
 }
 
 // batchOne runs one delivery inside the batch transaction, in a savepoint.
