@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -22,30 +18,14 @@ import (
 
 var pg *stack.Postgres
 
-func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	var err error
-	pg, err = stack.StartPostgres(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "orders tests:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	pg.Stop() //nolint:errcheck
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { stack.TestMain(m, &pg) }
 
 // newDB returns a pool on a fresh database with the orders schema and the
 // outbox.
 func newDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	ctx := t.Context()
-	url, err := pg.CreateDatabase(ctx, fmt.Sprintf("orders_test_%d_%s", os.Getpid(), uuid.NewString()[:8]))
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := pg.TestDatabase(t)
 	require.NoError(t, outbox.Migrate(ctx, pool))
 	svc := Service()
 	require.NoError(t, migrate.Apply(ctx, pool, svc.Name, svc.Migrations))

@@ -1,0 +1,50 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TestMain is a package's TestMain for tests that need only Postgres: it
+// starts the throwaway server (or uses DATABASE_URL) into *pg, runs the
+// tests, stops the server and exits.
+//
+//	var pg *stack.Postgres
+//	func TestMain(m *testing.M) { stack.TestMain(m, &pg) }
+func TestMain(m *testing.M, pg **Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var err error
+	*pg, err = StartPostgres(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tests:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	(*pg).Stop() //nolint:errcheck // best effort; the next run reaps the temp dir
+	os.Exit(code)
+}
+
+// TestDatabase creates an empty database of its own for t and returns a pool
+// on it, closed when the test ends.
+func (p *Postgres) TestDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	name := strings.ToLower(fmt.Sprintf("test_%d_%s", os.Getpid(), uuid.NewString()[:8]))
+	url, err := p.CreateDatabase(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
