@@ -154,33 +154,12 @@ func reserveOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) erro
 		for _, l := range p.Lines {
 			want[l.SKU] += l.Quantity
 		}
-		var short []string
-		for _, sku := range slices.Sorted(maps.Keys(want)) {
-			n, known := have[sku]
-			switch {
-			case !known:
-				short = append(short, fmt.Sprintf("unknown sku %s", sku))
-			case n < want[sku]:
-				short = append(short, fmt.Sprintf("%s: want %d, have %d", sku, want[sku], n))
-			}
+		if short := shortfall(want, have); len(short) > 0 {
+			err = w.reject(p.OrderID, "insufficient stock: "+strings.Join(short, "; "), msgs[i].UUID)
+		} else {
+			err = w.reserve(p, want, have, msgs[i].UUID)
 		}
-		if len(short) > 0 {
-			reason := "insufficient stock: " + strings.Join(short, "; ")
-			w.reject(p.OrderID, reason, msgs[i].UUID)
-			if err := w.announce(p.OrderID, events.InventoryRejected{
-				Envelope: events.NewEnvelope(events.TypeInventoryRejected, p.OrderID), Reason: reason,
-			}); err != nil {
-				return err
-			}
-			continue
-		}
-		for sku, n := range want {
-			have[sku] -= n
-			w.reserve(p.OrderID, sku, n, msgs[i].UUID)
-		}
-		if err := w.announce(p.OrderID, events.InventoryReserved{
-			Envelope: events.NewEnvelope(events.TypeInventoryReserved, p.OrderID), Lines: p.Lines,
-		}); err != nil {
+		if err != nil {
 			return err
 		}
 	}
@@ -204,6 +183,22 @@ func lockStock(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int, e
 	return have, nil
 }
 
+// shortfall says, in SKU order, which of the wanted quantities the stock
+// cannot cover: unknown SKUs and short ones.
+func shortfall(want, have map[string]int) []string {
+	var short []string
+	for _, sku := range slices.Sorted(maps.Keys(want)) {
+		n, known := have[sku]
+		switch {
+		case !known:
+			short = append(short, fmt.Sprintf("unknown sku %s", sku))
+		case n < want[sku]:
+			short = append(short, fmt.Sprintf("%s: want %d, have %d", sku, want[sku], n))
+		}
+	}
+	return short
+}
+
 // writes collects a batch's effects, column by column, for set-based
 // statements.
 type writes struct {
@@ -214,12 +209,24 @@ type writes struct {
 	out                      []*message.Message
 }
 
-func (w *writes) reserve(orderID, sku string, n int, msgID string) {
-	w.resOrder, w.resSKU, w.resQty, w.resMsg = append(w.resOrder, orderID), append(w.resSKU, sku), append(w.resQty, int32(n)), append(w.resMsg, msgID)
+// reserve takes the order's quantities off have and records the
+// reservation and the event that announces it.
+func (w *writes) reserve(p *events.OrderPaid, want, have map[string]int, msgID string) error {
+	for sku, n := range want {
+		have[sku] -= n
+		w.resOrder, w.resSKU, w.resQty, w.resMsg = append(w.resOrder, p.OrderID), append(w.resSKU, sku), append(w.resQty, int32(n)), append(w.resMsg, msgID)
+	}
+	return w.announce(p.OrderID, events.InventoryReserved{
+		Envelope: events.NewEnvelope(events.TypeInventoryReserved, p.OrderID), Lines: p.Lines,
+	})
 }
 
-func (w *writes) reject(orderID, reason, msgID string) {
+// reject records the order's rejection and the event that announces it.
+func (w *writes) reject(orderID, reason, msgID string) error {
 	w.rejOrder, w.rejReason, w.rejMsg = append(w.rejOrder, orderID), append(w.rejReason, reason), append(w.rejMsg, msgID)
+	return w.announce(orderID, events.InventoryRejected{
+		Envelope: events.NewEnvelope(events.TypeInventoryRejected, orderID), Reason: reason,
+	})
 }
 
 func (w *writes) announce(orderID string, ev any) error {
