@@ -144,6 +144,7 @@ type payment struct {
 // batch costs the same few statements however many orders it holds.
 func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment, error) {
 	res := make([]payment, len(ids))
+	canonical := make([]string, len(ids)) // as Postgres prints them
 	var valid []string
 	for i, id := range ids {
 		u, err := uuid.Parse(id)
@@ -151,12 +152,11 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 			res[i].err = errNotFound
 			continue
 		}
-		ids[i] = u.String() // as Postgres prints it
-		valid = append(valid, ids[i])
+		canonical[i] = u.String()
+		valid = append(valid, canonical[i])
 	}
 	orders := map[string]Order{}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		clear(orders)
 		rows, err := tx.Query(ctx, `
 			UPDATE orders SET status = 'paid', paid_at = now()
 			WHERE id = ANY($1::uuid[]) AND status = 'created'
@@ -191,7 +191,7 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 	if err != nil {
 		return nil, err
 	}
-	for i, id := range ids {
+	for i, id := range canonical {
 		if res[i].err != nil {
 			continue
 		}
