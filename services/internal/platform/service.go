@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,7 +57,7 @@ type Stats struct {
 // relay after its batch, close the pool.
 func Run(ctx context.Context, cfg Config, svc Service) error {
 	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
-	wlog := watermill.NewSlogLogger(log)
+	wlog := newWatermillLogger(log)
 	stopTracing, err := setupTracing(ctx, cfg, svc.Name) // tracing.go
 	if err != nil {
 		return err
