@@ -102,6 +102,7 @@ func run(ctx context.Context) error {
 	only := flag.String("only", "", "run only these builds (comma-separated), for working on one; the report is then partial")
 	orders := flag.Int("orders", 0, "override the number of round trips in the saturation phase")
 	partitions := flag.Int("partitions", 0, "override the number of partitions per topic")
+	limitBatch := flag.Int("limit-batch", 0, "override the orders per transaction of the limit build (100), to see what batch size alone is worth")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	flag.Parse()
 	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 32, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
@@ -113,6 +114,9 @@ func run(ctx context.Context) error {
 	}
 	if *partitions > 0 {
 		p.Partitions = *partitions
+	}
+	if *limitBatch > 0 {
+		p.LimitBatch = *limitBatch
 	}
 	want := func(build string) bool { return *only == "" || strings.Contains(","+*only+",", ","+build+",") }
 	path := os.Getenv("BENCH_REPORT")
