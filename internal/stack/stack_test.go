@@ -80,6 +80,17 @@ func TestPostgres(t *testing.T) {
 	_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS durable (id int PRIMARY KEY); INSERT INTO durable VALUES (1) ON CONFLICT DO NOTHING")
 	must(t, err)
 
+	// A test's database is gone when the test ends, even with a pool open
+	// on it until then.
+	var testDB string
+	t.Run("TestDatabase", func(t *testing.T) {
+		pool := pg.TestDatabase(t)
+		must(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&testDB))
+	})
+	var left bool
+	must(t, conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", testDB).Scan(&left))
+	check(t, testDB != "" && !left, "database %q outlived its test", testDB)
+
 	if pg.External() {
 		check(t, pg.Restart(ctx) != nil, "Restart of external Postgres must fail")
 		_ = conn.Close(ctx)

@@ -41,10 +41,23 @@ func (p *Postgres) TestDatabase(t *testing.T) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.DropWhenDone(t, name)
 	pool, err := pgxpool.New(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// DropWhenDone drops database name when t ends. Cleanups run last-registered
+// first, so call it before opening pools on the database: they close first.
+func (p *Postgres) DropWhenDone(t testing.TB, name string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.DropDatabase(ctx, name); err != nil {
+			t.Logf("leaving database %s behind: %v", name, err)
+		}
+	})
 }

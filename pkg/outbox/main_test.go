@@ -107,8 +107,10 @@ func newPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	url, err := testPG.CreateDatabase(ctx, uniqueName(t))
+	name := uniqueName(t)
+	url, err := testPG.CreateDatabase(ctx, name)
 	require.NoError(t, err)
+	testPG.DropWhenDone(t, name)
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = 20 // producers, relays and their listeners at once
