@@ -221,6 +221,21 @@ func TestComposeWiring(t *testing.T) {
 			t.Errorf("demo: depends_on %s condition %q, want service_healthy", dep, got)
 		}
 	}
+	dash := service(t, p, "dashboard")
+	for _, dep := range system.Services {
+		if got := dash.DependsOn[dep].Condition; got != "service_healthy" {
+			t.Errorf("dashboard: depends_on %s condition %q, want service_healthy (they create its tables)", dep, got)
+		}
+	}
+	for _, v := range []string{"ORDERS_DATABASE_URL", "INVENTORY_DATABASE_URL"} {
+		if d, w := dash.Environment[v], demo.Environment[v]; d == nil || w == nil || *d != *w {
+			t.Errorf("dashboard: %s differs from the demo's", v)
+		}
+	}
+	if dash.HealthCheck == nil || !slices.Contains(dash.HealthCheck.Test, "http://127.0.0.1:8090/healthz") ||
+		*dash.Environment["DASHBOARD_ADDR"] != ":8090" {
+		t.Errorf("dashboard: healthcheck %v does not GET /healthz on DASHBOARD_ADDR's port 8090", dash.HealthCheck)
+	}
 	for _, name := range []string{"postgres", "kafka"} {
 		if s := service(t, p, name); s.HealthCheck == nil || len(s.HealthCheck.Test) == 0 {
 			t.Errorf("%s has no healthcheck", name)

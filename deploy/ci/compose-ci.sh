@@ -135,12 +135,12 @@ mark "docker build"
 # 3. Up: the demo and everything it depends on, in dependency order, each
 # waiting for its dependencies' healthchecks; the run ends when the demo
 # exits, with its exit code.
-say "docker-compose up --exit-code-from demo demo (DEMO_ORDERS=$DEMO_ORDERS)"
+say "docker-compose up --exit-code-from demo demo dashboard (DEMO_ORDERS=$DEMO_ORDERS)"
 set +e
 (
 	cd "$SNAP"
 	timeout -k 20 "$TIMEOUT" docker-compose -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml \
-		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo
+		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo dashboard
 ) 2>&1 | tee "$OUT/up.log"
 up_rc=${PIPESTATUS[0]}
 set -e
@@ -176,7 +176,7 @@ done
 
 # The images as users get them: static binary on scratch, non-root, small,
 # no shell.
-for s in orders inventory demo; do
+for s in orders inventory demo dashboard; do
 	cid=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$s" | head -1)
 	img=$(docker inspect -f '{{.Image}}' "$cid")
 	user=$(docker image inspect -f '{{.Config.User}}' "$img")
@@ -204,6 +204,26 @@ tables=$(compose exec -T postgres psql -h 127.0.0.1 -U postgres -d inventory -tA
 	"SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE tablename IN ('stock', 'reservations', 'inbox_messages', 'outbox_messages')")
 [ "$tables" = "inbox_messages,outbox_messages,reservations,stock" ] || fail "psql: inventory's migrations did not run ($tables)"
 say "ok: psql: $settled paid orders, every one reserved or rejected; both services migrated their databases"
+
+# The dashboard, as a user opens it after the demo: it must become healthy
+# and show the same settled orders as psql.
+compose start dashboard >/dev/null 2>&1
+dash="http://127.0.0.1:${DASHBOARD_PORT:-8090}"
+health=
+for _ in $(seq 1 60); do
+	cid=$(docker ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=dashboard")
+	health=$(docker inspect -f '{{.State.Health.Status}}' "$cid" 2>/dev/null || true)
+	[ "$health" = healthy ] && break
+	sleep 1
+done
+[ "$health" = healthy ] || fail "the dashboard container is not healthy ($health)"
+snap=$(curl -fsS "$dash/snapshot.json") || fail "GET $dash/snapshot.json"
+num() { grep -o "\"$1\":[0-9]*" <<<"$snap" | head -1 | cut -d: -f2; }
+shown=$(($(num reserved) + $(num rejected)))
+[ "$shown" = "$settled" ] || fail "the dashboard shows $shown settled orders, psql $settled"
+! grep -q '"errors"' <<<"$snap" || fail "the dashboard reports errors: $snap"
+curl -fsS "$dash/" | grep -q '<html' || fail "GET $dash/ is not the page"
+say "ok: dashboard healthy at $dash, showing the same $shown settled orders"
 mark "checks"
 
 # 5. Down; then nothing of the project may be left (finish checks).

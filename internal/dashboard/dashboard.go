@@ -292,7 +292,7 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// Handler serves GET /, GET /events and GET /snapshot.json.
+// Handler serves GET /, GET /events, GET /snapshot.json and GET /healthz.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -309,6 +309,19 @@ func (s *Server) Handler() http.Handler {
 		json.NewEncoder(w).Encode(s.Snapshot(r.Context())) //nolint:errcheck
 	})
 	mux.HandleFunc("GET /events", s.events)
+	// healthz answers 200 once both databases answer a query, for a
+	// container's healthcheck; the page itself shows errors instead.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.opts.QueryTimeout)
+		defer cancel()
+		for name, pool := range map[string]*pgxpool.Pool{"orders": s.opts.Orders, "inventory": s.opts.Inventory} {
+			if err := pool.Ping(ctx); err != nil {
+				http.Error(w, name+" database: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	return mux
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
@@ -178,8 +181,13 @@ func TestLivePage(t *testing.T) {
 	b.writeChaos(t, map[string]any{"phase": "load", "profile": "ci", "seed": 7,
 		"kills": map[string]int{"after-commit-before-ack": 3, "before-begin": 1}, "total_kills": 4})
 
+	resp, err := http.Get(b.url + "healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "healthz with both databases up")
+
 	require.NoError(t, chromedp.Do(b.browser, chromedp.Navigate(b.url)))
-	_, err := chromedp.Run(b.browser, chromedp.Evaluate[bool](`window.testMarker = 'same page'; true`))
+	_, err = chromedp.Run(b.browser, chromedp.Evaluate[bool](`window.testMarker = 'same page'; true`))
 	require.NoError(t, err)
 	first := b.read(t)
 	require.Equal(t, 0, first.num("orders-total"), first.Text)
@@ -290,4 +298,18 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return raw
+}
+
+// TestHealthzWithoutDatabase: the container healthcheck fails while a
+// database does not answer.
+func TestHealthzWithoutDatabase(t *testing.T) {
+	down, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	srv, err := dashboard.New(dashboard.Options{Orders: down, Inventory: down, QueryTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "database")
 }
