@@ -20,7 +20,7 @@ func chart(r Report) []byte {
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="13">`+"\n", w, h)
 	fmt.Fprintf(&buf, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&buf, `<text x="%d" y="24" font-size="16" font-weight="bold">Order round trips per second (same run, %s CPUs)</text>`+"\n", left-150, html.EscapeString(r.Machine["cpus"]))
+	fmt.Fprintf(&buf, `<text x="%d" y="24" font-size="16" font-weight="bold">Order round trips per second (same run, %s CPUs, median of %d rounds)</text>`+"\n", left-150, html.EscapeString(r.Machine["cpus"]), r.Params.Rounds)
 	for i, b := range builds {
 		y := top + i*(barH+gap)
 		bw := int(float64(w-left-150) * b.RoundTripsPerS / maxRT)

@@ -29,7 +29,7 @@ import (
 // reservation and outbox rows; the relay again; orders' inbox rows and
 // status. No Kafka and no Go services: the ceiling this machine's database
 // allows for the same durable work.
-func runLimit(ctx context.Context, pg *stack.Postgres, p params, say func(string, ...any)) (Result, error) {
+func runLimit(ctx context.Context, pg *stack.Postgres, p params, round int, say func(string, ...any)) (Result, error) {
 	res := Result{Build: "limit", Notes: fmt.Sprintf("%d orders per transaction, 4 workers; hop = payment commit → inventory commit, run back to back", p.LimitBatch)}
 	root, err := procs.ModuleRoot()
 	if err != nil {
@@ -37,8 +37,10 @@ func runLimit(ctx context.Context, pg *stack.Postgres, p params, say func(string
 	}
 	pools := map[string]*pgxpool.Pool{}
 	urls := map[string]string{}
+	prefix := fmt.Sprintf("bench_limit_r%d_", round)
+	defer dropDatabases(pg, prefix+"orders", prefix+"inventory") // runs after the pools close
 	for _, name := range []string{"orders", "inventory"} {
-		url, err := pg.CreateDatabase(ctx, "bench_limit_"+name)
+		url, err := pg.CreateDatabase(ctx, prefix+name)
 		if err != nil {
 			return res, err
 		}

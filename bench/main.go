@@ -33,6 +33,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -58,6 +59,7 @@ type params struct {
 	LatencyRate float64 `json:"latency_rate"` // orders/s offered in the latency phase
 	LatencyFor  float64 `json:"latency_s"`    // seconds of the latency phase
 	LimitBatch  int     `json:"limit_batch"`  // orders per transaction in the limit build
+	Rounds      int     `json:"rounds"`       // each build runs this often, alternating; figures are medians
 	Seed        uint64  `json:"seed"`
 }
 
@@ -74,6 +76,9 @@ type Result struct {
 	LatencyMissing int         `json:"latency_missing"`
 	Env            []string    `json:"env,omitempty"`
 	Notes          string      `json:"notes,omitempty"`
+	// PerRound is each round's round trips/s, in order; the figures above
+	// are the medians over rounds, field by field.
+	PerRound []float64 `json:"round_trips_per_s_by_round,omitempty"`
 }
 
 // Percentiles of one-hop latency, producer commit → consumer commit.
@@ -85,16 +90,17 @@ type Percentiles struct {
 
 // Report is bench-report.json.
 type Report struct {
-	When         string             `json:"when"`
-	Machine      map[string]string  `json:"machine"`
-	Params       params             `json:"params"`
-	Textbook     Result             `json:"textbook"`
-	Project      Result             `json:"project"`
-	ProjectNoDup Result             `json:"project_dedupe_off"`
-	Limit        Result             `json:"limit"`
-	Ratios       map[string]float64 `json:"ratios"`
-	Goals        map[string]bool    `json:"goals"`
-	Chart        string             `json:"chart"`
+	When          string               `json:"when"`
+	Machine       map[string]string    `json:"machine"`
+	Params        params               `json:"params"`
+	Textbook      Result               `json:"textbook"`
+	Project       Result               `json:"project"`
+	ProjectNoDup  Result               `json:"project_dedupe_off"`
+	Limit         Result               `json:"limit"`
+	Ratios        map[string]float64   `json:"ratios"` // medians of each round's ratios
+	RatiosByRound []map[string]float64 `json:"ratios_by_round"`
+	Goals         map[string]bool      `json:"goals"`
+	Chart         string               `json:"chart"`
 }
 
 func run(ctx context.Context) error {
@@ -102,12 +108,14 @@ func run(ctx context.Context) error {
 	only := flag.String("only", "", "run only these builds (comma-separated), for working on one; the report is then partial")
 	orders := flag.Int("orders", 0, "override the number of round trips in the saturation phase")
 	partitions := flag.Int("partitions", 0, "override the number of partitions per topic")
+	rounds := flag.Int("rounds", 3, "run every build this many times, alternating, and report medians: the machine's noise hits each build alike")
 	limitBatch := flag.Int("limit-batch", 0, "override the orders per transaction of the limit build (100), to see what batch size alone is worth")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	flag.Parse()
 	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 32, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
+	p.Rounds = max(1, *rounds)
 	if *smoke {
-		p.Orders, p.LatencyFor = 500, 1
+		p.Orders, p.LatencyFor, p.Rounds = 500, 1, 1
 	}
 	if *orders > 0 {
 		p.Orders = *orders
@@ -144,32 +152,44 @@ func run(ctx context.Context) error {
 		{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, &r.Textbook},
 		{"project", nil, &r.Project},
 		{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, &r.ProjectNoDup},
+		{"limit", nil, &r.Limit},
+	}
+	// Every build runs once per round, so a noisy spell of the shared
+	// machine lands on all of them alike; each round's ratios compare builds
+	// measured minutes apart.
+	byBuild := map[string][]Result{}
+	for round := 1; round <= p.Rounds; round++ {
+		for _, b := range builds {
+			if !want(b.name) {
+				continue
+			}
+			var res Result
+			var err error
+			if b.name == "limit" {
+				say("== limit, round %d/%d (batched SQL, no Kafka, no services)", round, p.Rounds)
+				res, err = runLimit(ctx, pg, p, round, say)
+			} else {
+				env := b.env
+				if *extraEnv != "" {
+					env = append(env, strings.Split(*extraEnv, ",")...)
+				}
+				say("== %s, round %d/%d %v", b.name, round, p.Rounds, env)
+				res, err = runServices(ctx, pg, p, round, b.name, env, b.name != "project_dedupe_off", say)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", b.name, err)
+			}
+			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms, %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench+broker %.2f)",
+				b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000,
+				res.CPU.Postgres, res.CPU.Services, res.CPU.Bench)
+			byBuild[b.name] = append(byBuild[b.name], res)
+		}
 	}
 	for _, b := range builds {
-		if !want(b.name) {
-			continue
-		}
-		if *extraEnv != "" {
-			b.env = append(b.env, strings.Split(*extraEnv, ",")...)
-		}
-		say("== %s %v", b.name, b.env)
-		res, err := runServices(ctx, pg, p, b.name, b.env, b.name != "project_dedupe_off", say)
-		if err != nil {
-			return fmt.Errorf("%s: %w", b.name, err)
-		}
-		*b.dst = res
-		say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms, %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench+broker %.2f)",
-			b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000,
-			res.CPU.Postgres, res.CPU.Services, res.CPU.Bench)
-	}
-	if want("limit") {
-		say("== limit (batched SQL, no Kafka, no services)")
-		if r.Limit, err = runLimit(ctx, pg, p, say); err != nil {
-			return fmt.Errorf("limit: %w", err)
+		if rs := byBuild[b.name]; len(rs) > 0 {
+			*b.dst = medianResult(rs)
 		}
 	}
-	say("limit: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms", r.Limit.RoundTripsPerS,
-		r.Limit.HopLatencyMS.P50, r.Limit.HopLatencyMS.P95, r.Limit.HopLatencyMS.P99)
 
 	ratio := func(a, b float64) float64 {
 		if b == 0 {
@@ -177,10 +197,32 @@ func run(ctx context.Context) error {
 		}
 		return a / b
 	}
-	r.Ratios = map[string]float64{
-		"project_vs_textbook": ratio(r.Project.RoundTripsPerS, r.Textbook.RoundTripsPerS),
-		"project_vs_limit":    ratio(r.Project.RoundTripsPerS, r.Limit.RoundTripsPerS),
-		"inbox_overhead":      1 - ratio(r.Project.RoundTripsPerS, r.ProjectNoDup.RoundTripsPerS),
+	overhead := func(with, without float64) float64 {
+		if with == 0 || without == 0 {
+			return 0 // a build left out with -only
+		}
+		return 1 - with/without
+	}
+	at := func(build string, round int) float64 {
+		if rs := byBuild[build]; round < len(rs) {
+			return rs[round].RoundTripsPerS
+		}
+		return 0
+	}
+	for round := range p.Rounds {
+		r.RatiosByRound = append(r.RatiosByRound, map[string]float64{
+			"project_vs_textbook": ratio(at("project", round), at("textbook", round)),
+			"project_vs_limit":    ratio(at("project", round), at("limit", round)),
+			"inbox_overhead":      overhead(at("project", round), at("project_dedupe_off", round)),
+		})
+	}
+	r.Ratios = map[string]float64{}
+	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead"} {
+		var v []float64
+		for _, m := range r.RatiosByRound {
+			v = append(v, m[k])
+		}
+		r.Ratios[k] = median(v)
 	}
 	r.Goals = map[string]bool{
 		"project >= 3x textbook":        r.Ratios["project_vs_textbook"] >= 3,
@@ -206,6 +248,15 @@ func run(ctx context.Context) error {
 		fmt.Printf("%-20s %12.0f %9.1f %9.1f %9.1f %10.2f %10.2f\n", res.Build, res.RoundTripsPerS,
 			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000)
 	}
+	if p.Rounds > 1 {
+		fmt.Printf("(medians of %d rounds; round trips/s by round:", p.Rounds)
+		for _, res := range []Result{r.Textbook, r.Project, r.ProjectNoDup, r.Limit} {
+			if len(res.PerRound) > 0 {
+				fmt.Printf(" %s %.0f", res.Build, res.PerRound)
+			}
+		}
+		fmt.Println(")")
+	}
 	fmt.Printf("\nproject/textbook %.2f×, project/limit %.0f%%, inbox overhead %.1f%%\n",
 		r.Ratios["project_vs_textbook"], 100*r.Ratios["project_vs_limit"], 100*r.Ratios["inbox_overhead"])
 	for _, g := range sortedGoals(r.Goals) {
@@ -220,6 +271,53 @@ func run(ctx context.Context) error {
 		fmt.Println("(smoke run: the figures above measure nothing)")
 	}
 	return nil
+}
+
+// medianResult is a build's figures over its rounds: each field's median.
+func medianResult(rs []Result) Result {
+	out := rs[0]
+	field := func(get func(Result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = get(r)
+		}
+		return median(v)
+	}
+	out.RoundTripsPerS = field(func(r Result) float64 { return r.RoundTripsPerS })
+	out.HopLatencyMS = Percentiles{
+		P50: field(func(r Result) float64 { return r.HopLatencyMS.P50 }),
+		P95: field(func(r Result) float64 { return r.HopLatencyMS.P95 }),
+		P99: field(func(r Result) float64 { return r.HopLatencyMS.P99 }),
+	}
+	out.DBTxPerMessage = field(func(r Result) float64 { return r.DBTxPerMessage })
+	out.CPU = cpuUse{
+		Postgres: field(func(r Result) float64 { return r.CPU.Postgres }),
+		Services: field(func(r Result) float64 { return r.CPU.Services }),
+		Bench:    field(func(r Result) float64 { return r.CPU.Bench }),
+	}
+	out.CPUSPer1000 = field(func(r Result) float64 { return r.CPUSPer1000 })
+	out.SaturationS = field(func(r Result) float64 { return r.SaturationS })
+	out.LatencySamples, out.LatencyMissing = 0, 0
+	out.PerRound = nil
+	for _, r := range rs {
+		out.LatencySamples += r.LatencySamples
+		out.LatencyMissing += r.LatencyMissing
+		out.PerRound = append(out.PerRound, r.RoundTripsPerS)
+	}
+	return out
+}
+
+// median of v (the mean of the middle two for an even count); v is sorted
+// in place.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sort.Float64s(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }
 
 func machine() map[string]string {

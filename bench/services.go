@@ -26,10 +26,12 @@ import (
 )
 
 // runServices measures one build of the two services, run as processes.
-func runServices(ctx context.Context, pg *stack.Postgres, p params, build string, env []string, latency bool, say func(string, ...any)) (Result, error) {
+func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, build string, env []string, latency bool, say func(string, ...any)) (Result, error) {
 	res := Result{Build: build, Env: env}
+	prefix := fmt.Sprintf("bench_%s_r%d_", build, round)
+	defer dropDatabases(pg, prefix+"orders", prefix+"inventory") // runs after sys.Stop
 	sys, err := system.Start(ctx, system.Options{
-		Postgres: pg, DBPrefix: "bench_" + build + "_",
+		Postgres: pg, DBPrefix: prefix,
 		Env:   append([]string{"LOG_LEVEL=warn", "DEBUG_PPROF=true"}, env...),
 		Kafka: stack.KafkaOptions{Partitions: p.Partitions},
 	})
@@ -431,4 +433,16 @@ func printHops(ctx context.Context, orders, inventory *pgxpool.Pool, ids []strin
 	c, p := percentiles(toClaim), percentiles(toApply)
 	say("hops by transaction start: payment → relay claim p50/p95/p99 %.1f/%.1f/%.1f ms; relay claim → inventory batch %.1f/%.1f/%.1f ms",
 		c.P50, c.P95, c.P99, p.P50, p.P95, p.P99)
+}
+
+// dropDatabases drops a build's databases once it is done, so every round
+// starts on empty tables and the disk does not fill up over rounds.
+func dropDatabases(pg *stack.Postgres, names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, name := range names {
+		if err := pg.DropDatabase(ctx, name); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		}
+	}
 }
