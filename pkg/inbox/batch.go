@@ -148,7 +148,7 @@ func (in *Inbox) batchWorker() {
 			if set == nil {
 				results = in.runBatch(group)
 			} else {
-				results = in.runSetBatch(set, group)
+				results = in.runSetBatchSplitting(set, group)
 			}
 			for i, it := range group {
 				it.done <- results[i]
@@ -159,10 +159,11 @@ func (in *Inbox) batchWorker() {
 
 // inBatchTx runs apply in one transaction for items and commits it. apply
 // fills in a result for each item, or fails the batch: a batch that fails,
-// or whose commit fails, sends every one of its items to be tried alone.
+// or whose commit fails, sends every one of its items to be tried alone, and
+// its error is returned beside the results.
 // Like attempt, the transaction outlives no delivery's shutdown: it does not
 // inherit cancellation, and it is bounded by TxTimeout.
-func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, tx pgx.Tx, results []batchResult) error) []batchResult {
+func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, tx pgx.Tx, results []batchResult) error) ([]batchResult, error) {
 	results := make([]batchResult, len(items))
 	ctx, cancel := in.txContext(items[0].d)
 	defer cancel()
@@ -183,12 +184,36 @@ func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, t
 			results[i] = batchResult{fallback: true}
 		}
 	}
-	return results
+	return results, err
 }
 
+// runSetBatchSplitting runs items as one set-based batch. When the handler
+// fails the batch, it runs each half the same way, so that a poison message
+// costs its companions about 2·log2(n) transactions instead of one each, and
+// they still commit in batches. A batch of one that fails, or a batch that
+// failed for another reason (the database, the commit), sends its items to
+// be tried alone, where retries and dead letters are counted.
+func (in *Inbox) runSetBatchSplitting(set *setHandler, items []*batchItem) []batchResult {
+	results, err := in.runSetBatch(set, items)
+	var failed handlerFailed
+	if len(items) < 2 || !errors.As(err, &failed) {
+		return results
+	}
+	in.cfg.Logger.Debug("Inbox batch failed in the handler; splitting it in two", watermill.LogFields{
+		"consumer": in.cfg.Consumer, "messages": len(items), "err": failed.Error()})
+	half := len(items) / 2
+	return append(in.runSetBatchSplitting(set, items[:half]), in.runSetBatchSplitting(set, items[half:])...)
+}
+
+// handlerFailed is a set-based batch's error when its BatchFunc failed it.
+type handlerFailed struct{ err error }
+
+func (h handlerFailed) Error() string { return h.err.Error() }
+func (h handlerFailed) Unwrap() error { return h.err }
+
 // runSetBatch runs items through set's BatchFunc in one transaction and
-// returns a result for each.
-func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) []batchResult {
+// returns a result for each, and the batch's error if it failed.
+func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) ([]batchResult, error) {
 	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
 		if in.cfg.DisableDedupe {
@@ -222,11 +247,7 @@ func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) []batchResult 
 			msgs[j] = items[i].d.msg
 		}
 		if err := callBatch(ctx, set.fn, tx, msgs); err != nil {
-			if len(items) > 1 {
-				in.cfg.Logger.Debug("Inbox batch failed; applying each message alone", watermill.LogFields{
-					"consumer": in.cfg.Consumer, "messages": len(items), "err": err.Error()})
-			}
-			return err // each alone, so the error lands on its own message
+			return handlerFailed{err} // split, down to the message it belongs to
 		}
 		for _, i := range fresh {
 			results[i] = batchResult{outcome: Applied}
@@ -288,7 +309,7 @@ func callBatch(ctx context.Context, fn BatchFunc, tx pgx.Tx, msgs []*message.Mes
 // runBatch runs items in one transaction, a savepoint each, and returns a
 // result for each.
 func (in *Inbox) runBatch(items []*batchItem) []batchResult {
-	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
+	results, _ := in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		deadline, _ := ctx.Deadline()
 		for i, it := range items {
 			// Each message keeps its own context (its trace span, its values),
@@ -306,6 +327,7 @@ func (in *Inbox) runBatch(items []*batchItem) []batchResult {
 		}
 		return nil
 	})
+	return results
 }
 
 // batchOne runs one delivery inside the batch transaction, in a savepoint.

@@ -42,9 +42,12 @@
 // call of the BatchFunc, and all of it commits in one transaction. Every
 // delivery of the batch returns only after that commit. The BatchFunc writes
 // set-based (one UPDATE … FROM unnest for the batch), so a batch costs a few
-// statements and one WAL flush however many messages it holds. If it fails,
-// nothing of the batch commits and each message is applied alone, so a
-// poison message fails, is retried and is dead-lettered by itself. Middleware
+// statements and one WAL flush however many messages it holds. If the
+// BatchFunc fails, nothing of the batch commits and each half is tried again
+// as a batch of its own, down to single messages, so the rest still commit
+// in batches and a poison message fails, is retried and is dead-lettered by
+// itself. A batch that fails for another reason (the database, the commit)
+// sends each message to be applied alone. Middleware
 // batches too, with a savepoint per message: fewer commits, the same number
 // of statements.
 //
