@@ -202,9 +202,9 @@ feed:
 
 // waitSettled polls until n orders are reserved or rejected; it returns how
 // many polls (database transactions of the bench's own) it took. A poll is a
-// sequential scan of orders, so it waits about half the time the rest should
-// take at the pace seen so far, 20ms at least: a handful of polls per phase,
-// not one every 20ms, and the finish is still seen within 20ms.
+// sequential scan of orders, so between polls it waits half the time the rest
+// should take at the pace seen so far (20 to 500ms): a handful of polls per
+// phase instead of one every 20ms, closing in on the finish.
 func waitSettled(ctx context.Context, pool *pgxpool.Pool, n int, timeout time.Duration) (int64, error) {
 	start := time.Now()
 	deadline := start.Add(timeout)

@@ -171,13 +171,9 @@ func (p *Postgres) URL(dbname string) string {
 // CreateDatabase creates database name if it does not exist yet and returns
 // its URL. Concurrent calls for the same name are fine.
 func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, error) {
-	admin := p.URL("postgres")
-	if p.External() {
-		admin = p.ext.String()
-	}
-	conn, err := pgx.Connect(ctx, admin)
+	conn, err := p.admin(ctx)
 	if err != nil {
-		return "", fmt.Errorf("stack: connect: %w", err)
+		return "", err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
@@ -200,19 +196,29 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, err
 // DropDatabase drops database name, closing any sessions still on it. Tests
 // call it when they end, so runs against a DATABASE_URL leave nothing behind.
 func (p *Postgres) DropDatabase(ctx context.Context, name string) error {
-	admin := p.URL("postgres")
-	if p.External() {
-		admin = p.ext.String()
-	}
-	conn, err := pgx.Connect(ctx, admin)
+	conn, err := p.admin(ctx)
 	if err != nil {
-		return fmt.Errorf("stack: connect: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 		return fmt.Errorf("stack: drop database %q: %w", name, err)
 	}
 	return nil
+}
+
+// admin connects to the database that creates and drops the others: the
+// throwaway server's "postgres", or DATABASE_URL's.
+func (p *Postgres) admin(ctx context.Context) (*pgx.Conn, error) {
+	url := p.URL("postgres")
+	if p.External() {
+		url = p.ext.String()
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("stack: connect: %w", err)
+	}
+	return conn, nil
 }
 
 // Restart crashes the throwaway server (`pg_ctl restart -m immediate`, i.e.
