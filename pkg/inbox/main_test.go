@@ -65,6 +65,7 @@ func newTestDB(t *testing.T, ctx context.Context) *pgxpool.Pool {
 	t.Helper()
 	name, url, err := createDatabase(ctx)
 	require.NoError(t, err)
+	t.Logf("database %s", name)
 	pg.DropWhenDone(t, name)
 
 	cfg, err := pgxpool.ParseConfig(url)
