@@ -69,9 +69,10 @@ type Stats struct {
 // Inbox deduplicates deliveries for one consumer. Its Middleware wraps a
 // Watermill handler.
 type Inbox struct {
-	cfg   Config
-	batch batcher
-	stats [6]atomic.Int64 // indexed by outcomeIndex
+	cfg      Config
+	spanName string // "inbox <consumer>"
+	batch    batcher
+	stats    [6]atomic.Int64 // indexed by outcomeIndex
 }
 
 // New checks cfg and returns an Inbox.

@@ -27,19 +27,25 @@ var tracer = otel.Tracer("github.com/outboxref/outbox-inbox/pkg/inbox")
 // into metadata), and puts it into the message context. The handler's
 // transaction context derives from it, so the outbox rows the handler writes
 // carry this span as their parent.
+//
+// The attributes are set only on a span that records, so a service without
+// a TracerProvider (tracing off) does not build them for every delivery.
 func (in *Inbox) startSpan(msg *message.Message) trace.Span {
 	parent := otel.GetTextMapPropagator().Extract(msg.Context(), propagation.MapCarrier(msg.Metadata))
-	ctx, span := tracer.Start(parent, "inbox "+in.cfg.Consumer,
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
+	ctx, span := tracer.Start(parent, in.spanName, consumerSpan)
+	if span.IsRecording() {
+		span.SetAttributes(
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(msg.Context())),
 			attribute.String("messaging.message.id", msg.UUID),
 			attribute.String("messaging.consumer.group.name", in.cfg.Consumer),
-		))
+		)
+	}
 	msg.SetContext(ctx)
 	return span
 }
+
+var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // traceOutcome records a settled delivery on the span in ctx; a failed
 // attempt that will be retried becomes a span event.

@@ -76,9 +76,13 @@ func traceHTTP(next http.Handler) http.Handler {
 			return
 		}
 		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := httpTracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+		ctx, span := httpTracer.Start(ctx, r.Method, serverSpan)
 		defer span.End()
+		if !span.IsRecording() { // tracing off: the context still carries the caller's trace
+			next.ServeHTTP(w, r.WithContext(ctx))
+			return
+		}
+		span.SetAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path))
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		r = r.WithContext(ctx)
 		next.ServeHTTP(sw, r)
@@ -92,6 +96,8 @@ func traceHTTP(next http.Handler) http.Handler {
 		}
 	})
 }
+
+var serverSpan = trace.WithSpanKind(trace.SpanKindServer)
 
 type statusWriter struct {
 	http.ResponseWriter
