@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -98,6 +100,19 @@ type batchResult struct {
 type batcher struct {
 	once  sync.Once
 	queue chan *batchItem
+	// inflight counts the deliveries in viaBatch, queued or in a running
+	// batch; peak is the most there were at once since a worker last reset
+	// it. A worker resets it as its batch starts, so the peak it reads after
+	// the commit is how many deliveries the consumer keeps in flight: those
+	// of its own batch, which now come back, and those that queued meanwhile.
+	inflight, peak atomic.Int64
+}
+
+// enter counts a delivery in and raises the peak.
+func (b *batcher) enter() {
+	n := b.inflight.Add(1)
+	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	}
 }
 
 // viaBatch runs the first attempt of d in a batch. It returns like attempt.
@@ -109,8 +124,10 @@ func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc, set *setHandler) (
 		}
 	})
 	item := &batchItem{d: d, h: h, set: set, done: make(chan batchResult, 1)}
+	in.batch.enter()
 	in.batch.queue <- item
 	res := <-item.done
+	in.batch.inflight.Add(-1)
 	switch {
 	case res.fallback:
 		return in.attempt(d, h)
@@ -128,17 +145,10 @@ func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc, set *setHandler) (
 // runs them as one transaction per kind of handler, for as long as the
 // process lives.
 func (in *Inbox) batchWorker() {
+	expect := 0 // deliveries in flight during the last batch: what the next one may wait for
 	for first := range in.batch.queue {
-		items := []*batchItem{first}
-	gather:
-		for len(items) < in.cfg.BatchSize {
-			select {
-			case it := <-in.batch.queue:
-				items = append(items, it)
-			default:
-				break gather
-			}
-		}
+		items := in.gather(first, expect)
+		in.batch.peak.Store(in.batch.inflight.Load())
 		groups := map[*setHandler][]*batchItem{}
 		for _, it := range items {
 			groups[it.set] = append(groups[it.set], it)
@@ -154,7 +164,44 @@ func (in *Inbox) batchWorker() {
 				it.done <- results[i]
 			}
 		}
+		expect = 0
+		if len(items) > 1 { // an idle consumer never waits
+			expect = int(in.batch.peak.Load())
+		}
 	}
+}
+
+// gather returns first and the deliveries waiting behind it, up to
+// BatchSize. If fewer than expect are there, it waits up to
+// Config.BatchLinger for the rest: deliveries that were in flight during the
+// last batch, mostly that batch's own, released by its commit and on their
+// way back with their partitions' next messages.
+func (in *Inbox) gather(first *batchItem, expect int) []*batchItem {
+	items := []*batchItem{first}
+	expect = min(expect, in.cfg.BatchSize)
+	for len(items) < in.cfg.BatchSize {
+		select {
+		case it := <-in.batch.queue:
+			items = append(items, it)
+			continue
+		default:
+		}
+		break
+	}
+	if len(items) >= expect || in.cfg.BatchLinger <= 0 {
+		return items
+	}
+	timer := time.NewTimer(in.cfg.BatchLinger)
+	defer timer.Stop()
+	for len(items) < expect {
+		select {
+		case it := <-in.batch.queue:
+			items = append(items, it)
+		case <-timer.C:
+			return items
+		}
+	}
+	return items
 }
 
 // inBatchTx runs apply in one transaction for items and commits it. apply

@@ -180,3 +180,63 @@ func TestHandlerBatches(t *testing.T) {
 	t.Logf("%d good messages applied in %d transactions; BatchFunc calls of sizes %v; %d of %d companions of a poison message alone",
 		rows, txs, sizes, companionsAlone, len(companions))
 }
+
+// TestBatchLinger delivers like a Kafka consumer: each of eight partitions
+// hands over its next message only when the last one returned. Once the
+// consumer is busy, a batch waits for the deliveries its predecessor
+// released, so every later batch holds a message of every partition instead
+// of the two halves of them taking turns. (With BatchLinger 0 this test
+// fails: the halves stay apart.)
+func TestBatchLinger(t *testing.T) {
+	t.Parallel()
+	const partitions, perPartition = 8, 12
+	// The linger is far longer than a delivery takes even under -race on a
+	// busy machine; a batch waits only until the partitions are back.
+	in, b := setup(t, inbox.Config{BatchSize: 64, BatchWorkers: 1, BatchLinger: 200 * time.Millisecond})
+	var mu sync.Mutex
+	var sizes []int
+	h := in.Handler(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		mu.Lock()
+		sizes = append(sizes, len(msgs))
+		mu.Unlock()
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			ids[i] = m.UUID
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO applied (consumer, message_id, n) SELECT $1, unnest($2::text[]), 1`, in.Consumer(), ids)
+		return err
+	})
+	var wg sync.WaitGroup
+	errs := make(chan error, partitions)
+	for range partitions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range perPartition {
+				msg := message.NewMessage(newID(), []byte(`{}`))
+				msg.SetContext(b.ctx)
+				if err := h(msg); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, partitions*perPartition, scalar[int](t, b, `SELECT count(*) FROM applied`))
+
+	t.Logf("batch sizes: %v", sizes)
+	full := 0
+	for _, n := range sizes {
+		if n == partitions {
+			full++
+		}
+	}
+	// The first batches form while the partitions start at different
+	// moments; from the first busy batch on, every batch is full.
+	require.GreaterOrEqual(t, full, perPartition-2, "batches did not hold a message of every partition: %v", sizes)
+}

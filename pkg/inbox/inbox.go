@@ -81,7 +81,7 @@ func New(cfg Config) (*Inbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Inbox{cfg: cfg}, nil
+	return &Inbox{cfg: cfg, spanName: "inbox " + cfg.Consumer}, nil
 }
 
 // Consumer returns the configured consumer name.

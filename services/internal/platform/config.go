@@ -43,11 +43,14 @@ type Config struct {
 	// Config.BatchSize). 1: a transaction per message, the textbook shape.
 	InboxBatchSize    int `env:"INBOX_BATCH_SIZE" default:"64"`
 	InboxBatchWorkers int `env:"INBOX_BATCH_WORKERS" default:"1"`
+	// How long a busy consumer's batch waits for more deliveries (pkg/inbox
+	// Config.BatchLinger). 0: never.
+	InboxBatchLinger time.Duration `env:"INBOX_BATCH_LINGER" default:"1ms"`
 	// Concurrent API writes (payments) are committed together, up to this
 	// many per transaction, this many transactions at once (group.go).
 	// 1: a transaction per request, the textbook shape.
 	APIBatchSize    int `env:"API_BATCH_SIZE" default:"64"`
-	APIBatchWorkers int `env:"API_BATCH_WORKERS" default:"2"`
+	APIBatchWorkers int `env:"API_BATCH_WORKERS" default:"1"`
 	// Larger payloads are quarantined unread.
 	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's

@@ -98,7 +98,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	ibx, err := inbox.New(inbox.Config{
 		Pool: pool, Consumer: svc.Name, Logger: wlog,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
-		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers,
+		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		DisableDedupe: cfg.InboxDisabled,
 		OnOutcome:     mtr.onOutcome(logOutcome(log)), // metrics, then the log
 	})
