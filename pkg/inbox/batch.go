@@ -7,13 +7,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxref/outbox-inbox/internal/gather"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
@@ -96,38 +95,24 @@ type batchResult struct {
 }
 
 // batcher feeds deliveries to BatchWorkers goroutines, each running one
-// batch transaction at a time on its own connection.
+// batch transaction at a time on its own connection (internal/gather).
 type batcher struct {
 	once  sync.Once
-	queue chan *batchItem
-	// inflight counts the deliveries in viaBatch, queued or in a running
-	// batch; peak is the most there were at once since a worker last reset
-	// it. A worker resets it as its batch starts, so the peak it reads after
-	// the commit is how many deliveries the consumer keeps in flight: those
-	// of its own batch, which now come back, and those that queued meanwhile.
-	inflight, peak atomic.Int64
-}
-
-// enter counts a delivery in and raises the peak.
-func (b *batcher) enter() {
-	n := b.inflight.Add(1)
-	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
-	}
+	queue *gather.Queue[*batchItem]
 }
 
 // viaBatch runs the first attempt of d in a batch. It returns like attempt.
 func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc, set *setHandler) (out []*message.Message, herr, err error) {
 	in.batch.once.Do(func() {
-		in.batch.queue = make(chan *batchItem, in.cfg.BatchSize*in.cfg.BatchWorkers)
+		in.batch.queue = gather.New[*batchItem](in.cfg.BatchSize, in.cfg.BatchSize*in.cfg.BatchWorkers, in.cfg.BatchLinger)
 		for range in.cfg.BatchWorkers {
-			go in.batchWorker()
+			go in.batch.queue.Run(in.runItems)
 		}
 	})
 	item := &batchItem{d: d, h: h, set: set, done: make(chan batchResult, 1)}
-	in.batch.enter()
-	in.batch.queue <- item
+	in.batch.queue.Put(context.Background(), item)
 	res := <-item.done
-	in.batch.inflight.Add(-1)
+	in.batch.queue.Done()
 	switch {
 	case res.fallback:
 		return in.attempt(d, h)
@@ -141,67 +126,24 @@ func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc, set *setHandler) (
 	return nil, nil, nil
 }
 
-// batchWorker takes whatever deliveries are waiting, up to BatchSize, and
-// runs them as one transaction per kind of handler, for as long as the
-// process lives.
-func (in *Inbox) batchWorker() {
-	expect := 0 // deliveries in flight during the last batch: what the next one may wait for
-	for first := range in.batch.queue {
-		items := in.gather(first, expect)
-		in.batch.peak.Store(in.batch.inflight.Load())
-		groups := map[*setHandler][]*batchItem{}
-		for _, it := range items {
-			groups[it.set] = append(groups[it.set], it)
+// runItems runs one batch of deliveries, as one transaction per kind of
+// handler, and hands each delivery its result.
+func (in *Inbox) runItems(items []*batchItem) {
+	groups := map[*setHandler][]*batchItem{}
+	for _, it := range items {
+		groups[it.set] = append(groups[it.set], it)
+	}
+	for set, group := range groups {
+		var results []batchResult
+		if set == nil {
+			results = in.runBatch(group)
+		} else {
+			results = in.runSetBatchSplitting(set, group)
 		}
-		for set, group := range groups {
-			var results []batchResult
-			if set == nil {
-				results = in.runBatch(group)
-			} else {
-				results = in.runSetBatchSplitting(set, group)
-			}
-			for i, it := range group {
-				it.done <- results[i]
-			}
-		}
-		expect = 0
-		if len(items) > 1 { // an idle consumer never waits
-			expect = int(in.batch.peak.Load())
+		for i, it := range group {
+			it.done <- results[i]
 		}
 	}
-}
-
-// gather returns first and the deliveries waiting behind it, up to
-// BatchSize. If fewer than expect are there, it waits up to
-// Config.BatchLinger for the rest: deliveries that were in flight during the
-// last batch, mostly that batch's own, released by its commit and on their
-// way back with their partitions' next messages.
-func (in *Inbox) gather(first *batchItem, expect int) []*batchItem {
-	items := []*batchItem{first}
-	expect = min(expect, in.cfg.BatchSize)
-	for len(items) < in.cfg.BatchSize {
-		select {
-		case it := <-in.batch.queue:
-			items = append(items, it)
-			continue
-		default:
-		}
-		break
-	}
-	if len(items) >= expect || in.cfg.BatchLinger <= 0 {
-		return items
-	}
-	timer := time.NewTimer(in.cfg.BatchLinger)
-	defer timer.Stop()
-	for len(items) < expect {
-		select {
-		case it := <-in.batch.queue:
-			items = append(items, it)
-		case <-timer.C:
-			return items
-		}
-	}
-	return items
 }
 
 // inBatchTx runs apply in one transaction for items and commits it. apply

@@ -48,7 +48,7 @@ type Order struct {
 
 func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 	// Payments that arrive together commit together (API_BATCH_SIZE).
-	payments := platform.NewGroup(cfg.APIBatchSize, cfg.APIBatchWorkers, 30*time.Second,
+	payments := platform.NewGroup(cfg.APIBatchSize, cfg.APIBatchWorkers, cfg.APIBatchLinger, 30*time.Second,
 		func(ctx context.Context, ids []string) ([]payment, error) { return payOrders(ctx, pool, ids) })
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {

@@ -49,8 +49,9 @@ type Config struct {
 	// Concurrent API writes (payments) are committed together, up to this
 	// many per transaction, this many transactions at once (group.go).
 	// 1: a transaction per request, the textbook shape.
-	APIBatchSize    int `env:"API_BATCH_SIZE" default:"64"`
-	APIBatchWorkers int `env:"API_BATCH_WORKERS" default:"1"`
+	APIBatchSize    int           `env:"API_BATCH_SIZE" default:"64"`
+	APIBatchWorkers int           `env:"API_BATCH_WORKERS" default:"1"`
+	APIBatchLinger  time.Duration `env:"API_BATCH_LINGER" default:"0s"`
 	// Larger payloads are quarantined unread.
 	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/outboxref/outbox-inbox/internal/gather"
 )
 
 // Group commits concurrent requests together, the producer-side twin of the
@@ -21,10 +23,11 @@ type Group[In, Out any] struct {
 	run     func(ctx context.Context, ins []In) ([]Out, error)
 	max     int
 	workers int
+	linger  time.Duration
 	timeout time.Duration
 
 	once  sync.Once
-	queue chan *groupCall[In, Out]
+	queue *gather.Queue[*groupCall[In, Out]]
 }
 
 type groupCall[In, Out any] struct {
@@ -36,10 +39,13 @@ type groupCall[In, Out any] struct {
 }
 
 // NewGroup returns a Group that runs batches of up to size requests with run,
-// workers at a time, each bounded by timeout. run returns one Out per In, in
-// order. With size 1 every request runs alone.
-func NewGroup[In, Out any](size, workers int, timeout time.Duration, run func(ctx context.Context, ins []In) ([]Out, error)) *Group[In, Out] {
-	return &Group[In, Out]{run: run, max: max(1, size), workers: max(1, workers), timeout: timeout}
+// workers at a time, each bounded by timeout. A batch that follows a batch
+// of several may wait up to linger for the callers of the last one to come
+// back with their next requests (internal/gather); 0: it takes only those
+// waiting. run returns one Out per In, in order. With size 1 every request
+// runs alone.
+func NewGroup[In, Out any](size, workers int, linger, timeout time.Duration, run func(ctx context.Context, ins []In) ([]Out, error)) *Group[In, Out] {
+	return &Group[In, Out]{run: run, max: max(1, size), workers: max(1, workers), linger: linger, timeout: timeout}
 }
 
 // Do runs in in the next batch and returns its result.
@@ -53,55 +59,42 @@ func (g *Group[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 		return out[0], nil
 	}
 	g.once.Do(func() {
-		g.queue = make(chan *groupCall[In, Out], g.max*g.workers)
+		g.queue = gather.New[*groupCall[In, Out]](g.max, g.max*g.workers, g.linger)
 		for range g.workers {
-			go g.worker()
+			go g.queue.Run(g.runCalls)
 		}
 	})
 	c := &groupCall[In, Out]{ctx: ctx, in: in, done: make(chan struct{})}
-	select {
-	case g.queue <- c:
-	case <-ctx.Done():
+	if !g.queue.Put(ctx, c) {
 		var zero Out
 		return zero, ctx.Err()
 	}
 	<-c.done // not ctx: once queued, the batch may commit it
+	g.queue.Done()
 	return c.out, c.err
 }
 
-// worker takes whatever requests are waiting, up to max, and runs them as
-// one batch, for as long as the process lives.
-func (g *Group[In, Out]) worker() {
-	for first := range g.queue {
-		calls := []*groupCall[In, Out]{first}
-	gather:
-		for len(calls) < g.max {
-			select {
-			case c := <-g.queue:
-				calls = append(calls, c)
-			default:
-				break gather
+// runCalls runs one batch of calls and answers each.
+func (g *Group[In, Out]) runCalls(calls []*groupCall[In, Out]) {
+	first := calls[0]
+	ins := make([]In, len(calls))
+	for i, c := range calls {
+		ins[i] = c.in
+	}
+	outs, err := g.runBatch(first.ctx, ins)
+	for i, c := range calls {
+		switch {
+		case err == nil:
+			c.out = outs[i]
+		case len(calls) == 1:
+			c.err = err
+		default:
+			var one []Out
+			if one, c.err = g.runBatch(c.ctx, ins[i:i+1]); c.err == nil {
+				c.out = one[0]
 			}
 		}
-		ins := make([]In, len(calls))
-		for i, c := range calls {
-			ins[i] = c.in
-		}
-		outs, err := g.runBatch(first.ctx, ins)
-		for i, c := range calls {
-			switch {
-			case err == nil:
-				c.out = outs[i]
-			case len(calls) == 1:
-				c.err = err
-			default:
-				var one []Out
-				if one, c.err = g.runBatch(c.ctx, ins[i:i+1]); c.err == nil {
-					c.out = one[0]
-				}
-			}
-			close(c.done)
-		}
+		close(c.done)
 	}
 }
 

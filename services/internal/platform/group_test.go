@@ -21,9 +21,9 @@ func TestGroup(t *testing.T) {
 	var sizes []int
 	var g *Group[int, string]
 	var first sync.Once
-	g = NewGroup(16, 1, time.Second, func(_ context.Context, ins []int) ([]string, error) {
+	g = NewGroup(16, 1, 0, time.Second, func(_ context.Context, ins []int) ([]string, error) {
 		first.Do(func() { // hold the first batch until others queue up behind it
-			for deadline := time.Now().Add(2 * time.Second); len(g.queue) < 16 && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(2 * time.Second); g.queue.Waiting() < 16 && time.Now().Before(deadline); {
 				time.Sleep(time.Millisecond)
 			}
 		})
@@ -69,7 +69,7 @@ func TestGroup(t *testing.T) {
 func TestGroupOfOne(t *testing.T) {
 	t.Parallel()
 	calls := 0
-	g := NewGroup(1, 1, time.Second, func(_ context.Context, ins []int) ([]int, error) {
+	g := NewGroup(1, 1, 0, time.Second, func(_ context.Context, ins []int) ([]int, error) {
 		calls++
 		require.Len(t, ins, 1)
 		return []int{ins[0] * 2}, nil
