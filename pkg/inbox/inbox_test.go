@@ -691,6 +691,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"NoConsumer", inbox.Config{Pool: pool}, []string{"Config.Consumer"}},
 		{"NegativeMaxAttempts", inbox.Config{Pool: pool, Consumer: "c", MaxAttempts: -1}, []string{"Config.MaxAttempts"}},
 		{"NegativeMaxPayloadBytes", inbox.Config{Pool: pool, Consumer: "c", MaxPayloadBytes: -1}, []string{"Config.MaxPayloadBytes"}},
+		{"NegativeBatchLinger", inbox.Config{Pool: pool, Consumer: "c", BatchLinger: -time.Millisecond}, []string{"Config.BatchLinger"}},
 		{"RetentionBelowDefaultHorizon", inbox.Config{Pool: pool, Consumer: "c", Retention: time.Hour},
 			[]string{"Config.Retention", "Config.RedeliveryHorizon"}},
 		{"RetentionBelowHorizon", inbox.Config{Pool: pool, Consumer: "c", Retention: 24 * time.Hour, RedeliveryHorizon: 48 * time.Hour},
