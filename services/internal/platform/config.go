@@ -47,7 +47,8 @@ type Config struct {
 	// Config.BatchLinger). 0: never.
 	InboxBatchLinger time.Duration `env:"INBOX_BATCH_LINGER" default:"1ms"`
 	// Concurrent API writes (payments) are committed together, up to this
-	// many per transaction, this many transactions at once (group.go).
+	// many per transaction, this many transactions at once, a busy batch
+	// waiting up to the linger for the last one's clients (group.go).
 	// 1: a transaction per request, the textbook shape.
 	APIBatchSize    int           `env:"API_BATCH_SIZE" default:"64"`
 	APIBatchWorkers int           `env:"API_BATCH_WORKERS" default:"1"`

@@ -76,12 +76,11 @@ func (g *Group[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 
 // runCalls runs one batch of calls and answers each.
 func (g *Group[In, Out]) runCalls(calls []*groupCall[In, Out]) {
-	first := calls[0]
 	ins := make([]In, len(calls))
 	for i, c := range calls {
 		ins[i] = c.in
 	}
-	outs, err := g.runBatch(first.ctx, ins)
+	outs, err := g.runBatch(calls[0].ctx, ins)
 	for i, c := range calls {
 		switch {
 		case err == nil:
