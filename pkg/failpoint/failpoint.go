@@ -45,7 +45,7 @@ const (
 
 	// Relay (outbox).
 	AfterClaimBeforePublish Name = "after-claim-before-publish" // rows locked, nothing sent to Kafka
-	AfterPublishBeforeMark  Name = "after-publish-before-mark"  // Kafka has the messages, rows not marked
+	AfterPublishBeforeMark  Name = "after-publish-before-mark"  // Kafka has the messages, their mark not committed
 
 	// HTTP.
 	AfterCommitBeforeResponse Name = "after-commit-before-response" // payment committed, client gets no answer

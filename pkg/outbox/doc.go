@@ -6,8 +6,8 @@
 // PublishTx writes messages as rows of outbox_messages inside the caller's
 // pgx.Tx. If the transaction commits, every message is published to the
 // broker at least once; if it rolls back, none is. A Relay publishes rows
-// in id order, waits for the broker to acknowledge them, and only then marks
-// them published, in the same transaction that claimed them. So:
+// in id order and waits for the broker to acknowledge them before it commits
+// the transaction that claimed them and marked them published. So:
 //
 //   - a relay killed at any point (after claiming, after publishing, before
 //     the mark commits) leaves its rows unmarked; they are published again by
@@ -27,9 +27,10 @@
 // outbox: the producer publishes into an SQL "topic", and a forwarder
 // subscribes to it and republishes to Kafka. Its SQL subscriber hands over
 // one message at a time and waits for each acknowledgement before the next,
-// and it polls (1s by default). This relay instead claims a batch of rows
-// with SELECT … FOR UPDATE SKIP LOCKED inside one transaction, publishes the
-// batch, and marks it with one UPDATE; and it LISTENs for the NOTIFY that
+// and it polls (1s by default). This relay instead claims and marks a batch
+// of rows with one UPDATE (of the rows a SELECT … FOR UPDATE SKIP LOCKED
+// locked), publishes the batch, and then commits: three round trips to
+// Postgres per batch; and it LISTENs for the NOTIFY that
 // PublishTx queues in the producer's transaction, so it wakes within
 // milliseconds of a commit and polls only as a fallback; and KafkaPublisher
 // sends a batch in one produce round trip instead of one per message. The

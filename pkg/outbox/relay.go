@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,9 +219,12 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // RelayOnce claims up to BatchSize unpublished rows, publishes them, and marks
 // them published, all in one transaction. It returns how many it published.
-// The rows stay locked until the mark commits, so no other relay takes them;
-// if anything fails before the commit, the rows are released unmarked and
-// published again later: at least once.
+// The claim marks the rows in the same statement that locks them, so a batch
+// costs three round trips to Postgres (begin, claim, commit) besides the
+// broker's; the mark only counts once the transaction commits, after the
+// broker acknowledged every row. The rows stay locked until then, so no other
+// relay takes them; if anything fails before the commit, the rows are
+// released unmarked and published again later: at least once.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	// Finish a started batch even if ctx ends: abandoning it would only mean
 	// publishing it twice.
@@ -228,26 +233,14 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 
 	var n int
 	err := pgx.BeginTxFunc(ctx, r.cfg.Pool, claimTx, func(tx pgx.Tx) error {
-		if !r.cfg.Parallel {
-			var leader bool
-			if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, relayLockKey).Scan(&leader); err != nil {
-				return fmt.Errorf("taking relay lock: %w", err)
-			}
-			if !leader {
-				return nil // another replica is publishing
-			}
+		claim := claimSQL
+		if r.cfg.Parallel {
+			claim = claimParallelSQL
 		}
-		rows, err := tx.Query(ctx, `
-			SELECT id, message_id, topic, payload, metadata
-			FROM outbox_messages
-			WHERE published_at IS NULL
-			ORDER BY id
-			LIMIT $1
-			FOR UPDATE SKIP LOCKED`, planEachTime, r.cfg.BatchSize)
+		rows, err := tx.Query(ctx, claim, planEachTime, r.cfg.BatchSize, relayLockKey)
 		if err != nil {
 			return fmt.Errorf("claiming rows: %w", err)
 		}
-		var ids []int64
 		var batch []pending
 		for rows.Next() {
 			var p pending
@@ -261,7 +254,6 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 				rows.Close()
 				return fmt.Errorf("row %d: decoding metadata: %w", p.id, err)
 			}
-			ids = append(ids, p.id)
 			batch = append(batch, p)
 		}
 		if err := rows.Err(); err != nil {
@@ -270,18 +262,16 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		if len(batch) == 0 {
 			return nil
 		}
+		// RETURNING gives no order; the claim took the lowest ids.
+		slices.SortFunc(batch, func(a, b pending) int { return cmp.Compare(a.id, b.id) })
 		failpoint.Hit(failpoint.AfterClaimBeforePublish, batch[0].msgID)
 
 		if err := r.publish(batch); err != nil {
 			return err
 		}
 		failpoint.Hit(failpoint.AfterPublishBeforeMark, batch[0].msgID)
-
-		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = now() WHERE id = ANY($1)`, planEachTime, ids); err != nil {
-			return fmt.Errorf("marking %d rows published: %w", len(ids), err)
-		}
-		n = len(ids)
-		return nil
+		n = len(batch)
+		return nil // the commit makes the claim's mark count
 	})
 	if err != nil {
 		return 0, err
@@ -292,6 +282,33 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// claimSQL locks and marks the lowest unpublished ids, up to $1, if this
+// relay is the leader: the advisory lock $2, taken once per statement (an
+// uncorrelated subquery is evaluated once, before any row is read), makes
+// replicas take turns, so rows leave in id order and one key's messages keep
+// their order. A replica that is not the leader claims nothing.
+const claimSQL = `
+	UPDATE outbox_messages SET published_at = now()
+	WHERE id = ANY(ARRAY(
+		SELECT id FROM outbox_messages
+		WHERE published_at IS NULL AND (SELECT pg_try_advisory_xact_lock($2))
+		ORDER BY id
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED))
+	RETURNING id, message_id, topic, payload, metadata`
+
+// claimParallelSQL is claimSQL for RelayConfig.Parallel: every replica
+// claims, skipping the rows the others have locked. $2 is unused.
+const claimParallelSQL = `
+	UPDATE outbox_messages SET published_at = now()
+	WHERE id = ANY(ARRAY(
+		SELECT id FROM outbox_messages
+		WHERE published_at IS NULL AND $2::bigint IS NOT NULL
+		ORDER BY id
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED))
+	RETURNING id, message_id, topic, payload, metadata`
 
 // planEachTime, passed before a statement's arguments, has Postgres plan the
 // statement for its actual arguments every time (pgx's one-round-trip
