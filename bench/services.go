@@ -72,6 +72,9 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 		if _, err := waitSettled(ctx, orders, settled, time.Minute); err != nil {
 			return res, err
 		}
+		if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+			go profile(ctx, sys, dir, build+"-latency", say)
+		}
 		lat, missing, err := measureLatency(ctx, sys.Client, inventory, sys.DBURL["inventory"], measured, p.LatencyRate)
 		if err != nil {
 			return res, err
@@ -330,7 +333,8 @@ func percentiles(v []float64) Percentiles {
 }
 
 // profile saves a 5-second CPU profile of every service process, taken 2s
-// into the saturation phase (BENCH_PROFILE_DIR; for working on speed).
+// into the latency phase and again into the saturation phase
+// (BENCH_PROFILE_DIR; for working on speed).
 func profile(ctx context.Context, sys *system.System, dir, build string, say func(string, ...any)) {
 	time.Sleep(2 * time.Second)
 	var wg sync.WaitGroup
