@@ -178,8 +178,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	followUps := 0
+	polled := false // woken by the timer, not by a notification or a full batch
 	for {
-		n, err := r.RelayOnce(ctx)
+		n, err := r.relayIfPending(ctx, polled)
 		// After rows arrived, look again a few times at short intervals:
 		// producers that commit while another one's notification is being
 		// consumed do not notify (see PublishTx), and their rows must not
@@ -201,6 +202,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			polled = false
 			continue // more rows are likely waiting
 		}
 		wait := r.cfg.PollInterval
@@ -212,10 +214,32 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
+			polled = false
 		case <-poll.C:
+			polled = true
 		}
 	}
 }
+
+// relayIfPending runs RelayOnce, first checking, when the relay was woken by
+// its timer, that a row is waiting at all. Most polls find nothing (the
+// follow-ups after every batch, in particular), and the check is one round
+// trip outside any transaction, against the three of an empty batch.
+func (r *Relay) relayIfPending(ctx context.Context, polled bool) (int, error) {
+	if polled {
+		var pending bool
+		if err := r.cfg.Pool.QueryRow(ctx, pendingSQL, planEachTime).Scan(&pending); err != nil {
+			return 0, fmt.Errorf("looking for rows: %w", err)
+		}
+		if !pending {
+			return 0, nil
+		}
+	}
+	return r.RelayOnce(ctx)
+}
+
+// pendingSQL reports whether any row waits, through the pending index.
+const pendingSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE published_at IS NULL)`
 
 // RelayOnce claims up to BatchSize unpublished rows, publishes them, and marks
 // them published, all in one transaction. It returns how many it published.

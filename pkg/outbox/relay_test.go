@@ -330,6 +330,27 @@ func TestRelay(t *testing.T) {
 		}
 	})
 
+	// A row whose producer did not notify (PublishTx skips the notification
+	// while another producer holds it) is found by the poll, which first
+	// asks whether any row waits at all.
+	t.Run("PollFindsRowWithoutNotification", func(t *testing.T) {
+		t.Parallel()
+		ctx, bundle := setup(t)
+		relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub, PollInterval: 50 * time.Millisecond})
+		startRelay(t, relay)
+		publishCommitted(t, bundle.pool, bundle.topic, outbox.NewMessage("k", []byte("notified")))
+		eventually(t, waitTimeout, func() bool { return relay.Stats().Published == 1 })
+		time.Sleep(100 * time.Millisecond) // past the follow-up polls: the relay waits for its regular poll
+
+		var id string
+		require.NoError(t, bundle.pool.QueryRow(ctx, `
+			INSERT INTO outbox_messages (message_id, topic, payload) VALUES (gen_random_uuid(), $1, 'silent')
+			RETURNING message_id::text`, bundle.topic).Scan(&id)) // no NOTIFY
+		bundle.sink.WaitFor(t, []string{id})
+		eventually(t, waitTimeout, func() bool { return relay.Stats().Published == 2 })
+		require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
+	})
+
 	// An open transaction that wrote a row does not hold back rows committed
 	// after it, and its own row goes out once it commits.
 	t.Run("LongTransactionDoesNotStall", func(t *testing.T) {
