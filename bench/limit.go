@@ -142,12 +142,14 @@ func runLimit(ctx context.Context, pg *stack.Postgres, p params, round int, say 
 			}
 		}()
 	}
+	cpu0, t0 = cpuSeconds(nil), time.Now()
 	for _, id := range ids[p.Orders:] {
 		<-ticker.C
 		work <- id
 	}
 	close(work)
 	wg.Wait()
+	res.LatencyCoresBusy = cpuSeconds(nil).sub(cpu0).total() / time.Since(t0).Seconds()
 	select {
 	case err := <-errs:
 		return res, err

@@ -74,6 +74,10 @@ type Result struct {
 	SaturationS    float64     `json:"saturation_s"`
 	LatencySamples int         `json:"latency_samples"`
 	LatencyMissing int         `json:"latency_missing"`
+	// LatencyCoresBusy is the CPU the measured processes used during the
+	// latency phase, in cores (the machine has Machine["cpus"]): how close
+	// to saturation the fixed offered load runs it.
+	LatencyCoresBusy float64 `json:"latency_phase_cores_busy"`
 	Env            []string    `json:"env,omitempty"`
 	Notes          string      `json:"notes,omitempty"`
 	// PerRound is each round's round trips/s, in order; the figures above
@@ -183,9 +187,9 @@ func run(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", b.name, err)
 			}
-			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms, %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench+broker %.2f)",
-				b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000,
-				res.CPU.Postgres, res.CPU.Services, res.CPU.Bench)
+			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms (%.2f cores busy at %.0f/s), %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench+broker %.2f)",
+				b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, p.LatencyRate,
+				res.DBTxPerMessage, res.CPUSPer1000, res.CPU.Postgres, res.CPU.Services, res.CPU.Bench)
 			byBuild[b.name] = append(byBuild[b.name], res)
 		}
 	}
@@ -258,13 +262,13 @@ func run(ctx context.Context) error {
 		return err
 	}
 	fmt.Println()
-	fmt.Printf("%-20s %12s %9s %9s %9s %10s %10s\n", "build", "round trip/s", "p50 ms", "p95 ms", "p99 ms", "tx/msg", "CPU s/1k")
+	fmt.Printf("%-20s %12s %9s %9s %9s %7s %10s %10s\n", "build", "round trip/s", "p50 ms", "p95 ms", "p99 ms", "cores", "tx/msg", "CPU s/1k")
 	for _, res := range []Result{r.Textbook, r.Project, r.ProjectNoDup, r.Limit} {
 		if res.Build == "" {
 			continue // left out with -only
 		}
-		fmt.Printf("%-20s %12.0f %9.1f %9.1f %9.1f %10.2f %10.2f\n", res.Build, res.RoundTripsPerS,
-			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.DBTxPerMessage, res.CPUSPer1000)
+		fmt.Printf("%-20s %12.0f %9.1f %9.1f %9.1f %7.2f %10.2f %10.2f\n", res.Build, res.RoundTripsPerS,
+			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, res.DBTxPerMessage, res.CPUSPer1000)
 	}
 	if p.Rounds > 1 {
 		fmt.Printf("(medians of %d rounds; round trips/s by round:", p.Rounds)
@@ -310,6 +314,7 @@ func medianResult(rs []Result) Result {
 		P95: field(func(r Result) float64 { return r.HopLatencyMS.P95 }),
 		P99: field(func(r Result) float64 { return r.HopLatencyMS.P99 }),
 	}
+	out.LatencyCoresBusy = field(func(r Result) float64 { return r.LatencyCoresBusy })
 	out.DBTxPerMessage = field(func(r Result) float64 { return r.DBTxPerMessage })
 	out.CPU = cpuUse{
 		Postgres: field(func(r Result) float64 { return r.CPU.Postgres }),

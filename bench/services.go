@@ -58,6 +58,14 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 	}
 	settled := 0 // orders settled so far
 
+	pids := func() []int {
+		var out []int
+		for _, proc := range sys.All() {
+			out = append(out, proc.Pid())
+		}
+		return out
+	}
+
 	// Latency first, on a system that is warm but not still digesting the
 	// saturation phase's backlog: a fixed offered rate, each hop timed.
 	if latency {
@@ -75,9 +83,18 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 		if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 			go profile(ctx, sys, dir, build+"-latency", say)
 		}
+		if *statements {
+			resetStatements(ctx, orders, say)
+		}
+		cpu0, t0 := cpuSeconds(pids()), time.Now()
 		lat, missing, err := measureLatency(ctx, sys.Client, inventory, sys.DBURL["inventory"], measured, p.LatencyRate)
 		if err != nil {
 			return res, err
+		}
+		res.LatencyCoresBusy = cpuSeconds(pids()).sub(cpu0).total() / time.Since(t0).Seconds()
+		if *statements {
+			say("statements of the latency phase:")
+			printStatements(ctx, orders, latencyOrders, say)
 		}
 		if *splitHops {
 			printHops(ctx, orders, inventory, measured, say)
@@ -92,13 +109,6 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 
 	// Saturation: every order paid as fast as Payers clients can, until every
 	// one is settled.
-	pids := func() []int {
-		var out []int
-		for _, proc := range sys.All() {
-			out = append(out, proc.Pid())
-		}
-		return out
-	}
 	cpu0 := cpuSeconds(pids())
 	tx0, err := xacts(ctx, orders, sys.DBURL)
 	if err != nil {
