@@ -77,9 +77,9 @@ type Result struct {
 	// LatencyCoresBusy is the CPU the measured processes used during the
 	// latency phase, in cores (the machine has Machine["cpus"]): how close
 	// to saturation the fixed offered load runs it.
-	LatencyCoresBusy float64 `json:"latency_phase_cores_busy"`
-	Env            []string    `json:"env,omitempty"`
-	Notes          string      `json:"notes,omitempty"`
+	LatencyCoresBusy float64  `json:"latency_phase_cores_busy"`
+	Env              []string `json:"env,omitempty"`
+	Notes            string   `json:"notes,omitempty"`
 	// PerRound is each round's round trips/s, in order; the figures above
 	// are the medians over rounds, field by field.
 	PerRound []float64 `json:"round_trips_per_s_by_round,omitempty"`
