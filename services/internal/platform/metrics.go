@@ -19,7 +19,7 @@ import (
 
 // The metric names GET /metrics serves (documented in docs/operate.md).
 const (
-	metricInboxMessages      = "outbox_inbox_messages_total"
+	metricInboxMessages      = "inbox_messages_total"
 	metricHandlerDuration    = "inbox_handler_duration_seconds"
 	metricCommitToApply      = "inbox_commit_to_apply_seconds"
 	metricPendingRows        = "outbox_pending_rows"
