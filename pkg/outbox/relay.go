@@ -257,11 +257,12 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 
 	var n int
 	err := pgx.BeginTxFunc(ctx, r.cfg.Pool, claimTx, func(tx pgx.Tx) error {
+		args := []any{planEachTime, r.cfg.BatchSize, relayLockKey}
 		claim := claimSQL
 		if r.cfg.Parallel {
-			claim = claimParallelSQL
+			claim, args = claimParallelSQL, args[:2]
 		}
-		rows, err := tx.Query(ctx, claim, planEachTime, r.cfg.BatchSize, relayLockKey)
+		rows, err := tx.Query(ctx, claim, args...)
 		if err != nil {
 			return fmt.Errorf("claiming rows: %w", err)
 		}
@@ -322,13 +323,13 @@ const claimSQL = `
 		FOR UPDATE SKIP LOCKED))
 	RETURNING id, message_id, topic, payload, metadata`
 
-// claimParallelSQL is claimSQL for RelayConfig.Parallel: every replica
-// claims, skipping the rows the others have locked. $2 is unused.
+// claimParallelSQL is claimSQL without the lock, for RelayConfig.Parallel:
+// every replica claims, skipping the rows the others have locked.
 const claimParallelSQL = `
 	UPDATE outbox_messages SET published_at = now()
 	WHERE id = ANY(ARRAY(
 		SELECT id FROM outbox_messages
-		WHERE published_at IS NULL AND $2::bigint IS NOT NULL
+		WHERE published_at IS NULL
 		ORDER BY id
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))
