@@ -44,6 +44,10 @@ type Postgres struct {
 	cred    *syscall.Credential // run server binaries as this user (set when root)
 	mu      sync.Mutex          // serialises Restart and Stop
 	stopped bool
+
+	// external only: databases Stop drops (DropAtStop).
+	dropMu     sync.Mutex
+	dropAtStop []string
 }
 
 // StartPostgres uses DATABASE_URL when set (returns a Postgres whose Stop is a
@@ -241,11 +245,26 @@ func (p *Postgres) Restart(ctx context.Context) error {
 	return waitReady(ctx, p.URL("postgres"))
 }
 
+// DropAtStop has Stop drop database name, for callers that have no
+// testing.TB to hang DropWhenDone on (examples). A throwaway cluster goes
+// with its databases anyway; on DATABASE_URL this leaves nothing behind.
+func (p *Postgres) DropAtStop(name string) {
+	p.dropMu.Lock()
+	defer p.dropMu.Unlock()
+	p.dropAtStop = append(p.dropAtStop, name)
+}
+
 // Stop shuts the throwaway server down (`pg_ctl stop -m fast`, falling back to
-// signalling the postmaster) and removes its temp dir. It is a no-op when
-// external and safe to call more than once.
+// signalling the postmaster) and removes its temp dir. When external, it only
+// drops the databases given to DropAtStop. It is safe to call more than once.
 func (p *Postgres) Stop() error {
-	if p == nil || p.External() || p.dir == "" {
+	if p == nil {
+		return nil
+	}
+	if p.External() {
+		return p.dropRegistered()
+	}
+	if p.dir == "" {
 		return nil
 	}
 	p.mu.Lock()
@@ -259,6 +278,21 @@ func (p *Postgres) Stop() error {
 		err = errors.Join(err, fmt.Errorf("stack: remove %s: %w", p.dir, rmErr))
 	}
 	return err
+}
+
+// dropRegistered drops, once, the databases given to DropAtStop.
+func (p *Postgres) dropRegistered() error {
+	p.dropMu.Lock()
+	names := p.dropAtStop
+	p.dropAtStop = nil
+	p.dropMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	for _, name := range names {
+		errs = append(errs, p.DropDatabase(ctx, name))
+	}
+	return errors.Join(errs...)
 }
 
 func (p *Postgres) dataDir() string { return filepath.Join(p.dir, "data") }

@@ -83,11 +83,13 @@ func newTestDB(t *testing.T, ctx context.Context) *pgxpool.Pool {
 }
 
 // exampleDatabaseURL is for examples, which cannot take a *testing.T: it
-// returns the URL of a fresh, empty database on the package's Postgres.
+// returns the URL of a fresh, empty database on the package's Postgres,
+// dropped when the package's tests stop.
 func exampleDatabaseURL() string {
-	_, url, err := createDatabase(context.Background())
+	name, url, err := createDatabase(context.Background())
 	if err != nil {
 		panic(err)
 	}
+	pg.DropAtStop(name)
 	return url
 }

@@ -124,11 +124,14 @@ var exampleSeq atomic.Int64
 
 // exampleDatabase creates a fresh database on the test Postgres and returns a
 // pool on it. Examples run once per -count, so the name must be new each time.
+// The database is dropped when the package's tests stop.
 func exampleDatabase(ctx context.Context) *pgxpool.Pool {
-	url, err := testPG.CreateDatabase(ctx, fmt.Sprintf("outbox_example_%d_%s", exampleSeq.Add(1), randomSuffix()))
+	name := fmt.Sprintf("outbox_example_%d_%s", exampleSeq.Add(1), randomSuffix())
+	url, err := testPG.CreateDatabase(ctx, name)
 	if err != nil {
 		panic(err)
 	}
+	testPG.DropAtStop(name)
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		panic(err)
