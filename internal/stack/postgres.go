@@ -42,12 +42,10 @@ type Postgres struct {
 	dir     string              // temp dir: data/, socket, postgres.log, owner.pid
 	port    int                 // TCP port on 127.0.0.1
 	cred    *syscall.Credential // run server binaries as this user (set when root)
-	mu      sync.Mutex          // serialises Restart and Stop
+	mu      sync.Mutex          // serialises Restart and Stop, and guards dropAtStop
 	stopped bool
 
-	// external only: databases Stop drops (DropAtStop).
-	dropMu     sync.Mutex
-	dropAtStop []string
+	dropAtStop []string // external only: databases Stop drops (DropAtStop)
 }
 
 // StartPostgres uses DATABASE_URL when set (returns a Postgres whose Stop is a
@@ -249,8 +247,8 @@ func (p *Postgres) Restart(ctx context.Context) error {
 // testing.TB to hang DropWhenDone on (examples). A throwaway cluster goes
 // with its databases anyway; on DATABASE_URL this leaves nothing behind.
 func (p *Postgres) DropAtStop(name string) {
-	p.dropMu.Lock()
-	defer p.dropMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.dropAtStop = append(p.dropAtStop, name)
 }
 
@@ -282,10 +280,10 @@ func (p *Postgres) Stop() error {
 
 // dropRegistered drops, once, the databases given to DropAtStop.
 func (p *Postgres) dropRegistered() error {
-	p.dropMu.Lock()
+	p.mu.Lock()
 	names := p.dropAtStop
 	p.dropAtStop = nil
-	p.dropMu.Unlock()
+	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
