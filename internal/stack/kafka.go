@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,13 +26,22 @@ const DefaultPartitions = 6
 // kfake by TestSaramaVersionsAgainstKfake.
 var KafkaVersion = kafkaconf.Version
 
-// Kafka is a Kafka-protocol broker: KAFKA_BROKERS when set, otherwise an
-// in-process kfake cluster.
+// Kafka is a Kafka-protocol broker: KAFKA_BROKERS when set, otherwise
+// Apache Kafka from its jars (STACK_KAFKA=apache) or an in-process kfake
+// cluster (the default).
 type Kafka struct {
 	brokers []string
-	cluster *kfake.Cluster // nil when external
+	cluster *kfake.Cluster // the embedded broker, or nil
+	apache  *ApacheCluster // the real broker, or nil
 	once    sync.Once
 }
+
+// The brokers StartKafka can start, chosen by KafkaOptions.Impl or
+// STACK_KAFKA.
+const (
+	ImplKfake  = "kfake"  // franz-go's in-process fake: fast, no Java
+	ImplApache = "apache" // Apache Kafka's broker, JVMs from Maven Central jars
+)
 
 // KafkaOptions configures StartKafka.
 type KafkaOptions struct {
@@ -42,11 +52,44 @@ type KafkaOptions struct {
 	Topics []string
 	// Port of the kfake broker on 127.0.0.1; 0 picks a free one.
 	Port int
-	// MinSessionTimeout, if > 0, lowers kfake's minimum consumer-group
-	// session timeout (kfake.GroupMinSessionTimeout, default 6s) so clients
-	// may use e.g. a 1s Consumer.Group.Session.Timeout. Ignored when
-	// external: there it is the broker's group.min.session.timeout.ms.
+	// MinSessionTimeout, if > 0, lowers the broker's minimum consumer-group
+	// session timeout (kfake.GroupMinSessionTimeout, Apache Kafka's
+	// group.min.session.timeout.ms; 6s by default in both) so clients may
+	// use e.g. a 1s Consumer.Group.Session.Timeout. Ignored when external.
 	MinSessionTimeout time.Duration
+	// Impl is ImplKfake or ImplApache. Defaults to $STACK_KAFKA, then kfake.
+	Impl string
+	// Nodes of an Apache cluster. Defaults to $STACK_KAFKA_NODES, then 1.
+	Nodes int
+	// Apache holds the rest of an Apache cluster's options; its Nodes,
+	// Partitions and MinSessionTimeout are taken from the fields above.
+	Apache ApacheOptions
+}
+
+// impl returns the chosen broker and node count, or an error naming the bad
+// value.
+func (o KafkaOptions) impl() (string, int, error) {
+	impl := o.Impl
+	if impl == "" {
+		impl = strings.TrimSpace(os.Getenv("STACK_KAFKA"))
+	}
+	if impl == "" {
+		impl = ImplKfake
+	}
+	if impl != ImplKfake && impl != ImplApache {
+		return "", 0, fmt.Errorf("stack: STACK_KAFKA=%q: want %q or %q", impl, ImplKfake, ImplApache)
+	}
+	nodes := o.Nodes
+	if nodes == 0 {
+		if env := strings.TrimSpace(os.Getenv("STACK_KAFKA_NODES")); env != "" {
+			n, err := strconv.Atoi(env)
+			if err != nil || n < 1 {
+				return "", 0, fmt.Errorf("stack: STACK_KAFKA_NODES=%q: want a positive number", env)
+			}
+			nodes = n
+		}
+	}
+	return impl, max(1, nodes), nil
 }
 
 // KafkaBrokersFromEnv returns KAFKA_BROKERS split on commas, with blanks
@@ -61,8 +104,10 @@ func KafkaBrokersFromEnv() []string {
 	return brokers
 }
 
-// StartKafka connects to KAFKA_BROKERS when set (creating opts.Topics there),
-// otherwise starts a single-broker in-process kfake cluster on 127.0.0.1 with
+// StartKafka connects to KAFKA_BROKERS when set (creating opts.Topics
+// there). Otherwise it starts the broker opts.Impl names: Apache Kafka from
+// its jars (StartApache; topics created with the cluster's replication), or,
+// by default, a single-broker in-process kfake cluster on 127.0.0.1 with
 // topic auto-creation enabled.
 func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	partitions := opts.Partitions
@@ -73,6 +118,26 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 		k := &Kafka{brokers: brokers}
 		if len(opts.Topics) > 0 {
 			if err := k.CreateTopics(ctx, partitions, opts.Topics...); err != nil {
+				return nil, err
+			}
+		}
+		return k, nil
+	}
+	impl, nodes, err := opts.impl()
+	if err != nil {
+		return nil, err
+	}
+	if impl == ImplApache {
+		aopts := opts.Apache
+		aopts.Nodes, aopts.Partitions, aopts.MinSessionTimeout = nodes, partitions, opts.MinSessionTimeout
+		c, err := StartApache(ctx, aopts)
+		if err != nil {
+			return nil, err
+		}
+		k := &Kafka{brokers: c.Brokers(), apache: c}
+		if len(opts.Topics) > 0 {
+			if err := k.CreateTopics(ctx, partitions, opts.Topics...); err != nil {
+				c.Close()
 				return nil, err
 			}
 		}
@@ -105,19 +170,41 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 func (k *Kafka) Brokers() []string { return append([]string(nil), k.brokers...) }
 
 // External reports whether the brokers come from KAFKA_BROKERS.
-func (k *Kafka) External() bool { return k.cluster == nil }
+func (k *Kafka) External() bool { return k.cluster == nil && k.apache == nil }
 
 // Cluster returns the kfake cluster, e.g. to inject faults with ControlKey;
-// nil when external.
+// nil when external or Apache.
 func (k *Kafka) Cluster() *kfake.Cluster { return k.cluster }
 
-// Close shuts the kfake cluster down (no-op when external). Safe to call more
-// than once.
+// Apache returns the Apache Kafka cluster, e.g. to kill or pause its nodes;
+// nil when external or kfake.
+func (k *Kafka) Apache() *ApacheCluster { return k.apache }
+
+// Describe names the broker for logs and reports: "kfake (embedded)",
+// "Apache Kafka 4.1.0 (3 nodes)" or "external (KAFKA_BROKERS)".
+func (k *Kafka) Describe() string {
+	switch {
+	case k.apache != nil:
+		return fmt.Sprintf("Apache Kafka %s (%d node(s), JVMs from Maven Central jars)", ApacheVersion, len(k.apache.nodes))
+	case k.cluster != nil:
+		return "kfake (embedded, franz-go)"
+	default:
+		return "external (KAFKA_BROKERS)"
+	}
+}
+
+// Close shuts the started broker down (no-op when external). Safe to call
+// more than once.
 func (k *Kafka) Close() {
-	if k == nil || k.cluster == nil {
+	if k == nil {
 		return
 	}
-	k.once.Do(k.cluster.Close)
+	k.once.Do(func() {
+		if k.cluster != nil {
+			k.cluster.Close()
+		}
+		k.apache.Close()
+	})
 }
 
 // CreateTopics creates topics with the given number of partitions (<= 0
@@ -131,7 +218,7 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 	// Sarama has no context support: run it aside and stop waiting on ctx.
 	done := make(chan error, 1)
 	go func() {
-		admin, err := sarama.NewClusterAdmin(k.brokers, SaramaConfig())
+		admin, err := sarama.NewClusterAdmin(k.adminBrokers(), SaramaConfig())
 		if err != nil {
 			done <- fmt.Errorf("stack: kafka admin: %w", err)
 			return
@@ -155,6 +242,15 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 	case <-ctx.Done():
 		return fmt.Errorf("stack: create topics: %w", ctx.Err())
 	}
+}
+
+// adminBrokers are the addresses the stack's own clients use: an Apache
+// cluster's INTERNAL listeners, which no test proxy stands in front of.
+func (k *Kafka) adminBrokers() []string {
+	if k.apache != nil {
+		return k.apache.InternalBrokers()
+	}
+	return k.brokers
 }
 
 // SaramaConfig returns the Sarama config that services and tests must use,
