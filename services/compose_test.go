@@ -1,7 +1,9 @@
 // Package services_test checks docker-compose.yml against the code it runs,
 // without Docker: it loads the file with compose-go (the loader Docker
 // Compose itself uses) and compares it with the services' own list of
-// variables, the system's topics and the Dockerfiles' base images.
+// variables, the system's topics and the Dockerfiles' base images; and
+// compose_kafka_test.go boots the real broker from the kafka service's
+// settings, as the apache/kafka image would, and runs the system on it.
 package services_test
 
 import (
