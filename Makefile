@@ -11,7 +11,7 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the whole system (Postgres, embedded Kafka, orders, inventory, load) and check it: ORDERS=1000
+demo: ## Run the whole system (Postgres, embedded Kafka, orders, inventory, load) and check it: ORDERS=1000; STACK_KAFKA=apache for real Kafka
 	$(GO) run ./cmd/demo -orders $(ORDERS)
 
 .PHONY: test
@@ -30,15 +30,31 @@ build: ## Build the service binaries into bin/
 
 SEED ?= 7
 
+# chaos-proof PROFILE: the profile must pass, and the same run with the inbox
+# off (the control) must fail, with double-applies and not for another reason.
+define chaos-proof
+	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
+	@echo "== control run ($(1)): the inbox switched off; the checker must catch double-applies =="
+	@if ./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -report chaos-control-$(1).json; then \
+		echo "FAIL: the $(1) control run passed, so the checker cannot see double-applies"; exit 1; fi
+	@grep -Eq '"double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run failed, but not with double-applies"; exit 1; }
+	@echo "control run ($(1)) failed with double-applies, as it must"
+endef
+
 .PHONY: chaos-ci
-chaos-ci: ## The chaos proof CI runs: ci profile (must pass), then the control run with the inbox off (must fail)
+chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass; their control runs (inbox off) must fail
 	$(GO) build -o bin/chaos ./chaos
-	./bin/chaos -profile ci -seed $(SEED) -report chaos-report.json
-	@echo "== control run: the inbox switched off; the checker must catch double-applies =="
-	@if ./bin/chaos -profile ci -seed $(SEED) -inbox=off -report chaos-control.json; then \
-		echo "FAIL: the control run passed, so the checker cannot see double-applies"; exit 1; fi
-	@grep -Eq '"double_applied": [1-9]' chaos-control.json || { echo "FAIL: the control run failed, but not with double-applies"; exit 1; }
-	@echo "control run failed with double-applies, as it must"
+	$(call chaos-proof,ci)
+	$(call chaos-proof,apache)
+
+.PHONY: chaos-apache
+chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) and its control run: SEED=7
+	$(GO) build -o bin/chaos ./chaos
+	$(call chaos-proof,apache)
+
+.PHONY: e2e-apache
+e2e-apache: ## The end-to-end tests on real Apache Kafka (STACK_KAFKA=apache) instead of the embedded broker
+	STACK_KAFKA=apache $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./e2e/
 
 .PHONY: chaos
 chaos: ## The long chaos profile: SEED=7

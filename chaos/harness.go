@@ -52,7 +52,9 @@ type harness struct {
 	randomKills atomic.Int64
 	restarts    atomic.Int64
 	pgRestarts  atomic.Int64
-	faults      *brokerFaults
+	faults      faultInjector
+	apache      *apacheFaults // the real-Kafka profile's broker faults, or nil
+	net         *netFaults    // its network faults, or nil
 	fpLog       string
 	sys         *system.System
 	start       time.Time
@@ -127,9 +129,21 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	h.say("seed %d, profile %s (%d orders at %.0f/s), inbox %s", h.seed, h.p.Name, h.p.Orders, h.p.Rate, onOff(h.inbox))
 	h.say("logs in %s", work)
 
+	kopts := stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond, Impl: h.p.Broker, Nodes: h.p.Nodes}
+	kopts.Apache.Log = h.say
+	var serviceDBURL func(string) string
+	if h.p.NetFault > 0 {
+		// Toxiproxy between the services and Postgres and every Kafka node;
+		// the harness's own clients go around it.
+		h.net = newNetFaults(h.seed, h.say)
+		defer h.net.close()
+		serviceDBURL = h.net.postgresURL
+		kopts.Apache.AdvertiseClient = h.net.kafkaAddr
+	}
 	sys, err := system.Start(ctx, system.Options{
-		Work:     work,
-		Replicas: map[string]int{"orders": 2, "inventory": 3},
+		ServiceDBURL: serviceDBURL,
+		Work:         work,
+		Replicas:     map[string]int{"orders": 2, "inventory": 3},
 		Env: []string{
 			"KAFKA_SESSION_TIMEOUT=1s",
 			"KAFKA_REBALANCE_TIMEOUT=3s",
@@ -140,7 +154,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),
 			"FAILPOINT_LOG=" + h.fpLog,
 		},
-		Kafka:   stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
+		Kafka:   kopts,
 		EnvHook: h.arm,
 		Log:     func(f string, a ...any) { h.say(f, a...) },
 	})
@@ -161,17 +175,33 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	superviseCtx, stopSupervising := context.WithCancel(ctx)
 	defer stopSupervising()
 	h.supervise(superviseCtx)
+	h.say("broker: %s", sys.Kafka.Describe())
+	if c := sys.Kafka.Apache(); c != nil {
+		h.apache = newApacheFaults(c, h.seed, h.say)
+		h.faults = h.apache
+	} else {
+		h.faults = newBrokerFaults(sys.Kafka.Cluster(), h.seed)
+	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); h.killRandomly(chaosCtx) }()
-	h.faults = newBrokerFaults(sys.Kafka.Cluster(), h.seed)
 	go func() { defer wg.Done(); h.faults.run(chaosCtx, h.p.BrokerFault) }()
 	go func() { defer wg.Done(); h.progress(chaosCtx) }()
+	go func() {
+		defer wg.Done()
+		if h.net != nil {
+			h.net.run(chaosCtx, h.p.NetFault)
+		}
+	}()
 	go h.writeStatus(ctx) // status.go: live status for cmd/dashboard (-status)
 
 	var paid atomic.Int64
 	hostile := newHostile(sys, h.seed)
 	pgAt := restartPoints(h.p.Orders, h.p.PGRestarts)
+	clusterAt := restartPoints(h.p.Orders, h.p.ClusterRestarts)
+	for i := range clusterAt { // a third of the way between Postgres restarts, not on them
+		clusterAt[i] += int64(h.p.Orders / (3 * (h.p.ClusterRestarts + 1)))
+	}
 	var hostileOnce sync.Once
 	loadCtx, cancelLoad := context.WithTimeout(ctx, time.Duration(float64(h.p.Orders)/h.p.Rate*float64(time.Second))*3+2*time.Minute)
 	defer cancelLoad()
@@ -192,6 +222,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			}
 			if slices.Contains(pgAt, n) {
 				go h.restartPostgres(ctx)
+			}
+			if h.apache != nil && slices.Contains(clusterAt, n) {
+				h.apache.restartCluster()
 			}
 		},
 	})
@@ -360,8 +393,12 @@ func (h *harness) progress(ctx context.Context) {
 		if err != nil {
 			db = "database unavailable"
 		}
-		h.say("%s | kills: %d at windows, %d random | restarts %d | postgres restarts %d | broker faults %d",
-			db, total, h.randomKills.Load(), h.restarts.Load(), h.pgRestarts.Load(), h.faults.total())
+		netFaults := ""
+		if h.net != nil {
+			netFaults = fmt.Sprintf(" | network faults %d", h.net.total())
+		}
+		h.say("%s | kills: %d at windows, %d random | restarts %d | postgres restarts %d | broker faults %d%s",
+			db, total, h.randomKills.Load(), h.restarts.Load(), h.pgRestarts.Load(), h.faults.total(), netFaults)
 	}
 }
 

@@ -98,7 +98,7 @@ func (h *hostile) send(ctx context.Context) error {
 	conf := kafkaconf.Sarama()
 	conf.Producer.MaxMessageBytes = 1 << 20
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: h.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
+		Brokers: h.sys.Kafka.DirectBrokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
 		OverwriteSaramaConfig: conf,
 	}, watermill.NopLogger{})
 	if err != nil {

@@ -6,6 +6,7 @@
 //
 //	go run ./chaos -profile ci -seed 7 -report chaos-report.json
 //	go run ./chaos -profile ci -seed 7 -inbox=off   # control: must FAIL
+//	go run ./chaos -profile apache -seed 7          # real Apache Kafka: 3 brokers, broker and network faults
 //	go run ./chaos -scenario after-commit-before-ack # one kill, narrated
 //
 // It exits non-zero when any invariant fails.
@@ -22,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
@@ -36,7 +38,7 @@ func main() {
 
 func run(ctx context.Context) error {
 	var (
-		profileName = flag.String("profile", "ci", "ci, long or smoke")
+		profileName = flag.String("profile", "ci", "ci, apache (real Kafka), long or smoke")
 		seed        = flag.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seeds every random choice; printed, reusable")
 		reportPath  = flag.String("report", "", "write the JSON report here")
 		inboxFlag   = flag.String("inbox", "on", "on, or off for the control run (which must fail)")
@@ -97,6 +99,15 @@ type profile struct {
 	RandomKill   time.Duration // mean time between random SIGKILLs
 	BrokerFault  time.Duration // mean time between broker faults
 	Drain        time.Duration // how long settling may take after the load
+
+	// The real-Kafka profile's broker and its faults.
+	Broker          string        // stack.ImplApache; "" is STACK_KAFKA's choice (kfake by default)
+	Nodes           int           // Apache Kafka nodes
+	NetFault        time.Duration // mean time between network faults (0: no proxies)
+	MinBrokerKills  int           // broker SIGKILLs the run must reach
+	MinPauses       int           // zombie pauses the run must reach
+	ClusterRestarts int           // full-cluster restarts during the load
+	MinNetKinds     int           // network fault kinds the run must apply
 }
 
 var profiles = map[string]profile{
@@ -104,6 +115,13 @@ var profiles = map[string]profile{
 		GraceMin: 1 * time.Second, GraceMax: 3 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 2 * time.Minute},
 	"ci": {Name: "ci", Orders: 10_000, Rate: 60, MinPerWindow: 10, MinKills: 150, PGRestarts: 1,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 3 * time.Minute},
+	// The proof on real Apache Kafka: three JVM brokers (replication 3,
+	// min.insync.replicas 2, acks=all), leaders and coordinators SIGKILLed,
+	// a zombie pause, a full-cluster restart, and network faults between
+	// the services and Kafka and Postgres, on top of everything ci does.
+	"apache": {Name: "apache", Orders: 7_000, Rate: 60, MinPerWindow: 10, MinKills: 100, PGRestarts: 1,
+		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 6 * time.Second, Drain: 4 * time.Minute,
+		Broker: stack.ImplApache, Nodes: 3, NetFault: 4 * time.Second, MinBrokerKills: 5, MinPauses: 1, ClusterRestarts: 1, MinNetKinds: 3},
 	"long": {Name: "long", Orders: 50_000, Rate: 70, MinPerWindow: 50, MinKills: 700, PGRestarts: 4,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 5 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 5 * time.Minute},
 }

@@ -28,7 +28,10 @@ type Report struct {
 	TotalKills           int                      `json:"total_kills"`
 	Restarts             int                      `json:"restarts"`
 	PostgresRestarts     int                      `json:"postgres_restarts"`
-	BrokerFaults         map[string]int           `json:"broker_faults"`
+	Broker               string                   `json:"broker"`        // implementation and version
+	BrokerFaults         map[string]int           `json:"broker_faults"` // by class (and leader_changes they caused)
+	BrokerKills          int                      `json:"broker_kills"`
+	NetworkFaults        map[string]int           `json:"network_faults"` // "<postgres|kafka>_<kind>" → times applied
 	DuplicatesSuppressed int64                    `json:"duplicates_suppressed"`
 	DoubleApplied        int                      `json:"double_applied"`
 	Lost                 int                      `json:"lost"`
@@ -66,7 +69,9 @@ func (h *harness) report(ctx context.Context, final check.Report, res loadgen.Re
 		RandomKills:          int(h.randomKills.Load()),
 		Restarts:             int(h.restarts.Load()),
 		PostgresRestarts:     int(h.pgRestarts.Load()),
+		Broker:               h.sys.Kafka.Describe(),
 		BrokerFaults:         h.faults.counts(),
+		NetworkFaults:        map[string]int{},
 		DuplicatesSuppressed: final.DuplicatesSuppressed,
 		DoubleApplied:        final.DoubleApplied,
 		Lost:                 final.Unsettled + final.NotApplied,
@@ -105,12 +110,41 @@ func (h *harness) report(ctx context.Context, final check.Report, res loadgen.Re
 	if r.PostgresRestarts < h.p.PGRestarts {
 		short = append(short, fmt.Sprintf("%d postgres restarts < %d", r.PostgresRestarts, h.p.PGRestarts))
 	}
+	if h.apache != nil {
+		r.BrokerKills = h.apache.kills()
+		bf := r.BrokerFaults
+		if r.BrokerKills < h.p.MinBrokerKills {
+			short = append(short, fmt.Sprintf("%d broker kills < %d", r.BrokerKills, h.p.MinBrokerKills))
+		}
+		if bf[countLeaderChanges] < 1 {
+			short = append(short, "no leader change")
+		}
+		if bf[faultBrokerPaused] < h.p.MinPauses {
+			short = append(short, fmt.Sprintf("%d zombie pauses < %d", bf[faultBrokerPaused], h.p.MinPauses))
+		}
+		if bf[faultClusterRestarted] < h.p.ClusterRestarts {
+			short = append(short, fmt.Sprintf("%d full-cluster restarts < %d", bf[faultClusterRestarted], h.p.ClusterRestarts))
+		}
+	}
+	if h.net != nil {
+		r.NetworkFaults = h.net.counts()
+		if k := h.net.kinds(); k < h.p.MinNetKinds {
+			short = append(short, fmt.Sprintf("%d network fault kinds < %d", k, h.p.MinNetKinds))
+		}
+	}
 	if h.inbox && r.DuplicatesSuppressed == 0 {
 		short = append(short, "no duplicate was suppressed: the faults did not bite")
 	}
 	r.Invariants[invFaultsBit] = len(short) == 0
 	r.Details[invFaultsBit] = fmt.Sprintf("%d kills (%d random), %d postgres restarts, %d duplicates suppressed",
 		total, r.RandomKills, r.PostgresRestarts, r.DuplicatesSuppressed)
+	if h.apache != nil {
+		r.Details[invFaultsBit] += fmt.Sprintf(", %d broker kills, %d leader changes, %d zombie pauses, %d full-cluster restarts",
+			r.BrokerKills, r.BrokerFaults[countLeaderChanges], r.BrokerFaults[faultBrokerPaused], r.BrokerFaults[faultClusterRestarted])
+	}
+	if h.net != nil {
+		r.Details[invFaultsBit] += fmt.Sprintf(", %d network faults of %d kinds", h.net.total(), h.net.kinds())
+	}
 	if len(short) > 0 {
 		r.Details[invFaultsBit] += ": " + strings.Join(short, "; ")
 	}
@@ -208,7 +242,12 @@ func (r *Report) print() {
 	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.DurationS)
 	fmt.Printf("orders paid %d | kills %d (%d random) | restarts %d | postgres restarts %d | duplicates suppressed %d\n",
 		r.OrdersPaid, r.TotalKills, r.RandomKills, r.Restarts, r.PostgresRestarts, r.DuplicatesSuppressed)
-	fmt.Printf("broker faults: %v\n\n", r.BrokerFaults)
+	fmt.Printf("broker: %s\n", r.Broker)
+	fmt.Printf("broker faults: %v (broker kills %d)\n", r.BrokerFaults, r.BrokerKills)
+	if len(r.NetworkFaults) > 0 {
+		fmt.Printf("network faults: %v\n", r.NetworkFaults)
+	}
+	fmt.Println()
 
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WINDOW\tFIRED\tKILLS\tREDELIVERED\tDUPLICATES SUPPRESSED\tWHAT HAPPENED")

@@ -218,7 +218,7 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 	// Sarama has no context support: run it aside and stop waiting on ctx.
 	done := make(chan error, 1)
 	go func() {
-		admin, err := sarama.NewClusterAdmin(k.adminBrokers(), SaramaConfig())
+		admin, err := sarama.NewClusterAdmin(k.DirectBrokers(), SaramaConfig())
 		if err != nil {
 			done <- fmt.Errorf("stack: kafka admin: %w", err)
 			return
@@ -244,9 +244,10 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 	}
 }
 
-// adminBrokers are the addresses the stack's own clients use: an Apache
-// cluster's INTERNAL listeners, which no test proxy stands in front of.
-func (k *Kafka) adminBrokers() []string {
+// DirectBrokers are the addresses for a harness's own clients: an Apache
+// cluster's INTERNAL listeners, which no test proxy stands in front of;
+// Brokers otherwise.
+func (k *Kafka) DirectBrokers() []string {
 	if k.apache != nil {
 		return k.apache.InternalBrokers()
 	}

@@ -42,6 +42,10 @@ type Options struct {
 	DBPrefix string
 	// Postgres, when set, is used instead of starting one.
 	Postgres *stack.Postgres
+	// ServiceDBURL, when set, rewrites the database URL the services are
+	// given (e.g. to a TCP proxy in front of Postgres); Pools and DBURL keep
+	// the direct one.
+	ServiceDBURL func(url string) string
 	// Log receives one line per step. Defaults to io.Discard.
 	Log func(format string, args ...any)
 }
@@ -113,11 +117,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	if s.Kafka, err = stack.StartKafka(ctx, kopts); err != nil {
 		return nil, fmt.Errorf("starting kafka: %w", err)
 	}
-	if s.Kafka.External() {
-		log("kafka: KAFKA_BROKERS %v", s.Kafka.Brokers())
-	} else {
-		log("kafka: embedded kfake broker at %v", s.Kafka.Brokers())
-	}
+	log("kafka: %s at %v", s.Kafka.Describe(), s.Kafka.Brokers())
 
 	var urls = map[string][]string{}
 	for _, name := range Services {
@@ -136,8 +136,12 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 				return nil, err
 			}
 			s.logFiles = append(s.logFiles, f)
+			dbURL := s.DBURL[name]
+			if opts.ServiceDBURL != nil {
+				dbURL = opts.ServiceDBURL(dbURL)
+			}
 			env := append([]string{
-				"DATABASE_URL=" + s.DBURL[name],
+				"DATABASE_URL=" + dbURL,
 				"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ","),
 			}, opts.Env...)
 			p := &procs.Proc{Service: name, Name: pname, Bin: bins[name], Addr: addr, Log: f, Env: append(env, opts.EnvFor[name]...), EnvHook: opts.EnvHook}
