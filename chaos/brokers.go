@@ -36,42 +36,18 @@ type apacheFaults struct {
 	rng *rand.Rand
 	say func(string, ...any)
 
-	mu       sync.Mutex
-	injected map[string]int
-	restart  chan struct{} // a full-cluster restart requested by the harness
+	mu      sync.Mutex    // guards rng
+	tally                 // faults by class, and leader_changes
+	restart chan struct{} // a full-cluster restart requested by the harness
 }
 
 func newApacheFaults(c *stack.ApacheCluster, seed uint64, say func(string, ...any)) *apacheFaults {
 	return &apacheFaults{c: c, rng: rand.New(rand.NewPCG(seed, 0xb40c)), say: say,
-		injected: map[string]int{}, restart: make(chan struct{}, 1)}
-}
-
-func (a *apacheFaults) add(kind string) {
-	a.mu.Lock()
-	a.injected[kind]++
-	a.mu.Unlock()
-}
-
-func (a *apacheFaults) counts() map[string]int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range a.injected {
-		out[k] = v
-	}
-	return out
+		restart: make(chan struct{}, 1)}
 }
 
 // total counts the faults done, not the leader changes they caused.
-func (a *apacheFaults) total() int {
-	n := 0
-	for k, v := range a.counts() {
-		if k != countLeaderChanges {
-			n += v
-		}
-	}
-	return n
-}
+func (a *apacheFaults) total() int { return a.tally.total() - a.get(countLeaderChanges) }
 
 // kills counts the broker SIGKILLs (a full restart kills every node).
 func (a *apacheFaults) kills() int {
@@ -94,13 +70,13 @@ func (a *apacheFaults) run(ctx context.Context, mean time.Duration) {
 	for {
 		a.mu.Lock()
 		wait := mean/2 + time.Duration(a.rng.Int64N(int64(mean)))
+		a.mu.Unlock()
 		kind := faultLeaderKilled
 		for _, k := range []string{faultCoordinatorKilled, faultBrokerPaused} {
-			if a.injected[k] < a.injected[kind] {
+			if a.get(k) < a.get(kind) {
 				kind = k
 			}
 		}
-		a.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return

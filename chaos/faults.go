@@ -19,8 +19,8 @@ type brokerFaults struct {
 	cluster *kfake.Cluster // nil with an external broker: no faults
 	rng     *rand.Rand
 
-	mu       sync.Mutex
-	injected map[string]int // fault → requests it actually hit
+	mu    sync.Mutex // guards rng
+	tally            // fault → requests it actually hit
 }
 
 // The broker faults.
@@ -36,31 +36,7 @@ const (
 var faultKinds = []string{faultCommitError, faultCommitDelay, faultProduceError, faultDropConn, faultProduceDelay, faultFetchDropConn}
 
 func newBrokerFaults(c *kfake.Cluster, seed uint64) *brokerFaults {
-	return &brokerFaults{cluster: c, rng: rand.New(rand.NewPCG(seed, 0xfa17)), injected: map[string]int{}}
-}
-
-func (b *brokerFaults) hit(kind string) {
-	b.mu.Lock()
-	b.injected[kind]++
-	b.mu.Unlock()
-}
-
-func (b *brokerFaults) counts() map[string]int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range b.injected {
-		out[k] = v
-	}
-	return out
-}
-
-func (b *brokerFaults) total() int {
-	n := 0
-	for _, v := range b.counts() {
-		n += v
-	}
-	return n
+	return &brokerFaults{cluster: c, rng: rand.New(rand.NewPCG(seed, 0xfa17))}
 }
 
 // run arms one fault every mean interval (±50%) until ctx ends.
@@ -90,7 +66,7 @@ func (b *brokerFaults) arm(kind string) {
 	switch kind {
 	case faultCommitError:
 		c.ControlKey(kmsg.OffsetCommit.Int16(), func(r kmsg.Request) (kmsg.Response, error, bool) {
-			b.hit(kind)
+			b.add(kind)
 			req := r.(*kmsg.OffsetCommitRequest)
 			resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
 			for _, t := range req.Topics {
@@ -108,7 +84,7 @@ func (b *brokerFaults) arm(kind string) {
 		})
 	case faultProduceError:
 		c.ControlKey(kmsg.Produce.Int16(), func(r kmsg.Request) (kmsg.Response, error, bool) {
-			b.hit(kind)
+			b.add(kind)
 			req := r.(*kmsg.ProduceRequest)
 			resp := req.ResponseKind().(*kmsg.ProduceResponse)
 			for _, t := range req.Topics {
@@ -130,19 +106,19 @@ func (b *brokerFaults) arm(kind string) {
 			key = kmsg.Produce.Int16()
 		}
 		c.ControlKey(key, func(kmsg.Request) (kmsg.Response, error, bool) {
-			b.hit(kind)
+			b.add(kind)
 			c.DropControl() // one request only, then handled normally
 			sleep()
 			return nil, nil, false
 		})
 	case faultDropConn:
 		c.ControlKey(kmsg.OffsetCommit.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
-			b.hit(kind)
+			b.add(kind)
 			return nil, errDropped, true
 		})
 	case faultFetchDropConn:
 		c.ControlKey(kmsg.Fetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
-			b.hit(kind)
+			b.add(kind)
 			return nil, errDropped, true
 		})
 	}

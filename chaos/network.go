@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -12,6 +11,8 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
+
+	"github.com/outboxref/outbox-inbox/internal/procs"
 )
 
 // netFaults stands Shopify's toxiproxy, in process, between the services and
@@ -25,9 +26,9 @@ type netFaults struct {
 	rng    *rand.Rand
 	say    func(string, ...any)
 
-	mu       sync.Mutex
-	proxies  map[string]*toxiproxy.Proxy // "postgres", "kafka-1", …
-	injected map[string]int              // "<target>_<kind>" → times applied
+	mu      sync.Mutex                  // guards rng and proxies
+	proxies map[string]*toxiproxy.Proxy // "postgres", "kafka-1", …
+	tally                               // "<target>_<kind>" → times applied
 }
 
 // The network faults, each on one proxy at a time.
@@ -42,23 +43,20 @@ var netKinds = []string{netLatency, netBlackhole, netReset, netAnswerLost}
 
 func newNetFaults(seed uint64, say func(string, ...any)) *netFaults {
 	return &netFaults{
-		server:   toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
-		rng:      rand.New(rand.NewPCG(seed, 0x7e7)),
-		say:      say,
-		proxies:  map[string]*toxiproxy.Proxy{},
-		injected: map[string]int{},
+		server:  toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
+		rng:     rand.New(rand.NewPCG(seed, 0x7e7)),
+		say:     say,
+		proxies: map[string]*toxiproxy.Proxy{},
 	}
 }
 
 // proxy starts a proxy named name in front of upstream and returns its
 // listen address.
 func (n *netFaults) proxy(name, upstream string) (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	listen, err := procs.FreeAddr()
 	if err != nil {
 		return "", err
 	}
-	listen := l.Addr().String()
-	l.Close()
 	p := toxiproxy.NewProxy(n.server, name, listen, upstream)
 	if err := p.Start(); err != nil {
 		return "", fmt.Errorf("proxy %s: %w", name, err)
@@ -101,16 +99,6 @@ func (n *netFaults) kafkaAddr(node int, addr string) string {
 	return listen
 }
 
-func (n *netFaults) counts() map[string]int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range n.injected {
-		out[k] = v
-	}
-	return out
-}
-
 // kinds counts the distinct fault kinds applied, whatever their target.
 func (n *netFaults) kinds() int {
 	seen := map[string]bool{}
@@ -119,14 +107,6 @@ func (n *netFaults) kinds() int {
 		seen[kind] = true
 	}
 	return len(seen)
-}
-
-func (n *netFaults) total() int {
-	t := 0
-	for _, v := range n.counts() {
-		t += v
-	}
-	return t
 }
 
 // run applies one fault every mean interval (±50%) until ctx ends. The
@@ -171,19 +151,17 @@ func (n *netFaults) run(ctx context.Context, mean time.Duration) {
 			n.say("network fault %s on %s: %v", kind, target, err)
 			continue
 		}
-		n.mu.Lock()
-		n.injected[class+"_"+kind]++
-		n.mu.Unlock()
+		n.add(class + "_" + kind)
 	}
 }
 
 // leastApplied picks the (kind, target class) applied least so far; called
-// with n.mu held.
+// with n.mu held (for rng).
 func (n *netFaults) leastApplied() (kind, class string) {
 	best := -1
 	for _, c := range []string{"postgres", "kafka"} {
 		for _, k := range netKinds {
-			if got := n.injected[c+"_"+k]; best < 0 || got < best || (got == best && n.rng.IntN(2) == 0) {
+			if got := n.get(c + "_" + k); best < 0 || got < best || (got == best && n.rng.IntN(2) == 0) {
 				best, kind, class = got, k, c
 			}
 		}

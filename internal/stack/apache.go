@@ -297,22 +297,7 @@ func (c *ApacheCluster) WaitReady(ctx context.Context) error {
 }
 
 func (c *ApacheCluster) ready() error {
-	var want []int32
-	var addrs []string
-	for _, n := range c.nodes {
-		if n.Running() && !n.Paused() {
-			want = append(want, int32(n.ID))
-			addrs = append(addrs, n.internal)
-		}
-	}
-	if len(addrs) == 0 {
-		return errors.New("no node running")
-	}
-	cfg := SaramaConfig()
-	cfg.Net.DialTimeout = 2 * time.Second
-	cfg.Net.ReadTimeout = 5 * time.Second
-	cfg.Metadata.Retry.Max = 0
-	client, err := sarama.NewClient(addrs, cfg)
+	client, want, err := c.client(0) // WaitReady polls
 	if err != nil {
 		return err
 	}
@@ -334,7 +319,7 @@ func (c *ApacheCluster) ready() error {
 // Leader returns the id of the node leading topic/partition, read from the
 // cluster's metadata.
 func (c *ApacheCluster) Leader(topic string, partition int32) (int, error) {
-	client, err := c.client()
+	client, _, err := c.client(SaramaConfig().Metadata.Retry.Max)
 	if err != nil {
 		return 0, err
 	}
@@ -351,7 +336,7 @@ func (c *ApacheCluster) Leader(topic string, partition int32) (int, error) {
 
 // Coordinator returns the id of the node coordinating the consumer group.
 func (c *ApacheCluster) Coordinator(group string) (int, error) {
-	client, err := c.client()
+	client, _, err := c.client(SaramaConfig().Metadata.Retry.Max)
 	if err != nil {
 		return 0, err
 	}
@@ -366,18 +351,27 @@ func (c *ApacheCluster) Coordinator(group string) (int, error) {
 	return int(b.ID()), nil
 }
 
-// client connects to the running nodes' INTERNAL listeners.
-func (c *ApacheCluster) client() (sarama.Client, error) {
+// client connects to the INTERNAL listeners of the nodes that run and are
+// not paused, and returns their ids, in order. metadataRetries is Sarama's
+// Metadata.Retry.Max: 0 for a caller that polls on its own.
+func (c *ApacheCluster) client(metadataRetries int) (sarama.Client, []int32, error) {
+	var ids []int32
 	var addrs []string
 	for _, n := range c.nodes {
 		if n.Running() && !n.Paused() {
+			ids = append(ids, int32(n.ID))
 			addrs = append(addrs, n.internal)
 		}
+	}
+	if len(addrs) == 0 {
+		return nil, nil, errors.New("no node running")
 	}
 	cfg := SaramaConfig()
 	cfg.Net.DialTimeout = 2 * time.Second
 	cfg.Net.ReadTimeout = 5 * time.Second
-	return sarama.NewClient(addrs, cfg)
+	cfg.Metadata.Retry.Max = metadataRetries
+	client, err := sarama.NewClient(addrs, cfg)
+	return client, ids, err
 }
 
 // Close kills every node and removes the cluster's dir. Safe to call more

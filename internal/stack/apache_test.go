@@ -12,25 +12,13 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// skipWithoutJava skips a real-Kafka test on a machine without a JDK, saying
-// so; CI has one (.ci/run installs it), so there the test runs.
-func skipWithoutJava(t *testing.T) {
-	t.Helper()
-	if _, err := findJava(); err != nil {
-		if os.Getenv("REQUIRE_APACHE_KAFKA") != "" {
-			t.Fatalf("REQUIRE_APACHE_KAFKA is set: %v", err)
-		}
-		t.Skipf("skipping the real-Kafka test: %v", err)
-	}
-}
-
 // TestApacheKafkaCluster starts three real brokers and puts them through
 // what the chaos harness does to them: a message survives the SIGKILL of its
 // partition's leader (leadership moves), a paused node is fenced and rejoins
 // when resumed, and everything acknowledged survives a full-cluster kill and
 // restart on the nodes' data.
 func TestApacheKafkaCluster(t *testing.T) {
-	skipWithoutJava(t)
+	RequireApache(t)
 	ctx := testCtx(t, 5*time.Minute)
 	const topic = "apache-test"
 
@@ -121,7 +109,7 @@ func boolInt(b bool) int {
 // fenced reports whether the running, unpaused nodes' metadata no longer
 // lists node id.
 func fenced(c *ApacheCluster, id int) bool {
-	client, err := c.client()
+	client, _, err := c.client(0) // the caller polls
 	if err != nil {
 		return false
 	}
@@ -137,7 +125,7 @@ func fenced(c *ApacheCluster, id int) bool {
 // TestApacheJarsCache: a complete cache is reused without Maven, a broken
 // one (a jar cut short) is detected.
 func TestApacheJarsCache(t *testing.T) {
-	skipWithoutJava(t)
+	RequireApache(t)
 	ctx := testCtx(t, 5*time.Minute)
 	libs, err := ApacheJars(ctx, t.Logf)
 	must(t, err)
