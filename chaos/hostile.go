@@ -3,16 +3,19 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/system"
@@ -59,13 +62,27 @@ func (h *hostile) build(ctx context.Context) error {
 	newID := func() string { return uuid.Must(uuid.NewV7()).String() }
 	// A real, already-published OrderPaid, for the conflict: same id,
 	// different payload.
+	// On a slow start (real Kafka, a loaded machine) none may be published
+	// yet when the harness sends: wait for the first, up to two minutes.
 	var realID string
 	var realPayload []byte
-	err := h.sys.Pools["orders"].QueryRow(ctx, `
-		SELECT message_id::text, payload FROM outbox_messages
-		WHERE topic = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&realID, &realPayload)
-	if err != nil {
-		return fmt.Errorf("finding a published OrderPaid: %w", err)
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		err := h.sys.Pools["orders"].QueryRow(waitCtx, `
+			SELECT message_id::text, payload FROM outbox_messages
+			WHERE topic = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&realID, &realPayload)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("finding a published OrderPaid: %w", err)
+		}
+		select {
+		case <-waitCtx.Done():
+			return fmt.Errorf("finding a published OrderPaid: none within 2m: %w", waitCtx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	conflicting := strings.Replace(string(realPayload), `"quantity":`, `"quantity":9`, 1)
 
