@@ -114,6 +114,12 @@ func (h *hostile) send(ctx context.Context) error {
 	}
 	conf := kafkaconf.Sarama()
 	conf.Producer.MaxMessageBytes = 1 << 20
+	// The harness's own producer must outlast the faults the harness does
+	// to the cluster: a killed leader fails over in ~3 s, a full-cluster
+	// restart takes ~20 s; Sarama's default gives up after 3 × 100 ms (a
+	// CI run lost the hostile classes to "connection refused" that way).
+	conf.Producer.Retry.Max, conf.Producer.Retry.Backoff = 60, 500*time.Millisecond
+	conf.Metadata.Retry.Max, conf.Metadata.Retry.Backoff = 60, 500*time.Millisecond
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: h.sys.Kafka.DirectBrokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
 		OverwriteSaramaConfig: conf,
