@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -58,15 +59,51 @@ func ModuleRoot() (string, error) {
 	}
 }
 
-// FreeAddr returns a 127.0.0.1 address with a port that was free a moment ago.
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment
+// ago and that FreeAddr has not returned before in this process. The kernel
+// may hand the same ephemeral port to two binds in a row once the first
+// listener is closed; a caller that asks for several ports before binding any
+// of them (a Kafka node's three listeners, a stack's services) would then get
+// the same port twice.
 func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := FreePort()
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
 }
+
+// FreePort is FreeAddr's port.
+func FreePort() (int, error) {
+	handedMu.Lock()
+	defer handedMu.Unlock()
+	// Hold every rejected listener open until a fresh port is found, so the
+	// kernel cannot offer the same one again.
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	for range 1000 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("find a free port: %w", err)
+		}
+		held = append(held, l)
+		port := l.Addr().(*net.TCPAddr).Port
+		if !handed[port] {
+			handed[port] = true
+			return port, nil
+		}
+	}
+	return 0, errors.New("find a free port: every port offered was handed out before")
+}
+
+var (
+	handedMu sync.Mutex
+	handed   = map[int]bool{}
+)
 
 // Proc is one service process that can be started, killed and restarted
 // with the same binary, environment and address.

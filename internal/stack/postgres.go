@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxref/outbox-inbox/internal/procs"
 )
 
 // pgUser is the superuser of throwaway clusters (initdb -U).
@@ -493,14 +495,14 @@ func lookupCred(name string) (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
+// freePort asks the kernel for a free TCP port on 127.0.0.1, one this
+// process has not used before.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := procs.FreePort()
 	if err != nil {
-		return 0, fmt.Errorf("stack: find free port: %w", err)
+		return 0, fmt.Errorf("stack: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return port, nil
 }
 
 // tail returns the last few KB of a log, for error messages.
