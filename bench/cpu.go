@@ -16,29 +16,35 @@ const clockTicks = 100
 type cpuUse struct {
 	Postgres float64 `json:"postgres"` // every postgres process on the machine (the benchmark's cluster is the only one)
 	Services float64 `json:"services"` // the service processes
-	Bench    float64 `json:"bench"`    // this process: the embedded broker and the paying clients
+	Bench    float64 `json:"bench"`    // this process: the paying clients, and kfake when it is the broker
+	Broker   float64 `json:"broker"`   // Apache Kafka's JVM, when it is the broker
 }
 
-func (c cpuUse) total() float64 { return c.Postgres + c.Services + c.Bench }
+func (c cpuUse) total() float64 { return c.Postgres + c.Services + c.Bench + c.Broker }
 
 func (c cpuUse) sub(d cpuUse) cpuUse {
-	return cpuUse{c.Postgres - d.Postgres, c.Services - d.Services, c.Bench - d.Bench}
+	return cpuUse{c.Postgres - d.Postgres, c.Services - d.Services, c.Bench - d.Bench, c.Broker - d.Broker}
 }
 
 // per1000 scales CPU seconds to seconds per 1,000 round trips.
 func (c cpuUse) per1000(n int) cpuUse {
 	k := 1000 / float64(n)
-	return cpuUse{c.Postgres * k, c.Services * k, c.Bench * k}
+	return cpuUse{c.Postgres * k, c.Services * k, c.Bench * k, c.Broker * k}
 }
 
 // cpuSeconds reads the CPU time consumed so far by the given service
-// processes, by every postgres process and by this process.
-func cpuSeconds(pids []int) cpuUse {
+// processes, by the broker's processes (none for kfake, which runs in this
+// one), by every postgres process and by this process.
+func cpuSeconds(pids, brokerPids []int) cpuUse {
 	var use cpuUse
 	seen := map[int]bool{}
 	for _, pid := range pids {
 		seen[pid] = true
 		use.Services += procCPU(pid)
+	}
+	for _, pid := range brokerPids {
+		seen[pid] = true
+		use.Broker += procCPU(pid)
 	}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {

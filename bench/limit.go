@@ -72,7 +72,7 @@ func runLimit(ctx context.Context, pg *stack.Postgres, p params, round int, say 
 		return res, err
 	}
 
-	cpu0 := cpuSeconds(nil)
+	cpu0 := cpuSeconds(nil, nil)
 	tx0, err := xacts(ctx, orders, urls)
 	if err != nil {
 		return res, err
@@ -104,7 +104,7 @@ func runLimit(ctx context.Context, pg *stack.Postgres, p params, round int, say 
 	default:
 	}
 	elapsed := time.Since(t0)
-	cpu1 := cpuSeconds(nil)
+	cpu1 := cpuSeconds(nil, nil)
 	time.Sleep(1500 * time.Millisecond)
 	tx1, err := xacts(ctx, orders, urls)
 	if err != nil {
@@ -142,14 +142,14 @@ func runLimit(ctx context.Context, pg *stack.Postgres, p params, round int, say 
 			}
 		}()
 	}
-	cpu0, t0 = cpuSeconds(nil), time.Now()
+	cpu0, t0 = cpuSeconds(nil, nil), time.Now()
 	for _, id := range ids[p.Orders:] {
 		<-ticker.C
 		work <- id
 	}
 	close(work)
 	wg.Wait()
-	res.LatencyCoresBusy = cpuSeconds(nil).sub(cpu0).total() / time.Since(t0).Seconds()
+	res.LatencyCoresBusy = cpuSeconds(nil, nil).sub(cpu0).total() / time.Since(t0).Seconds()
 	select {
 	case err := <-errs:
 		return res, err

@@ -16,23 +16,32 @@
 //   - limit:    the same SQL statements replayed straight against Postgres in
 //     batches, with no Kafka and no Go services in between.
 //
+// The three service builds run on the embedded fake broker (kfake) and, where
+// Java runs, again on real Apache Kafka (one node, a JVM from Maven Central's
+// jars), in the same rounds: the report puts the two side by side, so what
+// the fake flattered or hid is a ratio measured in one run (-kafka).
+//
 // Speed claims are the ratios between these, measured in the same run.
 // It writes bench-report.json (BENCH_REPORT overrides the path) and an SVG
 // chart next to it.
 //
 //	go run ./bench            # make bench
 //	go run ./bench -smoke     # seconds; what CI runs
+//	go run ./bench -kafka kfake   # without the real-Kafka builds
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -66,6 +75,7 @@ type params struct {
 // Result is one build's figures.
 type Result struct {
 	Build          string      `json:"build"`
+	Kafka          string      `json:"kafka,omitempty"` // the broker it ran on; none for limit
 	RoundTripsPerS float64     `json:"round_trips_per_s"`
 	HopLatencyMS   Percentiles `json:"hop_latency_ms"`
 	DBTxPerMessage float64     `json:"db_tx_per_message"`
@@ -92,19 +102,49 @@ type Percentiles struct {
 	P99 float64 `json:"p99"`
 }
 
-// Report is bench-report.json.
-type Report struct {
-	When          string               `json:"when"`
-	Machine       map[string]string    `json:"machine"`
-	Params        params               `json:"params"`
+// Side is the service builds' figures on one broker, with the ratios and
+// goals judged from them.
+type Side struct {
+	Kafka         string               `json:"kafka"`
 	Textbook      Result               `json:"textbook"`
 	Project       Result               `json:"project"`
 	ProjectNoDup  Result               `json:"project_dedupe_off"`
-	Limit         Result               `json:"limit"`
 	Ratios        map[string]float64   `json:"ratios"` // medians of each round's ratios
 	RatiosByRound []map[string]float64 `json:"ratios_by_round"`
 	Goals         map[string]bool      `json:"goals"`
-	Chart         string               `json:"chart"`
+	unjudged      []string
+}
+
+// Report is bench-report.json. The builds on kfake sit at the top level
+// (the Side is inlined), those on real Kafka under real_kafka.
+type Report struct {
+	When    string            `json:"when"`
+	Machine map[string]string `json:"machine"`
+	Params  params            `json:"params"`
+	Side
+	Limit Result `json:"limit"`
+	// RealKafka is the same service builds on Apache Kafka, when run.
+	RealKafka *Side `json:"real_kafka,omitempty"`
+	// RealVsFake divides real Kafka's figures by kfake's (medians of each
+	// round's ratio for round trips/s): below 1, the fake flattered.
+	RealVsFake    map[string]float64 `json:"real_vs_fake,omitempty"`
+	RealKafkaSkip string             `json:"real_kafka_skipped,omitempty"`
+	Chart         string             `json:"chart"`
+}
+
+// build is one configuration the benchmark measures.
+type build struct {
+	name  string   // textbook, project, project_dedupe_off, limit
+	env   []string // the services' extra environment
+	kafka string   // stack.ImplKfake or stack.ImplApache; "" for limit
+}
+
+// key names a build's rounds: the real-Kafka builds get "@apache".
+func (b build) key() string {
+	if b.kafka == stack.ImplApache {
+		return b.name + "@apache"
+	}
+	return b.name
 }
 
 func run(ctx context.Context) error {
@@ -116,6 +156,7 @@ func run(ctx context.Context) error {
 	limitBatch := flag.Int("limit-batch", 0, "override the orders per transaction of the limit build (100), to see what batch size alone is worth")
 	rate := flag.Float64("rate", 0, "override the offered load of the latency phase (orders/s; the goal is stated at 500)")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
+	kafkaFlag := flag.String("kafka", "", "brokers to run the service builds on, comma-separated: kfake, apache (one node). Default: both, or kfake alone (said so in the report) where Apache Kafka cannot run; with REQUIRE_APACHE_KAFKA set, that is an error")
 	flag.Parse()
 	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 32, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
 	p.Rounds = max(1, *rounds)
@@ -144,24 +185,28 @@ func run(ctx context.Context) error {
 	say := func(format string, args ...any) {
 		fmt.Printf("[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
+	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
+	brokers, skipped, err := chooseBrokers(ctx, *kafkaFlag, say)
+	if err != nil {
+		return err
+	}
+	r.RealKafkaSkip = skipped
+
 	pg, err := stack.StartPostgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer pg.Stop() //nolint:errcheck
 
-	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
-	say("params: %+v", p)
-	builds := []struct {
-		name string
-		env  []string
-		dst  *Result
-	}{
-		{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, &r.Textbook},
-		{"project", nil, &r.Project},
-		{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, &r.ProjectNoDup},
-		{"limit", nil, &r.Limit},
+	say("params: %+v, brokers %v", p, brokers)
+	var builds []build
+	for _, kafka := range brokers {
+		builds = append(builds,
+			build{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, kafka},
+			build{"project", nil, kafka},
+			build{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, kafka})
 	}
+	builds = append(builds, build{name: "limit"})
 	// Every build runs once per round, so a noisy spell of the shared
 	// machine lands on all of them alike; each round's ratios compare builds
 	// measured minutes apart.
@@ -181,75 +226,33 @@ func run(ctx context.Context) error {
 				if *extraEnv != "" {
 					env = append(env, strings.Split(*extraEnv, ",")...)
 				}
-				say("== %s, round %d/%d %v", b.name, round, p.Rounds, env)
-				res, err = runServices(ctx, pg, p, round, b.name, env, b.name != "project_dedupe_off", say)
+				say("== %s, round %d/%d %v", b.key(), round, p.Rounds, env)
+				res, err = runServices(ctx, pg, p, round, b, env, b.name != "project_dedupe_off", say)
 			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", b.name, err)
+				return fmt.Errorf("%s: %w", b.key(), err)
 			}
-			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms (%.2f cores busy at %.0f/s), %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench+broker %.2f)",
-				b.name, res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, p.LatencyRate,
-				res.DBTxPerMessage, res.CPUSPer1000, res.CPU.Postgres, res.CPU.Services, res.CPU.Bench)
-			byBuild[b.name] = append(byBuild[b.name], res)
+			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms (%.2f cores busy at %.0f/s), %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench %.2f, broker JVM %.2f)",
+				b.key(), res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, p.LatencyRate,
+				res.DBTxPerMessage, res.CPUSPer1000, res.CPU.Postgres, res.CPU.Services, res.CPU.Bench, res.CPU.Broker)
+			byBuild[b.key()] = append(byBuild[b.key()], res)
 		}
 	}
-	for _, b := range builds {
-		if rs := byBuild[b.name]; len(rs) > 0 {
-			*b.dst = medianResult(rs)
+	if rs := byBuild["limit"]; len(rs) > 0 {
+		r.Limit = medianResult(rs)
+	}
+	for _, kafka := range brokers {
+		side := judge(kafka, byBuild, p)
+		if kafka == stack.ImplApache {
+			r.RealKafka = &side
+		} else {
+			r.Side = side
 		}
+	}
+	if r.RealKafka != nil && slices.Contains(brokers, stack.ImplKfake) {
+		r.RealVsFake = realVsFake(byBuild, r.Side, *r.RealKafka, p.Rounds)
 	}
 
-	ratio := func(a, b float64) float64 {
-		if b == 0 {
-			return 0 // a build left out with -only
-		}
-		return a / b
-	}
-	overhead := func(with, without float64) float64 {
-		if with == 0 || without == 0 {
-			return 0 // a build left out with -only
-		}
-		return 1 - with/without
-	}
-	at := func(build string, round int) float64 {
-		if rs := byBuild[build]; round < len(rs) {
-			return rs[round].RoundTripsPerS
-		}
-		return 0
-	}
-	for round := range p.Rounds {
-		r.RatiosByRound = append(r.RatiosByRound, map[string]float64{
-			"project_vs_textbook": ratio(at("project", round), at("textbook", round)),
-			"project_vs_limit":    ratio(at("project", round), at("limit", round)),
-			"inbox_overhead":      overhead(at("project", round), at("project_dedupe_off", round)),
-		})
-	}
-	r.Ratios = map[string]float64{}
-	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead"} {
-		var v []float64
-		for _, m := range r.RatiosByRound {
-			v = append(v, m[k])
-		}
-		r.Ratios[k] = median(v)
-	}
-	// A goal is judged only when this run measured what it needs: a build
-	// left out with -only, or a latency phase at another rate, leaves it
-	// unjudged instead of passing it on a zero.
-	r.Goals = map[string]bool{}
-	var unjudged []string
-	judge := func(goal string, measured, met bool) {
-		if measured {
-			r.Goals[goal] = met
-		} else {
-			unjudged = append(unjudged, goal)
-		}
-	}
-	has := func(build string) bool { return len(byBuild[build]) > 0 }
-	judge("project >= 3x textbook", has("project") && has("textbook"), r.Ratios["project_vs_textbook"] >= 3)
-	judge("project >= 40% of limit", has("project") && has("limit"), r.Ratios["project_vs_limit"] >= 0.4)
-	judge("p99 hop <= 25ms at 500/s", has("project") && p.LatencyRate == 500, r.Project.HopLatencyMS.P99 <= 25)
-	judge("inbox overhead <= 15%", has("project") && has("project_dedupe_off"), r.Ratios["inbox_overhead"] <= 0.15)
-	judge("project >= 5000 round trips/s", has("project"), r.Project.RoundTripsPerS >= 5000)
 	r.Chart = strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
 	if err := os.WriteFile(r.Chart, chart(r), 0o644); err != nil {
 		return err
@@ -261,41 +264,190 @@ func run(ctx context.Context) error {
 	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
 		return err
 	}
-	fmt.Println()
-	fmt.Printf("%-20s %12s %9s %9s %9s %7s %10s %10s\n", "build", "round trip/s", "p50 ms", "p95 ms", "p99 ms", "cores", "tx/msg", "CPU s/1k")
-	for _, res := range []Result{r.Textbook, r.Project, r.ProjectNoDup, r.Limit} {
-		if res.Build == "" {
-			continue // left out with -only
-		}
-		fmt.Printf("%-20s %12.0f %9.1f %9.1f %9.1f %7.2f %10.2f %10.2f\n", res.Build, res.RoundTripsPerS,
-			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, res.DBTxPerMessage, res.CPUSPer1000)
-	}
-	if p.Rounds > 1 {
-		fmt.Printf("(medians of %d rounds; round trips/s by round:", p.Rounds)
-		for _, res := range []Result{r.Textbook, r.Project, r.ProjectNoDup, r.Limit} {
-			if len(res.PerRound) > 0 {
-				fmt.Printf(" %s %.0f", res.Build, res.PerRound)
-			}
-		}
-		fmt.Println(")")
-	}
-	fmt.Printf("\nproject/textbook %.2f×, project/limit %.0f%%, inbox overhead %.1f%%\n",
-		r.Ratios["project_vs_textbook"], 100*r.Ratios["project_vs_limit"], 100*r.Ratios["inbox_overhead"])
-	for _, g := range sortedGoals(r.Goals) {
-		mark := "met"
-		if !r.Goals[g] {
-			mark = "NOT met"
-		}
-		fmt.Printf("  goal %-32s %s\n", g, mark)
-	}
-	for _, g := range unjudged {
-		fmt.Printf("  goal %-32s not measured in this run\n", g)
-	}
+	printReport(r)
 	fmt.Printf("\nwrote %s and %s\n", path, r.Chart)
 	if *smoke {
 		fmt.Println("(smoke run: the figures above measure nothing)")
 	}
 	return nil
+}
+
+// chooseBrokers reads -kafka. Left empty, it runs real Kafka beside kfake
+// where it can, and otherwise returns why not.
+func chooseBrokers(ctx context.Context, flagValue string, say func(string, ...any)) (brokers []string, skipped string, err error) {
+	if flagValue == "" {
+		if _, _, err := stack.ApacheRuntime(ctx, say); err != nil {
+			if os.Getenv("REQUIRE_APACHE_KAFKA") != "" {
+				return nil, "", fmt.Errorf("REQUIRE_APACHE_KAFKA is set: %w", err)
+			}
+			say("real Kafka: skipped, the builds run on kfake alone: %v", err)
+			return []string{stack.ImplKfake}, err.Error(), nil
+		}
+		return []string{stack.ImplKfake, stack.ImplApache}, "", nil
+	}
+	for _, b := range strings.Split(flagValue, ",") {
+		b = strings.TrimSpace(b)
+		if b != stack.ImplKfake && b != stack.ImplApache {
+			return nil, "", fmt.Errorf("-kafka %q: want kfake, apache or both, comma-separated", flagValue)
+		}
+		if !slices.Contains(brokers, b) {
+			brokers = append(brokers, b)
+		}
+	}
+	return brokers, "", nil
+}
+
+// judge gathers one broker's service builds, their ratios by round and the
+// goals. A goal is judged only when this run measured what it needs: a build
+// left out with -only, or a latency phase at another rate, leaves it
+// unjudged instead of passing it on a zero.
+func judge(kafka string, byBuild map[string][]Result, p params) Side {
+	key := build{kafka: kafka}.key() // "" or "@apache"
+	rounds := func(name string) []Result { return byBuild[name+key] }
+	s := Side{Ratios: map[string]float64{}, Goals: map[string]bool{}}
+	for _, f := range []struct {
+		name string
+		dst  *Result
+	}{{"textbook", &s.Textbook}, {"project", &s.Project}, {"project_dedupe_off", &s.ProjectNoDup}} {
+		if rs := rounds(f.name); len(rs) > 0 {
+			*f.dst = medianResult(rs)
+			s.Kafka = rs[0].Kafka
+		}
+	}
+	at := func(rs []Result, round int) float64 {
+		if round < len(rs) {
+			return rs[round].RoundTripsPerS
+		}
+		return 0
+	}
+	for round := range p.Rounds {
+		project := at(rounds("project"), round)
+		s.RatiosByRound = append(s.RatiosByRound, map[string]float64{
+			"project_vs_textbook": ratio(project, at(rounds("textbook"), round)),
+			"project_vs_limit":    ratio(project, at(byBuild["limit"], round)),
+			"inbox_overhead":      overhead(project, at(rounds("project_dedupe_off"), round)),
+		})
+	}
+	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead"} {
+		var v []float64
+		for _, m := range s.RatiosByRound {
+			v = append(v, m[k])
+		}
+		s.Ratios[k] = median(v)
+	}
+	goal := func(goal string, measured, met bool) {
+		if measured {
+			s.Goals[goal] = met
+		} else {
+			s.unjudged = append(s.unjudged, goal)
+		}
+	}
+	has := func(name string) bool { return len(rounds(name)) > 0 }
+	goal("project >= 3x textbook", has("project") && has("textbook"), s.Ratios["project_vs_textbook"] >= 3)
+	goal("project >= 40% of limit", has("project") && len(byBuild["limit"]) > 0, s.Ratios["project_vs_limit"] >= 0.4)
+	goal("p99 hop <= 25ms at 500/s", has("project") && p.LatencyRate == 500, s.Project.HopLatencyMS.P99 <= 25)
+	goal("inbox overhead <= 15%", has("project") && has("project_dedupe_off"), s.Ratios["inbox_overhead"] <= 0.15)
+	goal("project >= 5000 round trips/s", has("project"), s.Project.RoundTripsPerS >= 5000)
+	return s
+}
+
+// realVsFake divides real Kafka's figures by kfake's: round trips/s as the
+// median of each round's ratio (the two ran minutes apart), the rest from
+// the medians.
+func realVsFake(byBuild map[string][]Result, fake, real Side, rounds int) map[string]float64 {
+	out := map[string]float64{}
+	for _, name := range []string{"textbook", "project", "project_dedupe_off"} {
+		var v []float64
+		for round := range rounds {
+			f, r := byBuild[name], byBuild[name+"@apache"]
+			if round < len(f) && round < len(r) {
+				v = append(v, ratio(r[round].RoundTripsPerS, f[round].RoundTripsPerS))
+			}
+		}
+		if len(v) > 0 {
+			out[name+"_round_trips"] = median(v)
+		}
+	}
+	if fake.Project.LatencySamples > 0 && real.Project.LatencySamples > 0 {
+		out["project_hop_p50"] = ratio(real.Project.HopLatencyMS.P50, fake.Project.HopLatencyMS.P50)
+		out["project_hop_p99"] = ratio(real.Project.HopLatencyMS.P99, fake.Project.HopLatencyMS.P99)
+	}
+	if fake.Project.CPUSPer1000 > 0 {
+		out["project_cpu_per_1000"] = ratio(real.Project.CPUSPer1000, fake.Project.CPUSPer1000)
+	}
+	if fake.Ratios["project_vs_textbook"] > 0 {
+		out["project_vs_textbook"] = ratio(real.Ratios["project_vs_textbook"], fake.Ratios["project_vs_textbook"])
+	}
+	return out
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0 // a build left out with -only
+	}
+	return a / b
+}
+
+// overhead is what with costs against without, as a fraction of without's
+// round trips/s.
+func overhead(with, without float64) float64 {
+	if with == 0 || without == 0 {
+		return 0 // a build left out with -only
+	}
+	return 1 - with/without
+}
+
+// printReport prints the tables: one per broker, then real/fake.
+func printReport(r Report) {
+	sides := []*Side{&r.Side}
+	if r.RealKafka != nil {
+		sides = append(sides, r.RealKafka)
+	}
+	for _, s := range sides {
+		if s.Kafka == "" && r.Limit.Build == "" {
+			continue
+		}
+		fmt.Printf("\non %s:\n", cmp.Or(s.Kafka, "(no service build ran)"))
+		fmt.Printf("%-20s %12s %9s %9s %9s %7s %10s %10s %10s\n", "build", "round trip/s", "p50 ms", "p95 ms", "p99 ms", "cores", "tx/msg", "CPU s/1k", "broker")
+		for _, res := range []Result{s.Textbook, s.Project, s.ProjectNoDup, r.Limit} {
+			if res.Build == "" {
+				continue // left out with -only
+			}
+			fmt.Printf("%-20s %12.0f %9.1f %9.1f %9.1f %7.2f %10.2f %10.2f %10.2f\n", res.Build, res.RoundTripsPerS,
+				res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, res.DBTxPerMessage, res.CPUSPer1000, res.CPU.Broker)
+		}
+		if r.Params.Rounds > 1 {
+			fmt.Printf("(medians of %d rounds; round trips/s by round:", r.Params.Rounds)
+			for _, res := range []Result{s.Textbook, s.Project, s.ProjectNoDup, r.Limit} {
+				if len(res.PerRound) > 0 {
+					fmt.Printf(" %s %.0f", res.Build, res.PerRound)
+				}
+			}
+			fmt.Println(")")
+		}
+		fmt.Printf("project/textbook %.2f×, project/limit %.0f%%, inbox overhead %.1f%%\n",
+			s.Ratios["project_vs_textbook"], 100*s.Ratios["project_vs_limit"], 100*s.Ratios["inbox_overhead"])
+		for _, g := range sortedGoals(s.Goals) {
+			mark := "met"
+			if !s.Goals[g] {
+				mark = "NOT met"
+			}
+			fmt.Printf("  goal %-32s %s\n", g, mark)
+		}
+		for _, g := range s.unjudged {
+			fmt.Printf("  goal %-32s not measured in this run\n", g)
+		}
+	}
+	if len(r.RealVsFake) > 0 {
+		fmt.Printf("\nreal Kafka / kfake:")
+		for _, k := range slices.Sorted(maps.Keys(r.RealVsFake)) {
+			fmt.Printf(" %s %.2f×", k, r.RealVsFake[k])
+		}
+		fmt.Println()
+	}
+	if r.RealKafkaSkip != "" {
+		fmt.Printf("\nreal Kafka: not run (%s)\n", r.RealKafkaSkip)
+	}
 }
 
 // medianResult is a build's figures over its rounds: each field's median.
@@ -320,6 +472,7 @@ func medianResult(rs []Result) Result {
 		Postgres: field(func(r Result) float64 { return r.CPU.Postgres }),
 		Services: field(func(r Result) float64 { return r.CPU.Services }),
 		Bench:    field(func(r Result) float64 { return r.CPU.Bench }),
+		Broker:   field(func(r Result) float64 { return r.CPU.Broker }),
 	}
 	out.CPUSPer1000 = field(func(r Result) float64 { return r.CPUSPer1000 })
 	out.SaturationS = field(func(r Result) float64 { return r.SaturationS })

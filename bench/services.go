@@ -26,19 +26,28 @@ import (
 )
 
 // runServices measures one build of the two services, run as processes.
-func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, build string, env []string, latency bool, say func(string, ...any)) (Result, error) {
-	res := Result{Build: build, Env: env}
-	prefix := fmt.Sprintf("bench_%s_r%d_", build, round)
+func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b build, env []string, latency bool, say func(string, ...any)) (Result, error) {
+	res := Result{Build: b.name, Env: env}
+	prefix := fmt.Sprintf("bench_%s_%s_r%d_", b.name, b.kafka, round)
 	defer dropDatabases(pg, prefix+"orders", prefix+"inventory") // runs after sys.Stop
 	sys, err := system.Start(ctx, system.Options{
 		Postgres: pg, DBPrefix: prefix,
-		Env:   append([]string{"LOG_LEVEL=warn", "DEBUG_PPROF=true"}, env...),
-		Kafka: stack.KafkaOptions{Partitions: p.Partitions},
+		Env: append([]string{"LOG_LEVEL=warn", "DEBUG_PPROF=true"}, env...),
+		// A fresh broker per build, as for kfake: a single Apache node.
+		Kafka: stack.KafkaOptions{Partitions: p.Partitions, Impl: b.kafka, Nodes: 1},
 	})
 	if err != nil {
 		return res, err
 	}
 	defer sys.Stop()
+	res.Kafka = sys.Kafka.Describe()
+	name := b.key()
+	var brokerPids []int
+	if apache := sys.Kafka.Apache(); apache != nil {
+		for _, n := range apache.Nodes() {
+			brokerPids = append(brokerPids, n.Pid())
+		}
+	}
 	orders, inventory := sys.Pools["orders"], sys.Pools["inventory"]
 
 	rng := rand.New(rand.NewPCG(p.Seed, 1))
@@ -81,17 +90,17 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 			return res, err
 		}
 		if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
-			go profile(ctx, sys, dir, build+"-latency", say)
+			go profile(ctx, sys, dir, name+"-latency", say)
 		}
 		if *statements {
 			resetStatements(ctx, orders, say)
 		}
-		cpu0, t0 := cpuSeconds(pids()), time.Now()
+		cpu0, t0 := cpuSeconds(pids(), brokerPids), time.Now()
 		lat, missing, err := measureLatency(ctx, sys.Client, inventory, sys.DBURL["inventory"], measured, p.LatencyRate)
 		if err != nil {
 			return res, err
 		}
-		res.LatencyCoresBusy = cpuSeconds(pids()).sub(cpu0).total() / time.Since(t0).Seconds()
+		res.LatencyCoresBusy = cpuSeconds(pids(), brokerPids).sub(cpu0).total() / time.Since(t0).Seconds()
 		if *statements {
 			say("statements of the latency phase:")
 			printStatements(ctx, orders, latencyOrders, say)
@@ -109,7 +118,7 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 
 	// Saturation: every order paid as fast as Payers clients can, until every
 	// one is settled.
-	cpu0 := cpuSeconds(pids())
+	cpu0 := cpuSeconds(pids(), brokerPids)
 	tx0, err := xacts(ctx, orders, sys.DBURL)
 	if err != nil {
 		return res, err
@@ -119,18 +128,18 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 	}
 	t0 := time.Now()
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
-		go profile(ctx, sys, dir, build, say)
+		go profile(ctx, sys, dir, name, say)
 	}
 	if err := payAll(ctx, sys.Client, ids, p.Payers, nil); err != nil {
 		return res, err
 	}
-	say("%s: all %d orders paid after %s", build, p.Orders, time.Since(t0).Round(time.Millisecond))
+	say("%s: all %d orders paid after %s", name, p.Orders, time.Since(t0).Round(time.Millisecond))
 	polls, err := waitSettled(ctx, orders, settled+p.Orders, 5*time.Minute)
 	if err != nil {
 		return res, err
 	}
 	elapsed := time.Since(t0)
-	cpu1 := cpuSeconds(pids())
+	cpu1 := cpuSeconds(pids(), brokerPids)
 	time.Sleep(1500 * time.Millisecond) // Postgres publishes transaction counts about once a second
 	tx1, err := xacts(ctx, orders, sys.DBURL)
 	if err != nil {
@@ -141,7 +150,7 @@ func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b
 	res.DBTxPerMessage = float64(tx1-tx0-polls-2) / float64(2*p.Orders) // minus the bench's own polls and reads
 	res.CPU = cpu1.sub(cpu0).per1000(p.Orders)
 	res.CPUSPer1000 = res.CPU.total()
-	say("%s: %d round trips in %s", build, p.Orders, elapsed.Round(time.Millisecond))
+	say("%s: %d round trips in %s", name, p.Orders, elapsed.Round(time.Millisecond))
 	if *statements {
 		printStatements(ctx, orders, p.Orders, say)
 	}
