@@ -11,7 +11,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // SchemaVersion is the version this code writes and the only one it reads.
@@ -72,13 +77,17 @@ func NewEnvelope(typ, orderID string) Envelope {
 
 // ErrInvalid marks an event that can never be applied, however often it is
 // retried: malformed JSON, wrong field types, an unknown schema version or
-// type, a missing field.
+// type, a missing field, a value outside its domain (see ValidateLines).
 var ErrInvalid = errors.New("invalid event")
 
 // Decode reads an event strictly: unknown fields, wrong types, another
 // schema version or an unexpected type are errors wrapping ErrInvalid. It
 // returns one of *OrderPaid, *InventoryReserved, *InventoryRejected.
 func Decode(payload []byte) (any, error) {
+	// encoding/json would replace invalid UTF-8 with U+FFFD and go on.
+	if !utf8.Valid(payload) {
+		return nil, fmt.Errorf("%w: the payload is not valid UTF-8", ErrInvalid)
+	}
 	var env Envelope
 	if err := json.Unmarshal(payload, &env); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -88,6 +97,9 @@ func Decode(payload []byte) (any, error) {
 	}
 	if env.OrderID == "" {
 		return nil, fmt.Errorf("%w: %s without order_id", ErrInvalid, env.Type)
+	}
+	if err := env.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, env.Type, err)
 	}
 	var ev interface{ validate() error }
 	switch env.Type {
@@ -111,25 +123,115 @@ func Decode(payload []byte) (any, error) {
 	return ev, nil
 }
 
-func validateLines(lines []Line) error {
+// The domain of every field an event or a request carries. A value outside
+// it is refused as invalid, whoever sent it: the bounds keep every sum a
+// handler computes far from overflowing the int columns it writes.
+const (
+	MaxLines       = 100     // lines per order
+	MaxQuantity    = 10_000  // units of one SKU in one order, summed over its lines
+	MaxSKUBytes    = 64      // a SKU's length in bytes
+	MaxReasonBytes = 1 << 10 // a rejection reason's length in bytes
+)
+
+// ValidateLines checks an order's lines: 1 to MaxLines lines, each a valid
+// SKU and a positive quantity, at most MaxQuantity units of any SKU in all.
+func ValidateLines(lines []Line) error {
 	if len(lines) == 0 {
-		return errors.New("no lines")
+		return errors.New("no lines: an order needs at least one")
 	}
-	for _, l := range lines {
-		if l.SKU == "" || l.Quantity <= 0 {
-			return fmt.Errorf("line %+v: want a sku and a positive quantity", l)
+	if len(lines) > MaxLines {
+		return fmt.Errorf("%d lines: at most %d per order", len(lines), MaxLines)
+	}
+	perSKU := map[string]int{}
+	for i, l := range lines {
+		if err := ValidateSKU(l.SKU); err != nil {
+			return fmt.Errorf("line %d: %w", i+1, err)
+		}
+		if l.Quantity <= 0 || l.Quantity > MaxQuantity {
+			return fmt.Errorf("line %d (%s): quantity %d, want 1 to %d", i+1, l.SKU, l.Quantity, MaxQuantity)
+		}
+		// Both terms are at most MaxQuantity here: the sum cannot overflow.
+		if perSKU[l.SKU] += l.Quantity; perSKU[l.SKU] > MaxQuantity {
+			return fmt.Errorf("sku %s: %d units over its lines, at most %d per order", l.SKU, perSKU[l.SKU], MaxQuantity)
 		}
 	}
 	return nil
 }
 
-func (e *OrderPaid) validate() error         { return validateLines(e.Lines) }
-func (e *InventoryReserved) validate() error { return validateLines(e.Lines) }
-func (e *InventoryRejected) validate() error {
-	if e.Reason == "" {
-		return errors.New("no reason")
+// ValidateSKU checks a SKU: 1 to MaxSKUBytes bytes of valid UTF-8 without
+// control characters (NUL among them: Postgres text cannot hold it) or
+// surrounding spaces.
+func ValidateSKU(sku string) error {
+	if err := validText("sku", sku, MaxSKUBytes); err != nil {
+		return err
+	}
+	if strings.TrimSpace(sku) != sku {
+		return fmt.Errorf("sku %q has surrounding spaces", sku)
 	}
 	return nil
+}
+
+// ValidateOrderID checks an order id: a UUID in the canonical lowercase form
+// the orders service issues (and Postgres prints), nothing else.
+func ValidateOrderID(id string) error {
+	u, err := uuid.Parse(id)
+	if err != nil || u.String() != id {
+		return fmt.Errorf("order_id %q is not a UUID in canonical form (like %s)", clip(id), uuid.Nil)
+	}
+	return nil
+}
+
+// validText checks that s is non-empty, valid UTF-8 of at most max bytes,
+// without control characters.
+func validText(field, s string, max int) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("empty %s", field)
+	case len(s) > max:
+		return fmt.Errorf("%s of %d bytes, at most %d", field, len(s), max)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s %q is not valid UTF-8", field, clip(s))
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%s %q holds the control character %U", field, clip(s), r)
+		}
+	}
+	return nil
+}
+
+// clip shortens s for an error message.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
+
+func (e *Envelope) validate() error { return ValidateOrderID(e.OrderID) }
+
+func (e *OrderPaid) validate() error {
+	if e.PaidAt.IsZero() {
+		return errors.New("no paid_at")
+	}
+	return ValidateLines(e.Lines)
+}
+
+func (e *InventoryReserved) validate() error { return ValidateLines(e.Lines) }
+
+func (e *InventoryRejected) validate() error { return validText("reason", e.Reason, MaxReasonBytes) }
+
+// TypeOf names a decoded event's type, for messages.
+func TypeOf(ev any) string {
+	switch e := ev.(type) {
+	case *OrderPaid:
+		return e.Type
+	case *InventoryReserved:
+		return e.Type
+	case *InventoryRejected:
+		return e.Type
+	}
+	return fmt.Sprintf("%T", ev)
 }
 
 // Encode marshals an event.

@@ -32,10 +32,16 @@ func Service() platform.Service {
 		Name:       "inventory",
 		Migrations: migrations,
 		Topic:      events.TopicOrders,
-		Apply:      reserveOrders,
-		Routes:     routes,
+		Apply: func(cfg platform.Config) inbox.BatchFunc {
+			return reserver{unguarded: cfg.DomainGuardDisabled}.apply
+		},
+		Routes: routes,
 	}
 }
+
+// maxAvailable bounds the stock of one SKU set through the API: available
+// and reserved are int columns and never sum past what was set.
+const maxAvailable = 1 << 30
 
 // Stock is the API's view of one SKU.
 type Stock struct {
@@ -54,9 +60,13 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "decoding stock: "+err.Error())
 			return
 		}
-		for _, it := range items {
-			if it.SKU == "" || it.Available < 0 {
-				platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("item %+v: want a sku and available >= 0", it))
+		for i, it := range items {
+			if err := events.ValidateSKU(it.SKU); err != nil {
+				platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("item %d: %v", i+1, err))
+				return
+			}
+			if it.Available < 0 || it.Available > maxAvailable {
+				platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("item %d (%s): available %d, want 0 to %d", i+1, it.SKU, it.Available, maxAvailable))
 				return
 			}
 		}
@@ -117,17 +127,33 @@ func listStock(ctx context.Context, pool *pgxpool.Pool) ([]Stock, error) {
 	})
 }
 
-// reserveOrders applies a batch of OrderPaid events in the inbox's
-// transaction (the inbox hands it every delivery that arrived together; see
-// pkg/inbox Handler). Each order is reserved in full or rejected: if any of
-// its SKUs is unknown or short, the order is rejected. The orders are decided
-// one after another, in the order they came, against what the earlier ones
-// left, so a batch decides exactly as the same messages would one by one;
-// only the statements are shared: one to lock the stock, then one per table
-// written, however many orders the batch holds.
-func reserveOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+// reserver applies OrderPaid events (see apply).
+type reserver struct {
+	// unguarded switches the domain guard off (DOMAIN_GUARD_DISABLED): only
+	// the chaos harness's second control run does, to show what reaches the
+	// domain when neither the inbox nor the guard stops it.
+	unguarded bool
+}
+
+// reserveOrders is the guarded reserver's apply.
+var reserveOrders = reserver{}.apply
+
+// apply applies a batch of OrderPaid events in the inbox's transaction (the
+// inbox hands it every delivery that arrived together; see pkg/inbox
+// Handler). Each order is reserved in full or rejected: if any of its SKUs
+// is unknown or short, the order is rejected. The orders are decided one
+// after another, in the order they came, against what the earlier ones left,
+// so a batch decides exactly as the same messages would one by one; only the
+// statements are shared: one to look decisions up, one to lock the stock,
+// then one per table written, however many orders the batch holds.
+//
+// The domain guard: an order is decided once. An OrderPaid for an order
+// already decided (in an earlier transaction or earlier in this batch) is
+// the inbox's blind spot, a second event under its own message id, and is
+// refused with its reason in refusals, not applied.
+func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	paid := make([]*events.OrderPaid, len(msgs))
-	var skus []string
+	var skus, orderIDs []string
 	for i, msg := range msgs {
 		ev, err := events.Decode(msg.Payload)
 		if err != nil {
@@ -135,11 +161,19 @@ func reserveOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) erro
 		}
 		p, ok := ev.(*events.OrderPaid)
 		if !ok {
-			return inbox.Permanent(fmt.Errorf("inventory does not consume %T", ev))
+			return inbox.Permanent(fmt.Errorf("inventory does not consume %s", events.TypeOf(ev)))
 		}
 		paid[i] = p
+		orderIDs = append(orderIDs, p.OrderID)
 		for _, l := range p.Lines {
 			skus = append(skus, l.SKU)
+		}
+	}
+	decided := map[string]decision{}
+	if !r.unguarded {
+		var err error
+		if decided, err = lookUpDecisions(ctx, tx, orderIDs); err != nil {
+			return err
 		}
 	}
 	slices.Sort(skus)
@@ -148,22 +182,50 @@ func reserveOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) erro
 		return err
 	}
 
-	var w writes
+	w := writes{guarded: !r.unguarded}
 	for i, p := range paid {
+		msgID := msgs[i].UUID
+		if d, ok := decided[p.OrderID]; ok {
+			w.refuse(p.OrderID, msgID, fmt.Sprintf("order already decided: %s by message %s", d.decision, d.messageID))
+			continue
+		}
 		want := map[string]int{}
 		for _, l := range p.Lines {
 			want[l.SKU] += l.Quantity
 		}
+		d := decision{"reserved", msgID}
 		if short := shortfall(want, have); len(short) > 0 {
-			err = w.reject(p.OrderID, "insufficient stock: "+strings.Join(short, "; "), msgs[i].UUID)
+			d.decision = "rejected"
+			err = w.reject(p.OrderID, "insufficient stock: "+strings.Join(short, "; "), msgID)
 		} else {
-			err = w.reserve(p, want, have, msgs[i].UUID)
+			err = w.reserve(p, want, have, msgID)
 		}
 		if err != nil {
 			return err
 		}
+		if !r.unguarded {
+			decided[p.OrderID] = d
+		}
 	}
 	return w.flush(ctx, tx)
+}
+
+// decision is how inventory decided an order, and on which message.
+type decision struct{ decision, messageID string }
+
+// lookUpDecisions returns the decisions already taken on orderIDs.
+func lookUpDecisions(ctx context.Context, tx pgx.Tx, orderIDs []string) (map[string]decision, error) {
+	rows, err := tx.Query(ctx, `SELECT order_id, decision, message_id FROM decisions WHERE order_id = ANY($1)`, orderIDs)
+	if err != nil {
+		return nil, fmt.Errorf("looking up decisions: %w", err)
+	}
+	decided := map[string]decision{}
+	var id string
+	var d decision
+	if _, err := pgx.ForEachRow(rows, []any{&id, &d.decision, &d.messageID}, func() error { decided[id] = d; return nil }); err != nil {
+		return nil, fmt.Errorf("looking up decisions: %w", err)
+	}
+	return decided, nil
 }
 
 // lockStock locks the stock rows of skus (sorted: two batches touching the
@@ -202,16 +264,20 @@ func shortfall(want, have map[string]int) []string {
 // writes collects a batch's effects, column by column, for set-based
 // statements.
 type writes struct {
-	resOrder, resSKU, resMsg []string
-	resQty                   []int32
-	rejOrder, rejReason      []string
-	rejMsg                   []string
-	out                      []*message.Message
+	guarded                   bool // record each decision (the guard's key)
+	resOrder, resSKU, resMsg  []string
+	resQty                    []int32
+	rejOrder, rejReason       []string
+	rejMsg                    []string
+	decOrder, decName, decMsg []string
+	refOrder, refMsg, refWhy  []string
+	out                       []*message.Message
 }
 
 // reserve takes the order's quantities off have and records the
 // reservation and the event that announces it.
 func (w *writes) reserve(p *events.OrderPaid, want, have map[string]int, msgID string) error {
+	w.decide(p.OrderID, "reserved", msgID)
 	for sku, n := range want {
 		have[sku] -= n
 		w.resOrder, w.resSKU, w.resQty, w.resMsg = append(w.resOrder, p.OrderID), append(w.resSKU, sku), append(w.resQty, int32(n)), append(w.resMsg, msgID)
@@ -223,10 +289,22 @@ func (w *writes) reserve(p *events.OrderPaid, want, have map[string]int, msgID s
 
 // reject records the order's rejection and the event that announces it.
 func (w *writes) reject(orderID, reason, msgID string) error {
+	w.decide(orderID, "rejected", msgID)
 	w.rejOrder, w.rejReason, w.rejMsg = append(w.rejOrder, orderID), append(w.rejReason, reason), append(w.rejMsg, msgID)
 	return w.announce(orderID, events.InventoryRejected{
 		Envelope: events.NewEnvelope(events.TypeInventoryRejected, orderID), Reason: reason,
 	})
+}
+
+func (w *writes) decide(orderID, decision, msgID string) {
+	if w.guarded {
+		w.decOrder, w.decName, w.decMsg = append(w.decOrder, orderID), append(w.decName, decision), append(w.decMsg, msgID)
+	}
+}
+
+// refuse records an event the guard refused, and why.
+func (w *writes) refuse(orderID, msgID, reason string) {
+	w.refOrder, w.refMsg, w.refWhy = append(w.refOrder, orderID), append(w.refMsg, msgID), append(w.refWhy, reason)
 }
 
 func (w *writes) announce(orderID string, ev any) error {
@@ -238,9 +316,23 @@ func (w *writes) announce(orderID string, ev any) error {
 	return nil
 }
 
-// flush writes the reservations (taking their quantities off the stock), the
-// rejections and the announcing events.
+// flush writes the decisions, the reservations (taking their quantities off
+// the stock), the rejections, the refusals and the announcing events.
 func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
+	if len(w.decOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO decisions (order_id, decision, message_id)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[])`, w.decOrder, w.decName, w.decMsg); err != nil {
+			return fmt.Errorf("recording decisions: %w", err)
+		}
+	}
+	if len(w.refOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO refusals (order_id, message_id, reason)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[])`, w.refOrder, w.refMsg, w.refWhy); err != nil {
+			return fmt.Errorf("recording refusals: %w", err)
+		}
+	}
 	if len(w.resOrder) > 0 {
 		if _, err := tx.Exec(ctx, `
 			UPDATE stock s SET available = s.available - u.qty, reserved = s.reserved + u.qty, updated_at = now()

@@ -3,6 +3,7 @@ package main
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -60,9 +61,7 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 			lines = append(lines, events.Line{SKU: skus[rng.IntN(len(skus))], Quantity: 1 + rng.IntN(3)})
 		}
 		id := uuid.NewString()
-		payload, err := events.Encode(events.OrderPaid{Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines})
-		require.NoError(t, err)
-		msgs = append(msgs, message.NewMessage(uuid.NewString(), payload))
+		msgs = append(msgs, orderPaid(t, id, lines...))
 	}
 
 	batched, single := newDB(t, stock), newDB(t, stock)
@@ -87,6 +86,48 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 	require.Positive(t, rejected, "the stock was never short: the test decides nothing")
 	require.Equal(t, len(msgs), reserved+rejected)
 	t.Logf("%d orders: %d reserved, %d rejected, the same in one batch as one by one", len(msgs), reserved, rejected)
+}
+
+// orderPaid is an OrderPaid for orderID under a fresh message id.
+func orderPaid(t *testing.T, orderID string, lines ...events.Line) *message.Message {
+	t.Helper()
+	payload, err := events.Encode(events.OrderPaid{Envelope: events.NewEnvelope(events.TypeOrderPaid, orderID), Lines: lines, PaidAt: time.Now().UTC()})
+	require.NoError(t, err)
+	return message.NewMessage(uuid.NewString(), payload)
+}
+
+// TestGuardDecidesEachOrderOnce sends a second OrderPaid for decided orders
+// under fresh message ids (the inbox's blind spot), in a later transaction
+// and within one batch: the guard refuses each with its reason, and stock and
+// reservations stay as the first decision left them. Unguarded (the second
+// control run), the same events reserve twice.
+func TestGuardDecidesEachOrderOnce(t *testing.T) {
+	t.Parallel()
+	reserved, rejected, inBatch := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	line := events.Line{SKU: "a", Quantity: 3}
+	pool := newDB(t, map[string]int{"a": 10})
+	apply(t, pool, []*message.Message{orderPaid(t, reserved, line), orderPaid(t, rejected, events.Line{SKU: "a", Quantity: 9})})
+	apply(t, pool, []*message.Message{orderPaid(t, reserved, line), orderPaid(t, rejected, line),
+		orderPaid(t, inBatch, line), orderPaid(t, inBatch, line)})
+
+	require.Equal(t, [][]any{{"a", int32(4), int32(6)}}, rowsOf(t, pool, `SELECT sku, available, reserved FROM stock`))
+	require.Equal(t, [][]any{{reserved, int64(1)}, {inBatch, int64(1)}}, rowsOf(t, pool, `SELECT order_id, count(*) FROM reservations GROUP BY 1 ORDER BY min(id)`))
+	require.Equal(t, [][]any{{rejected, int64(1)}}, rowsOf(t, pool, `SELECT order_id, count(*) FROM rejections GROUP BY 1`))
+	refused := rowsOf(t, pool, `SELECT order_id, reason FROM refusals ORDER BY id`)
+	require.Len(t, refused, 3)
+	for i, want := range []string{reserved, rejected, inBatch} {
+		require.Equal(t, want, refused[i][0])
+		require.Contains(t, refused[i][1], "order already decided")
+	}
+	require.Equal(t, 3, len(rowsOf(t, pool, `SELECT 1 FROM outbox_messages`)), "one announcement per order")
+
+	unguarded := newDB(t, map[string]int{"a": 10})
+	for range 2 {
+		require.NoError(t, pgx.BeginFunc(t.Context(), unguarded, func(tx pgx.Tx) error {
+			return reserver{unguarded: true}.apply(t.Context(), tx, []*message.Message{orderPaid(t, reserved, line)})
+		}))
+	}
+	require.Equal(t, [][]any{{"a", int32(4), int32(6)}}, rowsOf(t, unguarded, `SELECT sku, available, reserved FROM stock`), "unguarded: reserved twice")
 }
 
 func rowsOf(t *testing.T, pool *pgxpool.Pool, q string) [][]any {

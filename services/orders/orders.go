@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -33,8 +33,10 @@ func Service() platform.Service {
 		Name:       "orders",
 		Migrations: migrations,
 		Topic:      events.TopicInventory,
-		Apply:      settleOrders,
-		Routes:     routes,
+		Apply: func(cfg platform.Config) inbox.BatchFunc {
+			return settler{unguarded: cfg.DomainGuardDisabled}.apply
+		},
+		Routes: routes,
 	}
 }
 
@@ -60,8 +62,8 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "decoding order: "+err.Error())
 			return
 		}
-		if err := validLines(req.Lines); err != nil {
-			platform.WriteError(w, http.StatusBadRequest, err.Error())
+		if err := events.ValidateLines(req.Lines); err != nil {
+			platform.WriteError(w, http.StatusBadRequest, "order refused: "+err.Error())
 			return
 		}
 		o, err := createOrder(r.Context(), pool, req.Lines)
@@ -109,18 +111,6 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 }
 
 var errNotFound = errors.New("order not found")
-
-func validLines(lines []events.Line) error {
-	if len(lines) == 0 {
-		return errors.New("an order needs at least one line")
-	}
-	for _, l := range lines {
-		if l.SKU == "" || l.Quantity <= 0 {
-			return fmt.Errorf("line %+v: want a sku and a positive quantity", l)
-		}
-	}
-	return nil
-}
 
 func createOrder(ctx context.Context, pool *pgxpool.Pool, lines []events.Line) (Order, error) {
 	o := Order{ID: uuid.Must(uuid.NewV7()).String(), Status: "created", Lines: lines}
@@ -274,40 +264,56 @@ func countByStatus(ctx context.Context, pool *pgxpool.Pool) (map[string]int, err
 	return counts, rows.Err()
 }
 
-// settleOrders applies a batch of InventoryReserved and InventoryRejected
-// events to their orders, in the inbox's transaction (the inbox hands it
-// every delivery that arrived together; see pkg/inbox Handler). Every event
-// is recorded in order_events, so an order answered twice is visible to the
-// checker.
-func settleOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+// settler applies inventory's answers (see apply).
+type settler struct {
+	// unguarded switches the domain guard off (DOMAIN_GUARD_DISABLED): only
+	// the chaos harness's second control run does.
+	unguarded bool
+}
+
+// settleOrders is the guarded settler's apply.
+var settleOrders = settler{}.apply
+
+// apply applies a batch of InventoryReserved and InventoryRejected events
+// to their orders, in the inbox's transaction (the inbox hands it every
+// delivery that arrived together; see pkg/inbox Handler). Every answer
+// applied is recorded in order_events.
+//
+// The domain guard: an order takes one answer, and only while it is paid.
+// An answer for an order already settled (earlier, or earlier in this batch)
+// is refused with its reason in refusals, not applied; an
+// InventoryReserved whose lines are not the order's, or an answer for an
+// order that does not exist or was never paid, is a permanent error (dead-
+// lettered: no redelivery explains it). Unguarded, every answer is recorded
+// as applied and the first one settles the order, as before the guard.
+func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	type answer struct {
+		orderID, event, msgID, status string
+		reason                        *string
+		lines                         []events.Line // InventoryReserved's
+	}
+	answers := make([]answer, len(msgs))
 	var ids, statuses []string // the first answer per order settles it
 	var reasons []*string
 	first := map[string]bool{}
-	evOrder, evName, evMsg := make([]string, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
 	for i, msg := range msgs {
 		ev, err := events.Decode(msg.Payload)
 		if err != nil {
 			return inbox.Permanent(err)
 		}
-		var orderID, status, event string
-		var reason *string
+		a := answer{msgID: msg.UUID}
 		switch e := ev.(type) {
 		case *events.InventoryReserved:
-			orderID, status, event = e.OrderID, "reserved", e.Type
+			a.orderID, a.status, a.event, a.lines = e.OrderID, "reserved", e.Type, e.Lines
 		case *events.InventoryRejected:
-			orderID, status, event, reason = e.OrderID, "rejected", e.Type, &e.Reason
+			a.orderID, a.status, a.event, a.reason = e.OrderID, "rejected", e.Type, &e.Reason
 		default:
-			return inbox.Permanent(fmt.Errorf("orders does not consume %T", ev))
+			return inbox.Permanent(fmt.Errorf("orders does not consume %s", events.TypeOf(ev)))
 		}
-		id, err := uuid.Parse(orderID)
-		if err != nil {
-			return inbox.Permanent(fmt.Errorf("%s: order_id %q is not a UUID", event, orderID))
-		}
-		orderID = id.String() // as Postgres prints it
-		evOrder[i], evName[i], evMsg[i] = orderID, event, msg.UUID
-		if !first[orderID] {
-			first[orderID] = true
-			ids, statuses, reasons = append(ids, orderID), append(statuses, status), append(reasons, reason)
+		answers[i] = a
+		if !first[a.orderID] {
+			first[a.orderID] = true
+			ids, statuses, reasons = append(ids, a.orderID), append(statuses, a.status), append(reasons, a.reason)
 		}
 	}
 
@@ -315,32 +321,79 @@ func settleOrders(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 		UPDATE orders o SET status = u.status, reject_reason = u.reason, settled_at = now()
 		FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason)
 		WHERE o.id = u.id AND o.status = 'paid'
-		RETURNING o.id::text`, ids, statuses, reasons)
+		RETURNING o.id::text, o.lines`, ids, statuses, reasons)
 	if err != nil {
 		return fmt.Errorf("settling orders: %w", err)
 	}
-	settled, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	settled := map[string][]events.Line{} // the orders this batch settled, with their lines
+	var id string
+	var lines []events.Line
+	if _, err := pgx.ForEachRow(rows, []any{&id, &lines}, func() error { settled[id], lines = lines, nil; return nil }); err != nil {
 		return fmt.Errorf("settling orders: %w", err)
 	}
 	if len(settled) < len(ids) {
-		if err := checkUnsettled(ctx, tx, evOrder, evName, settled); err != nil {
+		if err := checkUnsettled(ctx, tx, ids, settled); err != nil {
 			return err
 		}
 	}
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO order_events (order_id, event, message_id)
-		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, evOrder, evName, evMsg); err != nil {
-		return fmt.Errorf("recording events: %w", err)
+
+	var evOrder, evName, evMsg []string
+	var refOrder, refMsg, refWhy []string
+	taken := map[string]string{} // order → the message that settled it in this batch
+	for _, a := range answers {
+		orderLines, settledHere := settled[a.orderID]
+		switch {
+		case s.unguarded:
+		case settledHere && taken[a.orderID] == "":
+			taken[a.orderID] = a.msgID
+			if a.lines != nil && !sameLines(a.lines, orderLines) {
+				return inbox.Permanent(fmt.Errorf("%s for order %s reserves %v, but the order holds %v", a.event, a.orderID, a.lines, orderLines))
+			}
+		case settledHere:
+			refOrder, refMsg, refWhy = append(refOrder, a.orderID), append(refMsg, a.msgID), append(refWhy,
+				fmt.Sprintf("order already settled by message %s in the same batch; %s refused", taken[a.orderID], a.event))
+			continue
+		default:
+			refOrder, refMsg, refWhy = append(refOrder, a.orderID), append(refMsg, a.msgID), append(refWhy,
+				fmt.Sprintf("order already settled; %s refused", a.event))
+			continue
+		}
+		evOrder, evName, evMsg = append(evOrder, a.orderID), append(evName, a.event), append(evMsg, a.msgID)
+	}
+	if len(evOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO order_events (order_id, event, message_id)
+			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, evOrder, evName, evMsg); err != nil {
+			return fmt.Errorf("recording events: %w", err)
+		}
+	}
+	if len(refOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO refusals (order_id, message_id, reason)
+			SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[])`, refOrder, refMsg, refWhy); err != nil {
+			return fmt.Errorf("recording refusals: %w", err)
+		}
 	}
 	return nil
 }
 
-// checkUnsettled looks at the orders an answer did not settle. An order that
-// is already settled got a second answer, which is recorded like any other;
-// an answer for an order that does not exist, or was never paid, is a
-// permanent error.
-func checkUnsettled(ctx context.Context, tx pgx.Tx, orderIDs, names, settled []string) error {
+// sameLines reports whether a and b hold the same quantity of every SKU.
+func sameLines(a, b []events.Line) bool {
+	sum := func(lines []events.Line) map[string]int {
+		m := map[string]int{}
+		for _, l := range lines {
+			m[l.SKU] += l.Quantity
+		}
+		return m
+	}
+	return maps.Equal(sum(a), sum(b))
+}
+
+// checkUnsettled looks at the orders an answer did not settle. One already
+// settled got a second answer, which the caller refuses (or, unguarded,
+// records); an answer for an order that does not exist, or was never paid,
+// is a permanent error.
+func checkUnsettled(ctx context.Context, tx pgx.Tx, orderIDs []string, settled map[string][]events.Line) error {
 	rows, err := tx.Query(ctx, `SELECT id::text, status FROM orders WHERE id = ANY($1::uuid[])`, orderIDs)
 	if err != nil {
 		return fmt.Errorf("reading orders: %w", err)
@@ -350,15 +403,15 @@ func checkUnsettled(ctx context.Context, tx pgx.Tx, orderIDs, names, settled []s
 	if _, err := pgx.ForEachRow(rows, []any{&id, &status}, func() error { current[id] = status; return nil }); err != nil {
 		return fmt.Errorf("reading orders: %w", err)
 	}
-	for i, orderID := range orderIDs {
-		if slices.Contains(settled, orderID) {
+	for _, orderID := range orderIDs {
+		if _, ok := settled[orderID]; ok {
 			continue
 		}
 		switch current[orderID] {
 		case "":
-			return inbox.Permanent(fmt.Errorf("%s for order %s, which does not exist", names[i], orderID))
+			return inbox.Permanent(fmt.Errorf("an answer for order %s, which does not exist", orderID))
 		case "created":
-			return inbox.Permanent(fmt.Errorf("%s for order %s, which was never paid", names[i], orderID))
+			return inbox.Permanent(fmt.Errorf("an answer for order %s, which was never paid", orderID))
 		}
 	}
 	return nil

@@ -84,7 +84,9 @@ func answer(t *testing.T, ev any) *message.Message {
 }
 
 // TestSettleOrders applies a batch of answers, one order answered twice
-// within it; an answer for an unknown order or an unpaid one is a
+// within it, then a second answer under a fresh id in a later transaction:
+// the guard refuses both and records why. An answer for an unknown order or
+// an unpaid one, or a reservation of other lines than the order's, is a
 // permanent error.
 func TestSettleOrders(t *testing.T) {
 	t.Parallel()
@@ -104,7 +106,20 @@ func TestSettleOrders(t *testing.T) {
 	require.Equal(t, "reserved", scalar[string](t, pool, `SELECT status FROM orders WHERE id = $1`, reserved), "the first answer settles")
 	require.Equal(t, "rejected", scalar[string](t, pool, `SELECT status FROM orders WHERE id = $1`, rejected))
 	require.Equal(t, "short", scalar[string](t, pool, `SELECT reject_reason FROM orders WHERE id = $1`, rejected))
-	require.Equal(t, 2, scalar[int](t, pool, `SELECT count(*) FROM order_events WHERE order_id = $1`, reserved), "a second answer is recorded")
+	require.Equal(t, 1, scalar[int](t, pool, `SELECT count(*) FROM order_events WHERE order_id = $1`, reserved), "one answer applied")
+	require.Equal(t, 1, scalar[int](t, pool, `SELECT count(*) FROM refusals WHERE order_id = $1 AND reason LIKE 'order already settled%'`, reserved), "the second refused")
+
+	require.NoError(t, settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, rejected), Lines: oneLine})))
+	require.Equal(t, "rejected", scalar[string](t, pool, `SELECT status FROM orders WHERE id = $1`, rejected))
+	require.Equal(t, 1, scalar[int](t, pool, `SELECT count(*) FROM order_events WHERE order_id = $1`, rejected), "a later second answer is not applied")
+	require.Equal(t, 1, scalar[int](t, pool, `SELECT count(*) FROM refusals WHERE order_id = $1`, rejected), "but refused with its reason")
+
+	other := newOrder(t, pool)
+	_, err = payOrders(t.Context(), pool, []string{other})
+	require.NoError(t, err)
+	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, other), Lines: []events.Line{{SKU: "a", Quantity: 2}}}))
+	require.True(t, inbox.IsPermanent(err), "other lines than the order's: %v", err)
+	require.ErrorContains(t, err, "but the order holds")
 
 	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, uuid.NewString()), Lines: oneLine}))
 	require.True(t, inbox.IsPermanent(err), "unknown order: %v", err)
@@ -114,4 +129,23 @@ func TestSettleOrders(t *testing.T) {
 	require.ErrorContains(t, err, "never paid")
 	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, "nope"), Lines: oneLine}))
 	require.True(t, inbox.IsPermanent(err))
+}
+
+// TestSettleOrdersUnguarded is the second control run's configuration: with
+// the guard off, a second answer is applied (recorded as one), which is what
+// the checker then catches.
+func TestSettleOrdersUnguarded(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	id := newOrder(t, pool)
+	_, err := payOrders(t.Context(), pool, []string{id})
+	require.NoError(t, err)
+	for range 2 {
+		require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+			return settler{unguarded: true}.apply(t.Context(), tx, []*message.Message{
+				answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, id), Lines: oneLine})})
+		}))
+	}
+	require.Equal(t, 2, scalar[int](t, pool, `SELECT count(*) FROM order_events WHERE order_id = $1`, id))
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*) FROM refusals`))
 }

@@ -58,6 +58,12 @@ type Config struct {
 	// InboxDisabled switches deduplication off. Only the chaos harness's
 	// control run sets it, to prove the harness catches double-applies.
 	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`
+	// DomainGuardDisabled switches off the services' second layer, the
+	// check that an order is decided (inventory) and answered (orders) at
+	// most once whatever the message id. Only the chaos harness's second
+	// control run sets it, with the inbox off too, to prove that duplicates
+	// reaching the domain would be applied twice.
+	DomainGuardDisabled bool `env:"DOMAIN_GUARD_DISABLED" default:"false"`
 
 	// RelayDriver picks the relay: "batch" (pkg/outbox's Relay with the
 	// batching KafkaPublisher), "watermill" (pkg/outbox's Relay with

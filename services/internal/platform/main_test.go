@@ -26,6 +26,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -128,14 +129,14 @@ func setup(t *testing.T) *pair {
 				WriteJSON(w, http.StatusOK, map[string]string{"id": id, "status": "paid"})
 			})
 		},
-		Apply: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		Apply: always(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 			for _, msg := range msgs {
 				if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'reserved' WHERE id = $1`, string(msg.Payload)); err != nil {
 					return err
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	inventorySvc := Service{
 		Name:  p.inventory,
@@ -143,7 +144,7 @@ func setup(t *testing.T) *pair {
 		Migrations: fstest.MapFS{"001_inventory.sql": {Data: []byte(
 			`CREATE TABLE reservations (order_id text NOT NULL, message_id text NOT NULL)`)}},
 		Routes: func(*http.ServeMux, *pgxpool.Pool, Config) {},
-		Apply: func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		Apply: always(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 			for _, msg := range msgs {
 				id := string(msg.Payload)
 				if _, err := tx.Exec(ctx, `INSERT INTO reservations VALUES ($1, $2)`, id, msg.UUID); err != nil {
@@ -154,7 +155,7 @@ func setup(t *testing.T) *pair {
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	p.ordersAddr, p.ordersPool = start(t, ctx, ordersSvc)
 	p.invAddr, p.inventoryPool = start(t, ctx, inventorySvc)
@@ -276,4 +277,9 @@ func eventually(t *testing.T, ctx context.Context, cond func() bool, what string
 		case <-tick.C:
 		}
 	}
+}
+
+// always makes a Service.Apply that ignores the configuration.
+func always(fn inbox.BatchFunc) func(Config) inbox.BatchFunc {
+	return func(Config) inbox.BatchFunc { return fn }
 }

@@ -39,7 +39,8 @@ type Service struct {
 	// inbox's transaction, and writes only through it (see pkg/inbox
 	// BatchFunc). With INBOX_BATCH_SIZE=1 every batch holds one message.
 	// Errors wrapped with inbox.Permanent dead-letter the message at once.
-	Apply inbox.BatchFunc
+	// It is made from the configuration (DOMAIN_GUARD_DISABLED).
+	Apply func(Config) inbox.BatchFunc
 	// Routes adds the service's HTTP endpoints.
 	Routes func(mux *http.ServeMux, pool *pgxpool.Pool, cfg Config)
 }
@@ -106,7 +107,10 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return err
 	}
 	if cfg.InboxDisabled {
-		log.Warn("INBOX DISABLED: every delivery runs the handler; duplicates will be applied twice")
+		log.Warn("INBOX DISABLED: every delivery runs the handler; duplicates reach the domain")
+	}
+	if cfg.DomainGuardDisabled {
+		log.Warn("DOMAIN GUARD DISABLED: an event for an order already decided is applied again")
 	}
 	mtr.register(ibx, relay)
 
@@ -129,7 +133,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
-	apply := ibx.Handler(svc.Apply)
+	apply := ibx.Handler(svc.Apply(cfg))
 	router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, subscriber, func(msg *message.Message) error {
 		mtr.handling(msg) // for commit-to-apply latency
 		return apply(msg)
