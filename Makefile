@@ -30,21 +30,32 @@ build: ## Build the service binaries into bin/
 
 SEED ?= 7
 
-# chaos-proof PROFILE: the profile must pass, and the same run with the inbox
-# off (the control) must fail, with double-applies and not for another reason.
+# chaos-proof PROFILE: the profile must pass, and the same run with the
+# inbox and the services' domain guard off (the second control) must fail,
+# with double-applies and not for another reason.
 define chaos-proof
 	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
-	@echo "== control run ($(1)): the inbox switched off; the checker must catch double-applies =="
-	@if ./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -report chaos-control-$(1).json; then \
-		echo "FAIL: the $(1) control run passed, so the checker cannot see double-applies"; exit 1; fi
-	@grep -Eq '"double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run failed, but not with double-applies"; exit 1; }
-	@echo "control run ($(1)) failed with double-applies, as it must"
+	@echo "== control run 2 ($(1)): inbox and domain guard off; the checker must catch double-applies =="
+	@if ./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -guard=off -report chaos-control-$(1).json; then \
+		echo "FAIL: the $(1) control run 2 passed, so the checker cannot see double-applies"; exit 1; fi
+	@grep -Eq '"double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but not with double-applies"; exit 1; }
+	@echo "control run 2 ($(1)) failed with double-applies, as it must"
+endef
+
+# chaos-guard PROFILE: the first control, the inbox off: the run must pass
+# on the domain guard alone, which must have refused redeliveries (the
+# "layers" invariant counts them).
+define chaos-guard
+	@echo "== control run 1 ($(1)): the inbox switched off; the domain guard must refuse every redelivery =="
+	./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -report chaos-control-inbox-off-$(1).json
+	@grep -Eq '"refused_not_hostile": [1-9]' chaos-control-inbox-off-$(1).json || { echo "FAIL: the $(1) control run 1 had no redelivery reach the guard"; exit 1; }
 endef
 
 .PHONY: chaos-ci
-chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass; their control runs (inbox off) must fail
+chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass; with inbox and guard off they must fail; ci with the inbox alone off must pass on the guard
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-proof,ci)
+	$(call chaos-guard,ci)
 	$(call chaos-proof,apache)
 
 .PHONY: chaos-apache

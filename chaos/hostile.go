@@ -32,18 +32,23 @@ type hostileMsg struct {
 	id       string // message id ("" for the missing-id class)
 	payload  []byte
 	times    int    // deliveries
-	kind     string // the inbox_quarantine kind it must end as
+	kind     string // the inbox_quarantine kind it must end as, or kindRefused
 }
+
+// kindRefused: the message must end in its consumer's refusals, refused by
+// the domain guard with a reason, not in the inbox's quarantine.
+const kindRefused = "refused"
 
 type hostile struct {
-	sys  *system.System
-	rng  *rand.Rand
-	msgs []hostileMsg
-	sent atomic.Bool
+	sys   *system.System
+	inbox bool // the consumers run their inbox
+	rng   *rand.Rand
+	msgs  []hostileMsg
+	sent  atomic.Bool
 }
 
-func newHostile(sys *system.System, seed uint64) *hostile {
-	return &hostile{sys: sys, rng: rand.New(rand.NewPCG(seed, 0xbad))}
+func newHostile(sys *system.System, seed uint64, inbox bool) *hostile {
+	return &hostile{sys: sys, inbox: inbox, rng: rand.New(rand.NewPCG(seed, 0xbad))}
 }
 
 // The hostile classes, all required by the ci profile.
@@ -56,35 +61,55 @@ const (
 	hostileWrongTypes   = "wrong_field_types"
 	hostileUnknownOrder = "unknown_order"
 	hostileBurst        = "burst_50_deliveries"
+	hostileOverflow     = "quantity_overflow"
+	hostileNUL          = "nul_in_sku"
+	hostileNegative     = "negative_quantity"
+	hostileZero         = "zero_quantity"
+	hostileNotUUID      = "order_id_not_uuid"
+	hostileDecided      = "fresh_id_decided_order"
 )
 
 func (h *hostile) build(ctx context.Context) error {
 	newID := func() string { return uuid.Must(uuid.NewV7()).String() }
-	// A real, already-published OrderPaid, for the conflict: same id,
-	// different payload.
-	// On a slow start (real Kafka, a loaded machine) none may be published
-	// yet when the harness sends: wait for the first, up to two minutes.
+	// A real OrderPaid that inventory has already decided: the conflict
+	// sends its id with another payload, and fresh_id_decided_order its
+	// payload under a fresh id (the inbox cannot know that one; the domain
+	// guard must refuse it). On a slow start (real Kafka, a loaded machine)
+	// none may be decided yet when the harness sends: wait, up to two
+	// minutes.
 	var realID string
 	var realPayload []byte
 	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for {
-		err := h.sys.Pools["orders"].QueryRow(waitCtx, `
-			SELECT message_id::text, payload FROM outbox_messages
-			WHERE topic = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&realID, &realPayload)
+		var decided string
+		err := h.sys.Pools["inventory"].QueryRow(waitCtx, `SELECT order_id FROM decisions ORDER BY decided_at LIMIT 1`).Scan(&decided)
+		if err == nil {
+			err = h.sys.Pools["orders"].QueryRow(waitCtx, `SELECT message_id::text, payload FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
+				events.TopicOrders, decided).Scan(&realID, &realPayload)
+		}
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("finding a published OrderPaid: %w", err)
+			return fmt.Errorf("finding a decided order: %w", err)
 		}
 		select {
 		case <-waitCtx.Done():
-			return fmt.Errorf("finding a published OrderPaid: none within 2m: %w", waitCtx.Err())
+			return fmt.Errorf("finding a decided order: none within 2m: %w", waitCtx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
 	conflicting := strings.Replace(string(realPayload), `"quantity":`, `"quantity":9`, 1)
+	paid := func(lines string) []byte {
+		return fmt.Appendf(nil, `{"schema_version":1,"type":"OrderPaid","order_id":"%s","lines":%s,"paid_at":"2026-01-02T03:04:05Z"}`, newID(), lines)
+	}
+	// Without the inbox (the first control run) the conflicting payload is
+	// new to the consumer; the guard must refuse it as a second OrderPaid.
+	conflictKind := "payload_conflict"
+	if !h.inbox {
+		conflictKind = kindRefused
+	}
 
 	h.msgs = []hostileMsg{
 		{class: hostileMalformed, consumer: "inventory", topic: events.TopicOrders, id: newID(),
@@ -94,7 +119,7 @@ func (h *hostile) build(ctx context.Context) error {
 		{class: hostileNoID, consumer: "inventory", topic: events.TopicOrders, id: "",
 			payload: []byte(fmt.Sprintf(`{"schema_version":1,"type":"OrderPaid","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID())), times: 1, kind: "invalid"},
 		{class: hostileConflict, consumer: "inventory", topic: events.TopicOrders, id: realID,
-			payload: []byte(conflicting), times: 1, kind: "payload_conflict"},
+			payload: []byte(conflicting), times: 1, kind: conflictKind},
 		{class: hostileOversized, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: []byte(`{"schema_version":1,"type":"OrderPaid","pad":"` + strings.Repeat("x", 100<<10) + `"}`), times: 1, kind: "invalid"},
 		{class: hostileWrongTypes, consumer: "inventory", topic: events.TopicOrders, id: newID(),
@@ -103,6 +128,19 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: []byte(fmt.Sprintf(`{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID())), times: 1, kind: "dead_letter"},
 		{class: hostileBurst, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: []byte(`{"schema_version":1,"type":"OrderPaid","order_id":"burst","lines":[]}`), times: 50, kind: "dead_letter"},
+		// Lines whose sum wraps int64 to a small positive number, and past int32.
+		{class: hostileOverflow, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: paid(`[{"sku":"sku-01","quantity":9223372036854775807},{"sku":"sku-01","quantity":9223372036854775807},{"sku":"sku-01","quantity":4}]`), times: 1, kind: "dead_letter"},
+		{class: hostileNUL, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: paid(`[{"sku":"sku-01\u0000","quantity":1}]`), times: 1, kind: "dead_letter"},
+		{class: hostileNegative, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: paid(`[{"sku":"sku-01","quantity":2},{"sku":"sku-02","quantity":-1}]`), times: 1, kind: "dead_letter"},
+		{class: hostileZero, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: paid(`[{"sku":"sku-01","quantity":0}]`), times: 1, kind: "dead_letter"},
+		{class: hostileNotUUID, consumer: "orders", topic: events.TopicInventory, id: newID(),
+			payload: []byte(`{"schema_version":1,"type":"InventoryRejected","order_id":"' OR 1=1 --","reason":"x"}`), times: 1, kind: "dead_letter"},
+		{class: hostileDecided, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: realPayload, times: 1, kind: kindRefused},
 	}
 	return nil
 }
@@ -168,6 +206,21 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 	for _, m := range h.msgs {
 		pool := h.sys.Pools[m.consumer]
 		r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
+		if m.kind == kindRefused {
+			var reason *string
+			if err := pool.QueryRow(ctx, `SELECT count(*), min(reason) FROM refusals WHERE message_id = $1`, m.id).
+				Scan(&r.QuarantinedOrDead, &reason); err != nil {
+				return nil, err
+			}
+			if reason != nil {
+				r.Reason = *reason
+			}
+			// >=: without the inbox, a redelivered original under the same
+			// id (the conflict's) is refused as well.
+			r.Handled = r.QuarantinedOrDead >= m.times && r.Reason != ""
+			out[m.class] = r
+			continue
+		}
 		sum := sha256.Sum256(m.payload)
 		var rows int
 		var reason *string
@@ -196,6 +249,24 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 		out[m.class] = r
 	}
 	return out, nil
+}
+
+// refusedOthers counts the refusals, in both services, of messages that are
+// not hostile: the system's own events the domain guard refused.
+func (h *hostile) refusedOthers(ctx context.Context) (int, error) {
+	var ids []string
+	for _, m := range h.msgs {
+		ids = append(ids, m.id)
+	}
+	total := 0
+	for _, name := range []string{"orders", "inventory"} {
+		var n int
+		if err := h.sys.Pools[name].QueryRow(ctx, `SELECT count(*) FROM refusals WHERE NOT message_id = ANY($1)`, ids).Scan(&n); err != nil {
+			return 0, fmt.Errorf("counting %s refusals: %w", name, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // done reports whether every hostile message has been dealt with (or none

@@ -5,7 +5,8 @@
 // nothing was lost.
 //
 //	go run ./chaos -profile ci -seed 7 -report chaos-report.json
-//	go run ./chaos -profile ci -seed 7 -inbox=off   # control: must FAIL
+//	go run ./chaos -profile ci -seed 7 -inbox=off   # control: the domain guard alone must hold
+//	go run ./chaos -profile ci -seed 7 -inbox=off -guard=off   # control: must FAIL
 //	go run ./chaos -profile apache -seed 7          # real Apache Kafka: 3 brokers, broker and network faults
 //	go run ./chaos -scenario after-commit-before-ack # one kill, narrated
 //
@@ -41,7 +42,8 @@ func run(ctx context.Context) error {
 		profileName = flag.String("profile", "ci", "ci, apache (real Kafka), long or smoke")
 		seed        = flag.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seeds every random choice; printed, reusable")
 		reportPath  = flag.String("report", "", "write the JSON report here")
-		inboxFlag   = flag.String("inbox", "on", "on, or off for the control run (which must fail)")
+		inboxFlag   = flag.String("inbox", "on", "on, or off for the control runs: the guard must then catch every redelivery")
+		guardFlag   = flag.String("guard", "on", "the services' domain guard: on, or off (with -inbox=off) for the second control run, which must fail")
 		scenario    = flag.String("scenario", "", "learning mode: one order, one kill at this window, narrated")
 		orders      = flag.Int("orders", 0, "override the profile's order count")
 	)
@@ -60,7 +62,10 @@ func run(ctx context.Context) error {
 	if *inboxFlag != "on" && *inboxFlag != "off" {
 		return fmt.Errorf("-inbox must be on or off, not %q", *inboxFlag)
 	}
-	h := newHarness(p, *seed, *inboxFlag == "on")
+	if *guardFlag != "on" && *guardFlag != "off" {
+		return fmt.Errorf("-guard must be on or off, not %q", *guardFlag)
+	}
+	h := newHarness(p, *seed, *inboxFlag == "on", *guardFlag == "on")
 	report, err := h.run(ctx)
 	writeFinalStatus(report) // status.go: the dashboard shows the verdict
 	if report != nil {

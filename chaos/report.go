@@ -21,6 +21,7 @@ type Report struct {
 	Seed                 uint64                   `json:"seed"`
 	Profile              string                   `json:"profile"`
 	Inbox                bool                     `json:"inbox"`
+	Guard                bool                     `json:"guard"`
 	DurationS            float64                  `json:"duration_s"`
 	OrdersPaid           int                      `json:"orders_paid"`
 	Kills                map[string]int           `json:"kills"` // crash window → SIGKILLs it caused
@@ -31,8 +32,10 @@ type Report struct {
 	Broker               string                   `json:"broker"`        // implementation and version
 	BrokerFaults         map[string]int           `json:"broker_faults"` // by class (and leader_changes they caused)
 	BrokerKills          int                      `json:"broker_kills"`
-	NetworkFaults        map[string]int           `json:"network_faults"` // "<postgres|kafka>_<kind>" → times applied
-	DuplicatesSuppressed int64                    `json:"duplicates_suppressed"`
+	NetworkFaults        map[string]int           `json:"network_faults"`        // "<postgres|kafka>_<kind>" → times applied
+	DuplicatesSuppressed int64                    `json:"duplicates_suppressed"` // caught by the inbox, the first layer
+	Refused              map[string]int           `json:"refused"`               // per service, caught by the domain guard, the second layer
+	RefusedNotHostile    int                      `json:"refused_not_hostile"`   // of those, refusals of the system's own messages: redeliveries
 	DoubleApplied        int                      `json:"double_applied"`
 	Lost                 int                      `json:"lost"`
 	Invariants           map[string]bool          `json:"invariants"`
@@ -57,12 +60,13 @@ type WindowRow struct {
 const (
 	invFaultsBit = "faults-bit"     // kills, restarts and duplicates reached the profile's minimums
 	invHostile   = "hostile-caught" // every hostile class quarantined or dead-lettered with a reason
+	invLayers    = "layers"         // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
 )
 
 func (h *harness) report(ctx context.Context, final check.Report, res loadgen.Result, hostile *hostile) (*Report, error) {
 	fired, subjects := h.readFired()
 	r := &Report{
-		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox,
+		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
 		OrdersPaid:           final.OrdersPaid,
 		Kills:                map[string]int{},
@@ -172,6 +176,27 @@ func (h *harness) report(ctx context.Context, final check.Report, res loadgen.Re
 	}
 	r.Invariants[invHostile] = hostileOK
 
+	// Which layer caught the redeliveries: with the inbox on, none may
+	// reach the guard (it refuses only hostile messages); with the inbox
+	// off, the guard must refuse them. With both off there is no layer left
+	// to judge, and the checker must find double-applies instead.
+	if h.inbox || h.guard {
+		n, err := hostile.refusedOthers(ctx)
+		if err != nil {
+			return r, err
+		}
+		r.RefusedNotHostile = n
+		if h.inbox {
+			r.Invariants[invLayers] = n == 0
+			r.Details[invLayers] = fmt.Sprintf("inbox: %d redeliveries suppressed; domain guard: %d of the system's own events refused (must be 0: the inbox stops them first), refusals by service %v",
+				r.DuplicatesSuppressed, n, r.Refused)
+		} else {
+			r.Invariants[invLayers] = n > 0
+			r.Details[invLayers] = fmt.Sprintf("inbox off; domain guard: %d of the system's own events refused (redeliveries that reached the domain; must be > 0), refusals by service %v",
+				n, r.Refused)
+		}
+	}
+
 	r.Passed = true
 	for _, ok := range r.Invariants {
 		r.Passed = r.Passed && ok
@@ -240,8 +265,8 @@ var windowNotes = map[failpoint.Name]string{
 func (r *Report) print() {
 	fmt.Println()
 	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.DurationS)
-	fmt.Printf("orders paid %d | kills %d (%d random) | restarts %d | postgres restarts %d | duplicates suppressed %d\n",
-		r.OrdersPaid, r.TotalKills, r.RandomKills, r.Restarts, r.PostgresRestarts, r.DuplicatesSuppressed)
+	fmt.Printf("orders paid %d | kills %d (%d random) | restarts %d | postgres restarts %d | duplicates suppressed %d | refused by the domain guard %v (%d not hostile)\n",
+		r.OrdersPaid, r.TotalKills, r.RandomKills, r.Restarts, r.PostgresRestarts, r.DuplicatesSuppressed, r.Refused, r.RefusedNotHostile)
 	fmt.Printf("broker: %s\n", r.Broker)
 	fmt.Printf("broker faults: %v (broker kills %d)\n", r.BrokerFaults, r.BrokerKills)
 	if len(r.NetworkFaults) > 0 {

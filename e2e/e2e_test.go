@@ -90,14 +90,17 @@ func TestRoundTrip(t *testing.T) {
 }
 
 // crashAfterCommit arms after-commit-before-ack in inventory, restarts it
-// after every kill, and returns the settled report and the kill count.
-func crashAfterCommit(t *testing.T, inboxDisabled bool) (check.Report, int64) {
+// after every kill, and returns the settled report and the kill count. The
+// two layers that stop a redelivery can be switched off: the inbox, and the
+// domain guard behind it.
+func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (check.Report, int64) {
 	env := []string{
 		"FAILPOINTS=" + string(failpoint.AfterCommitBeforeAck) + "=every:40",
 		"FAILPOINT_SEED=1",
 		// Let each incarnation catch up and commit offsets before it can die.
 		"FAILPOINT_GRACE=1s",
 		fmt.Sprintf("INBOX_DISABLED=%t", inboxDisabled),
+		fmt.Sprintf("DOMAIN_GUARD_DISABLED=%t", guardDisabled),
 	}
 	b := setup(t, system.Options{
 		Env: []string{
@@ -122,27 +125,43 @@ func crashAfterCommit(t *testing.T, inboxDisabled bool) (check.Report, int64) {
 
 // TestCrashAfterCommitBeforeAck kills inventory with SIGKILL right after its
 // inbox transaction committed and before Kafka heard of it. Kafka redelivers;
-// the inbox must suppress every redelivery.
+// the inbox must suppress every redelivery, so none reaches the domain
+// guard behind it.
 func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
-	report, kills := crashAfterCommit(t, false)
-	t.Logf("kills: %d, duplicates suppressed: %d", kills, report.DuplicatesSuppressed)
+	report, kills := crashAfterCommit(t, false, false)
+	t.Logf("kills: %d, duplicates suppressed: %d, refused by the guard: %v", kills, report.DuplicatesSuppressed, report.Refused)
 
 	require.Positive(t, kills, "the failpoint never fired")
 	require.Positive(t, report.DuplicatesSuppressed, "kills after commit must cause redeliveries")
+	require.Zero(t, report.RefusedTotal(), "the inbox stops redeliveries before the domain guard sees them")
 	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
 }
 
-// TestCrashAfterCommitBeforeAckWithoutInbox is the control: the same run
-// with the inbox switched off must be caught applying orders twice.
-// Without it, the test above could pass with a checker that never fails.
+// TestCrashAfterCommitBeforeAckWithoutInbox is the first control: the same
+// run with the inbox switched off. The redeliveries reach the domain, and
+// the guard (inventory decides an order once) must refuse them: nothing is
+// applied twice, and the refusals are counted.
 func TestCrashAfterCommitBeforeAckWithoutInbox(t *testing.T) {
 	t.Parallel()
-	report, kills := crashAfterCommit(t, true)
+	report, kills := crashAfterCommit(t, true, false)
+	t.Logf("kills: %d, refused by the guard: %v, double-applied orders: %d", kills, report.Refused, report.DoubleApplied)
+
+	require.Positive(t, kills)
+	require.Positive(t, report.Refused["inventory"], "without the inbox, redeliveries must reach the domain guard")
+	require.True(t, report.OK(), "the guard must hold without the inbox: %+v", report.Invariants)
+}
+
+// TestCrashAfterCommitBeforeAckWithoutEitherLayer is the second control:
+// inbox and guard both off must be caught applying orders twice. Without
+// it, the tests above could pass with a checker that never fails.
+func TestCrashAfterCommitBeforeAckWithoutEitherLayer(t *testing.T) {
+	t.Parallel()
+	report, kills := crashAfterCommit(t, true, true)
 	t.Logf("kills: %d, double-applied orders: %d", kills, report.DoubleApplied)
 
 	require.Positive(t, kills)
 	exactlyOnce, _ := report.Invariant(check.ExactlyOnce)
-	require.False(t, exactlyOnce.OK, "without the inbox, redeliveries must show up as double-applies")
+	require.False(t, exactlyOnce.OK, "without either layer, redeliveries must show up as double-applies")
 	require.Positive(t, report.DoubleApplied)
 }

@@ -33,12 +33,16 @@ type Report struct {
 	OrderPaidDup  int // orders with more than one OrderPaid in the outbox
 
 	ReservationsMade     int            // reserved orders, as inventory counts them
-	DuplicatesSuppressed int64          // redeliveries the inboxes skipped
+	DuplicatesSuppressed int64          // redeliveries the inboxes skipped (the first layer)
+	Refused              map[string]int // per service, events the domain guard refused (the second layer)
 	OutboxPending        map[string]int // unpublished outbox rows per service
 	Quarantined          map[string]int // "service/kind" → rows
 
 	Invariants []Invariant
 }
+
+// RefusedTotal is how many events the domain guards refused in all.
+func (r Report) RefusedTotal() int { return r.Refused["orders"] + r.Refused["inventory"] }
 
 // OK reports whether every invariant holds.
 func (r Report) OK() bool {
@@ -69,7 +73,7 @@ const (
 
 // Run checks a drained run. seeded is the stock each SKU was given.
 func Run(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[string]int) (Report, error) {
-	r := Report{OutboxPending: map[string]int{}, Quarantined: map[string]int{}}
+	r := Report{OutboxPending: map[string]int{}, Quarantined: map[string]int{}, Refused: map[string]int{}}
 
 	// Paid orders and how many distinct SKUs each has (a reservation writes
 	// one row per SKU).
@@ -172,6 +176,10 @@ func Run(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[string
 			return r, fmt.Errorf("counting %s duplicates: %w", name, err)
 		}
 		r.DuplicatesSuppressed += dups
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM refusals`).Scan(&n); err != nil {
+			return r, fmt.Errorf("counting %s refusals: %w", name, err)
+		}
+		r.Refused[name] = n
 		q, err := countBy(ctx, pool, `SELECT kind, count(*) FROM inbox_quarantine GROUP BY 1`)
 		if err != nil {
 			return r, err
