@@ -234,7 +234,18 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 				return
 			}
 		}
-		done <- nil
+		// A real cluster answers CreateTopics once its controller committed
+		// them; the brokers learn of them a little later. Return when the
+		// metadata shows every partition with a leader (a loaded CI machine
+		// described a just-created topic with no partitions).
+		for {
+			ready, err := topicsReady(admin, topics)
+			if ready || ctx.Err() != nil {
+				done <- err
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}()
 	select {
 	case err := <-done:
@@ -242,6 +253,26 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 	case <-ctx.Done():
 		return fmt.Errorf("stack: create topics: %w", ctx.Err())
 	}
+}
+
+// topicsReady reports whether the metadata lists every topic with all its
+// partitions led; err says what is still missing.
+func topicsReady(admin sarama.ClusterAdmin, topics []string) (bool, error) {
+	meta, err := admin.DescribeTopics(topics)
+	if err != nil {
+		return false, fmt.Errorf("stack: describe topics: %w", err)
+	}
+	for _, t := range meta {
+		if t.Err != sarama.ErrNoError || len(t.Partitions) == 0 {
+			return false, fmt.Errorf("stack: topic %q not ready: %v, %d partitions", t.Name, t.Err, len(t.Partitions))
+		}
+		for _, p := range t.Partitions {
+			if p.Err != sarama.ErrNoError || p.Leader < 0 {
+				return false, fmt.Errorf("stack: topic %q partition %d not ready: %v, leader %d", t.Name, p.ID, p.Err, p.Leader)
+			}
+		}
+	}
+	return true, nil
 }
 
 // DirectBrokers are the addresses for a harness's own clients: an Apache
