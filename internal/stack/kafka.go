@@ -212,6 +212,16 @@ func (k *Kafka) Close() {
 // through the Kafka protocol (Sarama ClusterAdmin), so it works against kfake
 // and real Kafka alike. Topics that already exist are not an error.
 func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...string) error {
+	return k.CreateTopicsWithConfig(ctx, partitions, nil, topics...)
+}
+
+// CreateTopicsWithConfig is CreateTopics with topic configs (for example
+// max.message.bytes).
+func (k *Kafka) CreateTopicsWithConfig(ctx context.Context, partitions int, config map[string]string, topics ...string) error {
+	entries := map[string]*string{}
+	for name, v := range config {
+		entries[name] = &v
+	}
 	if partitions <= 0 {
 		partitions = DefaultPartitions
 	}
@@ -228,6 +238,7 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 			err := admin.CreateTopic(topic, &sarama.TopicDetail{
 				NumPartitions:     int32(partitions),
 				ReplicationFactor: -1, // broker default (CreateTopics v4+, Kafka 2.4+)
+				ConfigEntries:     entries,
 			}, false)
 			if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 				done <- fmt.Errorf("stack: create topic %q: %w", topic, err)

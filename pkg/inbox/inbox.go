@@ -15,6 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -536,16 +537,7 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
 			return fmt.Errorf("inbox: clearing attempts: %w", err)
 		}
-		dlq := message.NewMessage(watermill.NewUUID(), d.msg.Payload)
-		for k, v := range d.msg.Metadata {
-			dlq.Metadata.Set(pgText(k), pgText(v))
-		}
-		dlq.Metadata.Set("dead_letter_reason", pgText(reason))
-		dlq.Metadata.Set("dead_letter_consumer", in.cfg.Consumer)
-		dlq.Metadata.Set("dead_letter_message_id", d.id)
-		dlq.Metadata.Set("dead_letter_topic", d.topic)
-		dlq.Metadata.Set("dead_letter_attempts", fmt.Sprint(attempts))
-		return outbox.PublishTx(ctx, tx, in.cfg.DeadLetterTopic, dlq)
+		return outbox.PublishTx(ctx, tx, in.cfg.DeadLetterTopic, deadLetterMessage(d, in.cfg.Consumer, attempts, reason))
 	})
 	if err != nil {
 		return err
@@ -555,6 +547,54 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	}
 	in.settle(d, settled, reason)
 	return nil
+}
+
+// PayloadOmittedMetadata is set on a dead letter whose payload (or whose
+// original metadata too) was left out because, with the dead letter's
+// headers, it would pass the producer's limit: the row would be one no
+// broker takes. It says what was left out; inbox_quarantine keeps all of it.
+const PayloadOmittedMetadata = "dead_letter_payload_omitted"
+
+// deadLetterRoom is what the dead letter leaves for the metadata PublishTx
+// adds (the write time and a trace context take ~150 bytes).
+const deadLetterRoom = 1024
+
+// deadLetterMessage is the message published to the dead-letter topic: the
+// original payload and metadata, plus the dead_letter_* headers. When that
+// would not fit outbox.DefaultMaxMessageBytes, the payload is left out, and
+// then the original metadata, and PayloadOmittedMetadata says so.
+func deadLetterMessage(d *delivery, consumer string, attempts int, reason string) *message.Message {
+	headers := message.Metadata{
+		"dead_letter_reason":     pgText(reason),
+		"dead_letter_consumer":   consumer,
+		"dead_letter_message_id": d.id,
+		"dead_letter_topic":      d.topic,
+		"dead_letter_attempts":   fmt.Sprint(attempts),
+	}
+	build := func(payload []byte, original message.Metadata) *message.Message {
+		dlq := message.NewMessage(uuid.Must(uuid.NewV7()).String(), payload)
+		for k, v := range original {
+			dlq.Metadata.Set(pgText(k), pgText(v))
+		}
+		for k, v := range headers {
+			dlq.Metadata.Set(k, v)
+		}
+		return dlq
+	}
+	fits := func(m *message.Message) bool {
+		return outbox.RecordBytes(m)+deadLetterRoom <= outbox.DefaultMaxMessageBytes
+	}
+	if dlq := build(d.msg.Payload, d.msg.Metadata); fits(dlq) {
+		return dlq
+	}
+	kept := "inbox_quarantine keeps it (inboxctl show)"
+	headers[PayloadOmittedMetadata] = fmt.Sprintf("payload of %d bytes left out: too large for a dead letter; %s", len(d.msg.Payload), kept)
+	if dlq := build(nil, d.msg.Metadata); fits(dlq) {
+		return dlq
+	}
+	headers[PayloadOmittedMetadata] = fmt.Sprintf("payload of %d bytes and %d metadata entries left out: too large for a dead letter; %s",
+		len(d.msg.Payload), len(d.msg.Metadata), kept)
+	return build(nil, nil)
 }
 
 func (in *Inbox) settle(d *delivery, o Outcome, reason string) {

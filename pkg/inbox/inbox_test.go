@@ -380,6 +380,33 @@ func TestMiddleware(t *testing.T) {
 		require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM outbox_messages WHERE topic = $1`, consumer+".dlq"))
 	})
 
+	// A payload the inbox accepts (up to MaxPayloadBytes) plus the dead
+	// letter's headers can pass the producer's limit: a row no broker takes.
+	// The dead letter leaves the payload out and says where it is kept.
+	t.Run("LargePayloadDeadLetterFitsTheProducer", func(t *testing.T) {
+		t.Parallel()
+		in, b := setup(t, inbox.Config{MaxAttempts: 1, RetryBackoff: time.Millisecond})
+		b.handler.hook = func(*message.Message, int) error { return inbox.Permanent(errors.New("no room")) }
+		id := newID()
+		payload := bytes.Repeat([]byte("z"), 1<<20) // exactly MaxPayloadBytes
+
+		require.NoError(t, deliver(b.ctx, in.Middleware(b.handler.handle), id, payload))
+
+		require.Equal(t, []inbox.Outcome{inbox.DeadLettered}, b.events.outcomes(id))
+		require.Equal(t, sha(payload), scalar[[]byte](t, b, `SELECT sha256(payload) FROM inbox_quarantine WHERE message_id = $1`, id),
+			"inbox_quarantine keeps the whole payload")
+		var dlqPayload []byte
+		var meta message.Metadata
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT payload, metadata FROM outbox_messages WHERE topic = $1`, consumer+".dlq").
+			Scan(&dlqPayload, &meta))
+		dead := message.NewMessage(newID(), dlqPayload)
+		dead.Metadata = meta
+		require.LessOrEqual(t, outbox.RecordBytes(dead), outbox.DefaultMaxMessageBytes)
+		require.Empty(t, dlqPayload)
+		require.Contains(t, meta.Get("dead_letter_payload_omitted"), "1048576 bytes")
+		require.Equal(t, id, meta.Get("dead_letter_message_id"))
+	})
+
 	t.Run("ReturnedMessagesDeadLetter", func(t *testing.T) {
 		t.Parallel()
 		in, b := setup(t, inbox.Config{MaxAttempts: 5, RetryBackoff: time.Millisecond})

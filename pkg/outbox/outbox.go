@@ -1,13 +1,16 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"embed"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -56,16 +59,68 @@ func PartitionKey(_ string, msg *message.Message) (string, error) {
 	return msg.Metadata.Get(KeyMetadata), nil
 }
 
-// PublishTx writes msgs to topic as outbox rows inside tx. They are published
-// if and only if tx commits. Each message keeps its UUID as its Kafka message
-// id, so consumers can deduplicate; a message without a UUID gets a UUIDv7.
+// DefaultMaxMessageBytes is the largest message, measured by RecordBytes,
+// that PublishTx accepts and the relay sends, unless configured otherwise:
+// Sarama's default Producer.MaxMessageBytes, a little under the broker's
+// default max.message.bytes (1,048,588).
+const DefaultMaxMessageBytes = 1_000_000
+
+// ErrMessageTooLarge is wrapped by the error PublishTx returns for a message
+// over the limit: no broker would take it, so it is refused before it
+// becomes a row.
+var ErrMessageTooLarge = errors.New("message too large")
+
+// RecordBytes is the size of msg as the Kafka record the relay sends, as
+// Sarama counts it against Producer.MaxMessageBytes: watermill-kafka's
+// marshalers make the partition key the record key and every metadata entry,
+// plus the message id, a header. Metadata that PublishTx adds (the write
+// time, the trace context) is not in msg yet; PublishTx counts it.
+func RecordBytes(msg *message.Message) int {
+	return recordBytes(msg.UUID, msg.Metadata, len(msg.Payload))
+}
+
+// recordBytes mirrors sarama.ProducerMessage.ByteSize for record batches
+// (message format v2): a fixed maximum overhead per record, the key, the
+// value, and each header's key and value with two varint lengths.
+func recordBytes(id string, meta message.Metadata, payload int) int {
+	const recordOverhead = 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1
+	const headerOverhead = 2 * binary.MaxVarintLen32
+	n := recordOverhead + len(meta[KeyMetadata]) + payload
+	n += len(kafka.UUIDHeaderKey) + len(id) + headerOverhead
+	for k, v := range meta {
+		n += len(k) + len(v) + headerOverhead
+	}
+	return n
+}
+
+// Writer writes messages as outbox rows. Its zero value is ready to use and
+// is what the package-level PublishTx uses.
+type Writer struct {
+	// MaxMessageBytes is the largest message, measured by RecordBytes, that
+	// PublishTx accepts: set it to the producer's Producer.MaxMessageBytes
+	// (and keep the topic's max.message.bytes above it) when you change
+	// that. Defaults to DefaultMaxMessageBytes.
+	MaxMessageBytes int
+}
+
+// PublishTx writes msgs to topic as outbox rows inside tx, with the default
+// Writer. They are published if and only if tx commits. Each message keeps
+// its UUID as its Kafka message id, so consumers can deduplicate; a message
+// without a UUID gets a UUIDv7. A message over DefaultMaxMessageBytes is
+// refused with an error wrapping ErrMessageTooLarge, and nothing is written.
 func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
+	return Writer{}.PublishTx(ctx, tx, topic, msgs...)
+}
+
+// PublishTx is the package-level PublishTx with w's limit.
+func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("outbox: empty topic")
 	}
 	if len(msgs) == 0 {
 		return nil
 	}
+	limit := cmp.Or(w.MaxMessageBytes, DefaultMaxMessageBytes)
 	ids := make([]uuid.UUID, len(msgs))
 	keys := make([]string, len(msgs))
 	payloads := make([][]byte, len(msgs))
@@ -78,7 +133,12 @@ func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Me
 		if err != nil {
 			return fmt.Errorf("outbox: message id %q is not a UUID: %w", msg.UUID, err)
 		}
-		meta, err := json.Marshal(stampedMetadata(ctx, msg.Metadata)) // tracing.go: + outbox_created_at, traceparent
+		stamped := stampedMetadata(ctx, msg.Metadata) // tracing.go: + outbox_created_at, traceparent
+		if n := recordBytes(msg.UUID, stamped, len(msg.Payload)); n > limit {
+			return fmt.Errorf("outbox: message %s to %s is %d bytes as a Kafka record (payload %d), over the %d-byte limit: %w",
+				msg.UUID, topic, n, len(msg.Payload), limit, ErrMessageTooLarge)
+		}
+		meta, err := json.Marshal(stamped)
 		if err != nil {
 			return fmt.Errorf("outbox: encoding metadata: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,8 +59,23 @@ type RelayConfig struct {
 	// when the active one dies.
 	Parallel bool
 	// ErrorBackoff is how long the relay waits after a failed batch before it
-	// tries again. Defaults to 200ms.
+	// tries again; it doubles with each failure in a row, up to
+	// MaxErrorBackoff, and starts over after a batch succeeds. Defaults to
+	// 200ms.
 	ErrorBackoff time.Duration
+	// MaxErrorBackoff caps the wait between failed batches. Defaults to 10s
+	// (or ErrorBackoff, if that is longer).
+	MaxErrorBackoff time.Duration
+	// MaxMessageBytes is the largest message, measured by RecordBytes, the
+	// relay sends; a larger row is parked (see Parked) without a send. Keep
+	// it equal to the publisher's limit (Sarama's Producer.MaxMessageBytes)
+	// and to the Writer's. Defaults to DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// IsPermanent tells a refusal of a message itself (the broker will never
+	// take it) from a transient failure, for the errors Publisher returns.
+	// When a batch fails permanently, the relay publishes its rows one by
+	// one and parks those refused. Defaults to IsPermanent.
+	IsPermanent func(error) bool
 	// BatchTimeout bounds one claim-publish-mark transaction. A batch in
 	// flight when Run's context ends is finished, within this bound, so a
 	// graceful shutdown does not republish it. Defaults to 30s.
@@ -86,6 +102,15 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.ErrorBackoff == 0 {
 		c.ErrorBackoff = 200 * time.Millisecond
+	}
+	if c.MaxErrorBackoff == 0 {
+		c.MaxErrorBackoff = max(10*time.Second, c.ErrorBackoff)
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.IsPermanent == nil {
+		c.IsPermanent = IsPermanent
 	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = 30 * time.Second
@@ -122,6 +147,10 @@ func (c RelayConfig) Validate() error {
 	// BatchTimeout fails every batch, a negative RetentionBatch every DELETE.
 	case c.ErrorBackoff < 0:
 		return errors.New("outbox: RelayConfig.ErrorBackoff must not be negative")
+	case c.MaxErrorBackoff < c.ErrorBackoff:
+		return errors.New("outbox: RelayConfig.MaxErrorBackoff must not be below ErrorBackoff")
+	case c.MaxMessageBytes < 0:
+		return errors.New("outbox: RelayConfig.MaxMessageBytes must not be negative")
 	case c.BatchTimeout < 0:
 		return errors.New("outbox: RelayConfig.BatchTimeout must be positive")
 	case c.RetentionInterval < 0:
@@ -137,6 +166,7 @@ type RelayStats struct {
 	Published int64 // messages the broker acknowledged and the relay marked
 	Batches   int64 // committed batches
 	Errors    int64 // failed batches (their rows are retried)
+	Parked    int64 // rows parked because the broker will never take them
 	Deleted   int64 // published rows removed by retention
 }
 
@@ -144,7 +174,7 @@ type RelayStats struct {
 type Relay struct {
 	cfg   RelayConfig
 	wake  chan struct{}
-	stats struct{ published, batches, errors, deleted atomic.Int64 }
+	stats struct{ published, batches, errors, parked, deleted atomic.Int64 }
 }
 
 // NewRelay checks cfg and returns a relay; Run starts it.
@@ -162,6 +192,7 @@ func (r *Relay) Stats() RelayStats {
 		Published: r.stats.published.Load(),
 		Batches:   r.stats.batches.Load(),
 		Errors:    r.stats.errors.Load(),
+		Parked:    r.stats.parked.Load(),
 		Deleted:   r.stats.deleted.Load(),
 	}
 }
@@ -178,6 +209,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	followUps := 0
+	failures := 0   // failed batches in a row
 	polled := false // woken by the timer, not by a notification or a full batch
 	for {
 		n, err := r.relayIfPending(ctx, polled)
@@ -191,20 +223,27 @@ func (r *Relay) Run(ctx context.Context) error {
 			followUps--
 		}
 		switch {
+		case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
+			return nil // shutting down during the pending check
 		case err != nil:
+			failures++
 			r.stats.errors.Add(1)
-			r.cfg.Logger.Error("Relay batch failed; rows will be retried", err, nil)
-			if !ctxtime.Sleep(ctx, r.cfg.ErrorBackoff) {
+			wait := r.backoff(failures)
+			r.cfg.Logger.Error("Relay batch failed; rows will be retried", err,
+				watermill.LogFields{"failures_in_a_row": failures, "retry_in": wait.String()})
+			if !ctxtime.Sleep(ctx, wait) {
 				return nil
 			}
 			continue
 		case n == r.cfg.BatchSize:
+			failures = 0
 			if ctx.Err() != nil {
 				return nil
 			}
 			polled = false
 			continue // more rows are likely waiting
 		}
+		failures = 0
 		wait := r.cfg.PollInterval
 		if followUps > 0 {
 			wait = min(wait, relayFollowUpInterval)
@@ -221,10 +260,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// relayIfPending runs RelayOnce, first checking, when the relay was woken by
+// backoff is the wait after the failures-th failed batch in a row:
+// ErrorBackoff doubled for each earlier failure, up to MaxErrorBackoff. A
+// broker that is down is not asked again every ErrorBackoff, with the whole
+// batch, for as long as it stays down.
+func (r *Relay) backoff(failures int) time.Duration {
+	wait := r.cfg.ErrorBackoff
+	for i := 1; i < failures && wait < r.cfg.MaxErrorBackoff; i++ {
+		wait *= 2
+	}
+	return min(wait, r.cfg.MaxErrorBackoff)
+}
+
+// relayIfPending runs a batch, first checking, when the relay was woken by
 // its timer, that a row is waiting at all. Most polls find nothing (the
 // follow-ups after every batch, in particular), and the check is one round
-// trip outside any transaction, against the three of an empty batch.
+// trip outside any transaction, against the three of an empty batch. It
+// returns how many rows the batch claimed.
 func (r *Relay) relayIfPending(ctx context.Context, polled bool) (int, error) {
 	if polled {
 		var pending bool
@@ -235,11 +287,22 @@ func (r *Relay) relayIfPending(ctx context.Context, polled bool) (int, error) {
 			return 0, nil
 		}
 	}
-	return r.RelayOnce(ctx)
+	res, err := r.relayOnce(ctx)
+	return res.claimed, err
 }
 
-// pendingSQL reports whether any row waits, through the pending index.
-const pendingSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE published_at IS NULL)`
+// sendable is the condition, on outbox_messages m, of a row the relay may
+// claim: unpublished, not parked, and not waiting behind a parked row of its
+// key (see Parked).
+const sendable = `m.published_at IS NULL AND m.parked_at IS NULL
+		AND NOT EXISTS (
+			SELECT FROM outbox_messages p
+			WHERE p.parked_at IS NOT NULL AND p.topic = m.topic
+			  AND p.partition_key = m.partition_key AND p.partition_key <> '' AND p.id < m.id)`
+
+// pendingSQL reports whether any row waits to be claimed, through the
+// pending index.
+const pendingSQL = `SELECT EXISTS (SELECT FROM outbox_messages m WHERE ` + sendable + `)`
 
 // RelayOnce claims up to BatchSize unpublished rows, publishes them, and marks
 // them published, all in one transaction. It returns how many it published.
@@ -249,91 +312,115 @@ const pendingSQL = `SELECT EXISTS (SELECT FROM outbox_messages WHERE published_a
 // broker acknowledged every row. The rows stay locked until then, so no other
 // relay takes them; if anything fails before the commit, the rows are
 // released unmarked and published again later: at least once.
+//
+// A row the broker refuses for good is parked instead (see Parked), and the
+// rest of the batch is published: one bad row cannot stop the outbox.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	res, err := r.relayOnce(ctx)
+	return res.published, err
+}
+
+func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
 	// Finish a started batch even if ctx ends: abandoning it would only mean
 	// publishing it twice.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
 	defer cancel()
 
-	var n int
+	var res sent
 	err := pgx.BeginTxFunc(ctx, r.cfg.Pool, claimTx, func(tx pgx.Tx) error {
-		args := []any{planEachTime, r.cfg.BatchSize, relayLockKey}
-		claim := claimSQL
-		if r.cfg.Parallel {
-			claim, args = claimParallelSQL, args[:2]
-		}
-		rows, err := tx.Query(ctx, claim, args...)
-		if err != nil {
-			return fmt.Errorf("claiming rows: %w", err)
-		}
-		var batch []pending
-		for rows.Next() {
-			var p pending
-			var meta []byte
-			if err := rows.Scan(&p.id, &p.msgID, &p.topic, &p.payload, &meta); err != nil {
-				rows.Close()
-				return fmt.Errorf("reading row: %w", err)
-			}
-			p.meta = message.Metadata{}
-			if err := json.Unmarshal(meta, &p.meta); err != nil {
-				rows.Close()
-				return fmt.Errorf("row %d: decoding metadata: %w", p.id, err)
-			}
-			batch = append(batch, p)
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("claiming rows: %w", err)
-		}
-		if len(batch) == 0 {
-			return nil
-		}
-		// RETURNING gives no order; the claim took the lowest ids.
-		slices.SortFunc(batch, func(a, b pending) int { return cmp.Compare(a.id, b.id) })
-		failpoint.Hit(failpoint.AfterClaimBeforePublish, batch[0].msgID)
-
-		if err := r.publish(batch); err != nil {
+		batch, err := r.claim(ctx, tx)
+		if err != nil || len(batch) == 0 {
 			return err
 		}
-		failpoint.Hit(failpoint.AfterPublishBeforeMark, batch[0].msgID)
-		n = len(batch)
+		failpoint.Hit(failpoint.AfterClaimBeforePublish, batch[0].msgID)
+
+		res = r.send(batch)
+		if res.err != nil && res.published == 0 && len(res.parked) == 0 {
+			return res.err // nothing to keep: roll the claim back
+		}
+		if err := r.unclaim(ctx, tx, res); err != nil {
+			return err
+		}
+		if res.published > 0 {
+			failpoint.Hit(failpoint.AfterPublishBeforeMark, batch[0].msgID)
+		}
 		return nil // the commit makes the claim's mark count
 	})
 	if err != nil {
-		return 0, err
+		return sent{}, err
 	}
-	if n > 0 {
-		r.stats.published.Add(int64(n))
+	if res.published > 0 {
+		r.stats.published.Add(int64(res.published))
 		r.stats.batches.Add(1)
 	}
-	return n, nil
+	for _, p := range res.parked {
+		r.stats.parked.Add(1)
+		r.cfg.Logger.Error("Relay parked an outbox row the broker will not take; its key waits until it is retried or dropped",
+			errors.New(p.reason), watermill.LogFields{"row": p.id, "message_id": p.msgID, "topic": p.topic, "key": p.key})
+	}
+	return res, res.err
 }
 
-// claimSQL locks and marks the lowest unpublished ids, up to $1, if this
-// relay is the leader: the advisory lock $2, taken once per statement (an
+// claim locks and marks the next batch of rows, in id order.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]pending, error) {
+	args := []any{planEachTime, r.cfg.BatchSize, relayLockKey}
+	claim := claimSQL
+	if r.cfg.Parallel {
+		claim, args = claimParallelSQL, args[:2]
+	}
+	rows, err := tx.Query(ctx, claim, args...)
+	if err != nil {
+		return nil, fmt.Errorf("claiming rows: %w", err)
+	}
+	var batch []pending
+	for rows.Next() {
+		var p pending
+		var meta []byte
+		if err := rows.Scan(&p.id, &p.msgID, &p.topic, &p.key, &p.payload, &meta); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading row: %w", err)
+		}
+		p.meta = message.Metadata{}
+		if err := json.Unmarshal(meta, &p.meta); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("row %d: decoding metadata: %w", p.id, err)
+		}
+		batch = append(batch, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claiming rows: %w", err)
+	}
+	// RETURNING gives no order; the claim took the lowest ids.
+	slices.SortFunc(batch, func(a, b pending) int { return cmp.Compare(a.id, b.id) })
+	return batch, nil
+}
+
+// claimSQL locks and marks the lowest sendable ids, up to $1, if this relay
+// is the leader: the advisory lock $2, taken once per statement (an
 // uncorrelated subquery is evaluated once, before any row is read), makes
 // replicas take turns, so rows leave in id order and one key's messages keep
 // their order. A replica that is not the leader claims nothing.
 const claimSQL = `
 	UPDATE outbox_messages SET published_at = now()
 	WHERE id = ANY(ARRAY(
-		SELECT id FROM outbox_messages
-		WHERE published_at IS NULL AND (SELECT pg_try_advisory_xact_lock($2))
+		SELECT id FROM outbox_messages m
+		WHERE ` + sendable + ` AND (SELECT pg_try_advisory_xact_lock($2))
 		ORDER BY id
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))
-	RETURNING id, message_id, topic, payload, metadata`
+	RETURNING id, message_id, topic, partition_key, payload, metadata`
 
 // claimParallelSQL is claimSQL without the lock, for RelayConfig.Parallel:
 // every replica claims, skipping the rows the others have locked.
 const claimParallelSQL = `
 	UPDATE outbox_messages SET published_at = now()
 	WHERE id = ANY(ARRAY(
-		SELECT id FROM outbox_messages
-		WHERE published_at IS NULL
+		SELECT id FROM outbox_messages m
+		WHERE ` + sendable + `
 		ORDER BY id
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))
-	RETURNING id, message_id, topic, payload, metadata`
+	RETURNING id, message_id, topic, partition_key, payload, metadata`
 
 // planEachTime, passed before a statement's arguments, has Postgres plan the
 // statement for its actual arguments every time (pgx's one-round-trip
@@ -359,11 +446,117 @@ type pending struct {
 	id      int64
 	msgID   string
 	topic   string
+	key     string
 	payload []byte
 	meta    message.Metadata
 }
 
-// publish sends the batch in id order, one Publish call per run of rows that
+// orderKey is what a parked row holds up: its topic and partition key.
+type orderKey struct{ topic, key string }
+
+// parking is a row to park, and why.
+type parking struct {
+	pending
+	reason string
+}
+
+// sent is what became of a claimed batch.
+type sent struct {
+	claimed   int
+	published int       // acknowledged by the broker
+	parked    []parking // refused for good
+	unsent    []int64   // not sent: behind a parked row of their key, or stopped by err
+	err       error     // the transient failure that stopped the batch, if one did
+}
+
+// send publishes batch. A row over MaxMessageBytes is parked without a send.
+// When the broker refuses the batch for good, send publishes its rows one at
+// a time, in order, to find the refused ones, and parks them. A row behind a
+// parked one of its key is not sent. A transient failure stops send; what
+// was published before it counts.
+func (r *Relay) send(batch []pending) sent {
+	res := sent{claimed: len(batch)}
+	held := map[orderKey]bool{}
+	park := func(p pending, reason string) {
+		res.parked = append(res.parked, parking{p, reason})
+		if p.key != "" {
+			held[orderKey{p.topic, p.key}] = true
+		}
+	}
+	var ready []pending
+	for _, p := range batch {
+		n := recordBytes(p.msgID, p.meta, len(p.payload))
+		switch {
+		case held[orderKey{p.topic, p.key}]:
+			res.unsent = append(res.unsent, p.id)
+		case n > r.cfg.MaxMessageBytes:
+			park(p, fmt.Sprintf("message is %d bytes as a Kafka record (payload %d), over the relay's %d-byte MaxMessageBytes",
+				n, len(p.payload), r.cfg.MaxMessageBytes))
+		default:
+			ready = append(ready, p)
+		}
+	}
+	err := r.publish(ready)
+	switch {
+	case err == nil:
+		res.published = len(ready)
+		return res
+	case !r.cfg.IsPermanent(err):
+		res.err = err
+		for _, p := range ready {
+			res.unsent = append(res.unsent, p.id)
+		}
+		return res
+	}
+	// Some row is refused for good: find it, one row at a time.
+	for i, p := range ready {
+		if held[orderKey{p.topic, p.key}] {
+			res.unsent = append(res.unsent, p.id)
+			continue
+		}
+		switch err := r.publish(ready[i : i+1]); {
+		case err == nil:
+			res.published++
+		case r.cfg.IsPermanent(err):
+			park(p, "the broker refused it: "+err.Error())
+		default:
+			res.err = err
+			for _, q := range ready[i:] {
+				res.unsent = append(res.unsent, q.id)
+			}
+			return res
+		}
+	}
+	return res
+}
+
+// unclaim takes the claim's mark back from the rows res did not publish,
+// and parks the refused ones with their reasons.
+func (r *Relay) unclaim(ctx context.Context, tx pgx.Tx, res sent) error {
+	if len(res.unsent) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = NULL WHERE id = ANY($1)`, res.unsent); err != nil {
+			return fmt.Errorf("releasing unsent rows: %w", err)
+		}
+	}
+	if len(res.parked) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(res.parked))
+	reasons := make([]string, len(res.parked))
+	for i, p := range res.parked {
+		ids[i], reasons[i] = p.id, strings.ToValidUTF8(p.reason, "?")
+	}
+	_, err := tx.Exec(ctx, `
+		UPDATE outbox_messages m SET published_at = NULL, parked_at = now(), park_reason = p.reason
+		FROM unnest($1::bigint[], $2::text[]) AS p(id, reason)
+		WHERE m.id = p.id`, ids, reasons)
+	if err != nil {
+		return fmt.Errorf("parking %d rows: %w", len(ids), err)
+	}
+	return nil
+}
+
+// publish sends the rows in id order, one Publish call per run of rows that
 // share a topic.
 func (r *Relay) publish(batch []pending) error {
 	for start := 0; start < len(batch); {

@@ -607,7 +607,10 @@ func TestNewRelay(t *testing.T) {
 		{"NegativeBatchTimeout", outbox.RelayConfig{Pool: pool, Publisher: pub, BatchTimeout: -time.Second}, "RelayConfig.BatchTimeout"},
 		{"NegativeRetentionInterval", outbox.RelayConfig{Pool: pool, Publisher: pub, RetentionInterval: -time.Second}, "RelayConfig.RetentionInterval"},
 		{"NegativeRetentionBatch", outbox.RelayConfig{Pool: pool, Publisher: pub, RetentionBatch: -1}, "RelayConfig.RetentionBatch"},
+		{"MaxErrorBackoffBelowErrorBackoff", outbox.RelayConfig{Pool: pool, Publisher: pub, ErrorBackoff: time.Second, MaxErrorBackoff: time.Millisecond}, "RelayConfig.MaxErrorBackoff"},
+		{"NegativeMaxMessageBytes", outbox.RelayConfig{Pool: pool, Publisher: pub, MaxMessageBytes: -1}, "RelayConfig.MaxMessageBytes"},
 		{"Defaults", outbox.RelayConfig{Pool: pool, Publisher: pub}, ""},
+		{"LongErrorBackoffRaisesTheDefaultCap", outbox.RelayConfig{Pool: pool, Publisher: pub, ErrorBackoff: time.Hour}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -25,6 +25,8 @@ const (
 	metricPendingRows        = "outbox_pending_rows"
 	metricOldestPendingAge   = "outbox_oldest_pending_age_seconds"
 	metricPendingQueryErrors = "outbox_pending_query_errors_total"
+	metricParkedRows         = "outbox_parked_rows"
+	metricRelayParked        = "outbox_relay_parked_total"
 	metricRelayed            = "outbox_relayed_total"
 	metricRelayBatches       = "outbox_relay_batches_total"
 	metricRelayErrors        = "outbox_relay_errors_total"
@@ -91,6 +93,8 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay) {
 			func(s outbox.RelayStats) int64 { return s.Batches }),
 		relayCounter(metricRelayErrors, "Relay batches that failed; their rows are published by a later batch.",
 			func(s outbox.RelayStats) int64 { return s.Errors }),
+		relayCounter(metricRelayParked, "Outbox rows this process's relay parked because the broker will never take them (see outboxctl).",
+			func(s outbox.RelayStats) int64 { return s.Parked }),
 		relayCounter(metricRetentionDeleted, "Published outbox rows deleted by retention.",
 			func(s outbox.RelayStats) int64 { return s.Deleted }),
 	)
@@ -160,6 +164,8 @@ var (
 		"Outbox rows committed but not yet published (every replica of the service reports the same database).", nil, nil)
 	oldestPendingDesc = prometheus.NewDesc(metricOldestPendingAge,
 		"Age of the oldest unpublished outbox row, in seconds; 0 when none is pending.", nil, nil)
+	parkedRowsDesc = prometheus.NewDesc(metricParkedRows,
+		"Outbox rows parked because the broker will never take them; each holds back its key's later rows until an operator retries or drops it (outboxctl).", nil, nil)
 )
 
 func newOutboxCollector(pool *pgxpool.Pool, log *slog.Logger) *outboxCollector {
@@ -172,23 +178,26 @@ func newOutboxCollector(pool *pgxpool.Pool, log *slog.Logger) *outboxCollector {
 func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pendingRowsDesc
 	ch <- oldestPendingDesc
+	ch <- parkedRowsDesc
 	c.errors.Describe(ch)
 }
 
 func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
 	defer cancel()
-	var pending int64
+	var pending, parked int64
 	var age float64
 	err := c.pool.QueryRow(ctx, `
-		SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-		FROM outbox_messages WHERE published_at IS NULL`).Scan(&pending, &age)
+		SELECT count(*), count(*) FILTER (WHERE parked_at IS NOT NULL),
+		       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+		FROM outbox_messages WHERE published_at IS NULL`).Scan(&pending, &parked, &age)
 	if err != nil {
 		c.errors.Inc()
 		c.log.Warn("metrics: reading the outbox backlog", "err", err)
 	} else {
 		ch <- prometheus.MustNewConstMetric(pendingRowsDesc, prometheus.GaugeValue, float64(pending))
 		ch <- prometheus.MustNewConstMetric(oldestPendingDesc, prometheus.GaugeValue, max(age, 0))
+		ch <- prometheus.MustNewConstMetric(parkedRowsDesc, prometheus.GaugeValue, float64(parked))
 	}
 	c.errors.Collect(ch)
 }

@@ -45,6 +45,8 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, 0.0, metric(t, inv, metricRelayErrors))
 	require.Equal(t, 0.0, metric(t, inv, metricPendingRows))
 	require.Equal(t, 0.0, metric(t, inv, metricOldestPendingAge))
+	require.Equal(t, 0.0, metric(t, inv, metricParkedRows))
+	require.Equal(t, 0.0, metric(t, inv, metricRelayParked))
 
 	// The relay counts a batch after marking it published, which can be after
 	// the consumer already suppressed the copy.

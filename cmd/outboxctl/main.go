@@ -1,0 +1,188 @@
+// Command outboxctl lets an operator deal with the outbox rows a relay
+// parked because the broker will never take them (too large for the
+// producer or the topic, an invalid record), in the producer's database
+// (DATABASE_URL).
+//
+//	outboxctl list
+//	outboxctl show ID
+//	outboxctl retry ID
+//	outboxctl drop -by WHO -why WHY ID
+//
+// A parked row holds back the later rows of its topic and partition key.
+// retry sends it again (fix what refused it first: the topic's
+// max.message.bytes, the producer's limit); drop moves it to outbox_dropped
+// with who and why, and lets its key go on without it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "outboxctl:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  outboxctl list
+  outboxctl show ID
+  outboxctl retry ID
+  outboxctl drop -by WHO -why WHY ID
+DATABASE_URL names the producer's database.`
+
+var errUsage = errors.New(usage)
+
+func run(ctx context.Context, args []string, out io.Writer, getenv func(string) string) error {
+	if len(args) == 0 {
+		return errUsage
+	}
+	cmd, args := args[0], args[1:]
+	fs := flag.NewFlagSet("outboxctl "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	by := fs.String("by", defaultOperator(getenv), "drop: who drops the row (recorded)")
+	why := fs.String("why", "", "drop: why (recorded)")
+	switch cmd {
+	case "list", "show", "retry", "drop":
+	case "help", "-h", "-help", "--help":
+		fmt.Fprintln(out, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%v\n%s", err, usage)
+	}
+	var id int64
+	switch rest := fs.Args(); {
+	case cmd == "list":
+		if len(rest) > 0 {
+			return fmt.Errorf("list takes no arguments, got %q\n%s", rest, usage)
+		}
+	case len(rest) != 1:
+		return fmt.Errorf("%s needs one ID (see outboxctl list)\n%s", cmd, usage)
+	default:
+		n, err := strconv.ParseInt(rest[0], 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: ID %q is not a number", cmd, rest[0])
+		}
+		id = n
+	}
+	if cmd == "drop" && strings.TrimSpace(*why) == "" {
+		return errors.New("drop needs -why: it is kept as the audit record")
+	}
+
+	url := getenv("DATABASE_URL")
+	if url == "" {
+		return errors.New("DATABASE_URL is required: the producer's database")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connecting: %w", err)
+	}
+	defer pool.Close()
+
+	switch cmd {
+	case "list", "show":
+		parked, err := outbox.Parked(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if cmd == "list" {
+			printList(out, parked)
+			return nil
+		}
+		for _, p := range parked {
+			if p.ID == id {
+				printOne(out, p)
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: %d", outbox.ErrNotParked, id)
+	case "retry":
+		if err := outbox.Retry(ctx, pool, id); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%d unparked: the relay sends it with its next batch\n", id)
+	case "drop":
+		if err := outbox.Drop(ctx, pool, id, *by, *why); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%d dropped by %s: kept in outbox_dropped\n", id, *by)
+	}
+	return nil
+}
+
+// defaultOperator is who drops when -by is not given: the OS user.
+func defaultOperator(getenv func(string) string) string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return getenv("USER")
+}
+
+func printList(out io.Writer, list []outbox.ParkedRow) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "nothing parked")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tTOPIC\tKEY\tMESSAGE\tBYTES\tPARKED\tWAITING\tREASON")
+	for _, p := range list {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s ago\t%d\t%s\n", p.ID, p.Topic, clip(p.Key, 40), p.MessageID, len(p.Payload),
+			time.Since(p.ParkedAt).Round(time.Second), p.Waiting, clip(p.Reason, 100))
+	}
+	w.Flush()
+}
+
+func printOne(out io.Writer, p outbox.ParkedRow) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+	row("id", p.ID)
+	row("message id", p.MessageID)
+	row("topic", p.Topic)
+	row("key", p.Key)
+	row("reason", p.Reason)
+	row("written at", p.CreatedAt.Format(time.RFC3339))
+	row("parked at", p.ParkedAt.Format(time.RFC3339))
+	row("rows waiting behind it", p.Waiting)
+	meta, _ := json.Marshal(p.Metadata)
+	row("metadata", string(meta))
+	payload := string(p.Payload)
+	if !utf8.Valid(p.Payload) {
+		payload = fmt.Sprintf("%d bytes, not UTF-8: %x", len(p.Payload), p.Payload[:min(len(p.Payload), 64)])
+	}
+	row("payload", fmt.Sprintf("%d bytes: %s", len(p.Payload), clip(payload, 4096)))
+	w.Flush()
+}
+
+func clip(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

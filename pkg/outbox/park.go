@@ -1,0 +1,156 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Parking. A row the broker will never accept, however often it is sent
+// (larger than the producer's or the topic's limit, a record the broker
+// calls invalid), is parked by the relay: it stays unpublished with its
+// reason, and the rest of its batch is published. The rows after it with
+// the same topic and partition key wait behind it, so that a key's messages
+// never overtake each other; other keys go on. An operator lists parked
+// rows (Parked), and either retries one (Retry: after raising the broker's
+// limit, say), which lets its key go on behind it, or drops it (Drop), which
+// moves it to outbox_dropped with who and why, and lets its key go on
+// without it. Rows with an empty partition key carry no order, so nothing
+// waits behind them.
+
+// permanentError marks an error as one the broker will repeat for this
+// message, whatever the relay does.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent wraps err so that the relay's default IsPermanent takes it as a
+// refusal of the message itself: for publishers other than Sarama's to say
+// "never send this again".
+func Permanent(err error) error { return permanentError{err} }
+
+// IsPermanent reports whether err, from a Publisher, says the broker will
+// never take a message of the batch, so that the relay finds that message
+// and parks it instead of retrying the batch: an error wrapped by Permanent,
+// or Sarama's (and so watermill-kafka's) refusals of a record: message too
+// large (from Sarama itself, over Producer.MaxMessageBytes, or from the
+// broker, over the topic's max.message.bytes), record list too large,
+// invalid record, invalid topic. Everything else (a broker down, a timeout,
+// a leader moving) is transient, and the batch is retried after a backoff.
+// It is RelayConfig.IsPermanent's default.
+func IsPermanent(err error) bool {
+	if errors.As(err, new(permanentError)) {
+		return true
+	}
+	var batch sarama.ProducerErrors // KafkaPublisher's, one per message
+	if errors.As(err, &batch) {
+		for _, pe := range batch {
+			if pe != nil && IsPermanent(pe.Err) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, kerr := range []sarama.KError{
+		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge,
+		sarama.ErrInvalidRecord, sarama.ErrInvalidTopic,
+	} {
+		if errors.Is(err, kerr) {
+			return true
+		}
+	}
+	return false
+}
+
+// ParkedRow is a parked outbox row.
+type ParkedRow struct {
+	ID        int64 // the outbox row's id: what Retry and Drop take
+	MessageID string
+	Topic     string
+	Key       string // the partition key
+	Payload   []byte
+	Metadata  message.Metadata
+	CreatedAt time.Time
+	ParkedAt  time.Time
+	Reason    string
+	Waiting   int // rows of the same topic and key waiting behind it
+}
+
+// ErrNotParked is returned by Retry and Drop for an id that is not a parked
+// row (never was, or already retried or dropped).
+var ErrNotParked = errors.New("outbox: no parked row with that id")
+
+// Parked lists the parked rows, oldest first.
+func Parked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedRow, error) {
+	rows, err := pool.Query(ctx, `
+		SELECT p.id, p.message_id::text, p.topic, p.partition_key, p.payload, p.metadata,
+		       p.created_at, p.parked_at, p.park_reason,
+		       CASE WHEN p.partition_key = '' THEN 0 ELSE (
+		           SELECT count(*) FROM outbox_messages w
+		           WHERE w.published_at IS NULL AND w.parked_at IS NULL
+		             AND w.topic = p.topic AND w.partition_key = p.partition_key AND w.id > p.id) END
+		FROM outbox_messages p
+		WHERE p.parked_at IS NOT NULL
+		ORDER BY p.id`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing parked rows: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ParkedRow, error) {
+		var p ParkedRow
+		var meta []byte
+		err := row.Scan(&p.ID, &p.MessageID, &p.Topic, &p.Key, &p.Payload, &meta,
+			&p.CreatedAt, &p.ParkedAt, &p.Reason, &p.Waiting)
+		if err == nil {
+			err = json.Unmarshal(meta, &p.Metadata)
+		}
+		return p, err
+	})
+}
+
+// Retry unparks row id: the relay sends it again with the next batch, and
+// its key's waiting rows go out after it. Fix what refused it first (the
+// broker's max.message.bytes, the producer's limit), or it is parked again.
+func Retry(ctx context.Context, pool *pgxpool.Pool, id int64) error {
+	tag, err := pool.Exec(ctx, `
+		UPDATE outbox_messages SET parked_at = NULL, park_reason = NULL
+		WHERE id = $1 AND parked_at IS NOT NULL`, id)
+	if err != nil {
+		return fmt.Errorf("outbox: retrying row %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %d", ErrNotParked, id)
+	}
+	return nil
+}
+
+// Drop gives up on parked row id: it moves to outbox_dropped with by, why
+// and the time, and its key's waiting rows go out without it. Consumers
+// never see the message; why should say what was done instead.
+func Drop(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) error {
+	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
+		return errors.New("outbox: Drop needs who drops the row and why: they are its audit record")
+	}
+	tag, err := pool.Exec(ctx, `
+		WITH gone AS (
+			DELETE FROM outbox_messages WHERE id = $1 AND parked_at IS NOT NULL
+			RETURNING id, message_id, topic, partition_key, payload, metadata, created_at, parked_at, park_reason)
+		INSERT INTO outbox_dropped (id, message_id, topic, partition_key, payload, metadata, created_at, parked_at, park_reason, dropped_by, drop_reason)
+		SELECT id, message_id, topic, partition_key, payload, metadata, created_at, parked_at, park_reason, $2, $3 FROM gone`,
+		id, by, why)
+	if err != nil {
+		return fmt.Errorf("outbox: dropping row %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %d", ErrNotParked, id)
+	}
+	return nil
+}
