@@ -72,8 +72,9 @@ chaos: ## The long chaos profile: SEED=7
 	$(GO) run ./chaos -profile long -seed $(SEED) -report chaos-report.json
 
 .PHONY: bench
-bench: ## Benchmark textbook vs project vs the database's limit, in one run: bench-report.json + .svg
+bench: ## Benchmark textbook vs project vs the database's limit, in one run: bench-report.json + .svg; then PublishTx with and without its per-key lock
 	$(GO) run ./bench
+	$(GO) test -run '^$$' -bench 'PublishTx' -count 3 ./pkg/outbox/ | tee bench-publishtx.txt
 
 .PHONY: bench-smoke
 bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)

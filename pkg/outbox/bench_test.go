@@ -11,18 +11,37 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
-// BenchmarkPublishTx measures a producer transaction that writes one outbox
-// row and commits (with fsync on, as in production).
+// BenchmarkPublishTx measures a producer transaction that writes outbox
+// rows and commits (with fsync on, as in production): one row, or 100 rows
+// of 100 keys (a batch of payments), with the per-key lock that keeps
+// commit order (see PublishTx) and without it (Writer.Unordered), side by
+// side: the lock's cost is the ratio.
 func BenchmarkPublishTx(b *testing.B) {
-	ctx := context.Background()
-	pool := newPool(b)
-	topic := uniqueName(b)
-	for b.Loop() {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return outbox.PublishTx(ctx, tx, topic, outbox.NewMessage("key", []byte(`{"n":1}`)))
-		})
-		if err != nil {
-			b.Fatal(err)
+	for _, rows := range []int{1, 100} {
+		for _, w := range []struct {
+			name   string
+			writer outbox.Writer
+		}{{"KeyLock", outbox.Writer{}}, {"Unordered", outbox.Writer{Unordered: true}}} {
+			b.Run(fmt.Sprintf("Rows=%d/%s", rows, w.name), func(b *testing.B) {
+				ctx := context.Background()
+				pool := newPool(b)
+				topic := uniqueName(b)
+				var n int
+				for b.Loop() {
+					msgs := make([]*message.Message, rows)
+					for i := range msgs {
+						n++
+						msgs[i] = outbox.NewMessage(fmt.Sprint("key-", n), []byte(`{"n":1}`))
+					}
+					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						return w.writer.PublishTx(ctx, tx, topic, msgs...)
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "rows/s")
+			})
 		}
 	}
 }

@@ -15,7 +15,8 @@
 //     with package inbox.
 //   - a message keeps its id (the row's message_id, a UUIDv7 by default) and
 //     its partition key across republishing, so the consumer can deduplicate
-//     and one key's messages stay on one partition, in order.
+//     and one key's messages stay on one partition, in commit order (see
+//     "The order promised").
 //   - a long-running transaction does not stall the relay: uncommitted rows
 //     are invisible, committed ones behind them are published, and the late
 //     rows go out once their transaction commits (no high-water mark is
@@ -37,6 +38,39 @@
 // each other; every other key goes on. Transient failures (the broker down,
 // a timeout) park nothing: the batch is retried after ErrorBackoff, doubled
 // for each failure in a row up to MaxErrorBackoff.
+//
+// # The order promised
+//
+// For one topic and non-empty partition key, with one relay leading (the
+// default; not with RelayConfig.Parallel): the first time each message
+// reaches Kafka, it comes after every message of that key whose
+// transaction committed before its own, and before every one committed
+// after. In other words, consumers see a key's messages in commit order; the
+// only deviation is a repeat: a relay that fails after sending and before
+// its mark commits, or a stopped relay's sends still in flight when the next
+// leader took over, send a run of the key's messages again, in the same
+// order, after later ones may already have gone. An inbox drops the repeats.
+//
+// What makes it hold:
+//
+//   - PublishTx takes a transaction-scoped advisory lock per (topic, key)
+//     before it writes, so writers of one key take turns and each row's id
+//     comes after every row of that key committed before it, whatever locks
+//     the producers take (Writer.Unordered skips it, for producers that
+//     serialize a key's transactions themselves);
+//   - the relay claims rows in id order and publishes them in that order,
+//     one Publish call per run of a topic, and KafkaPublisher allows one
+//     request in flight per broker connection, so a retry cannot overtake;
+//   - the relay's lead and its marks live in one transaction (see
+//     RelayConfig.BatchTimeout): a relay that lost its session cannot
+//     commit marks, Postgres ends a stopped relay's session past
+//     BatchTimeout, and server-side TCP keepalives find a vanished one
+//     within seconds;
+//   - a row parked because the broker will never take it holds back the
+//     later rows of its key (see below).
+//
+// Messages with an empty key have no order: Kafka spreads them over
+// partitions.
 //
 // # Why not Watermill's Forwarder
 //

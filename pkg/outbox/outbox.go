@@ -32,6 +32,11 @@ const NotifyChannel = "outbox_messages"
 // notifyLockKey gates the notification: see PublishTx.
 const notifyLockKey = 7_412_003
 
+// keyLockSpace is the first half of the two-part advisory lock PublishTx
+// takes per partition key (the second is a hash of topic and key). Two-part
+// advisory locks never collide with one-part ones like the two above.
+const keyLockSpace = 7_412_004
+
 //go:embed migrations/*.sql
 var migrations embed.FS
 
@@ -101,6 +106,11 @@ type Writer struct {
 	// (and keep the topic's max.message.bytes above it) when you change
 	// that. Defaults to DefaultMaxMessageBytes.
 	MaxMessageBytes int
+	// Unordered skips the per-key lock (see PublishTx): a key's messages
+	// then reach Kafka in the order their rows were written, which is their
+	// commit order only if the caller serializes a key's transactions itself
+	// (by locking the entity's row first, say) or does not need the order.
+	Unordered bool
 }
 
 // PublishTx writes msgs to topic as outbox rows inside tx, with the default
@@ -112,7 +122,18 @@ func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Me
 	return Writer{}.PublishTx(ctx, tx, topic, msgs...)
 }
 
-// PublishTx is the package-level PublishTx with w's limit.
+// PublishTx is the package-level PublishTx with w's settings.
+//
+// Commit order per key: before it writes, PublishTx takes a transaction-
+// scoped advisory lock per distinct (topic, partition key) of msgs, in a
+// fixed order, so two transactions writing the same key take turns: the
+// second waits until the first commits or rolls back, and its rows get
+// higher ids. The relay publishes in id order, so one key's messages reach
+// Kafka in the order their transactions committed, whatever locks the
+// producers took. Messages with an empty key carry no order and take no
+// lock. Like row locks, two transactions that write keys A then B and B
+// then A can deadlock; Postgres aborts one of them (SQLSTATE 40P01), to be
+// retried. Writer.Unordered skips the lock.
 func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("outbox: empty topic")
@@ -159,14 +180,23 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 	// commit freely. A row committed just after that notification was
 	// consumed is picked up by the relay's short follow-up polls (see
 	// Relay.Run), or, at worst, by its regular poll.
+	//
+	// The key locks come first: the INSERT's condition reads them (an
+	// uncorrelated subquery, run once before the first row is inserted), so
+	// the ids are taken only once every lock is held.
 	_, err := tx.Exec(ctx, `
-		WITH rows AS (
+		WITH locked AS MATERIALIZED (
+			SELECT count(pg_advisory_xact_lock($8, h)) AS n
+			FROM (SELECT DISTINCT hashtext($1 || E'\n' || k) AS h
+			      FROM unnest($3::text[]) AS k WHERE k <> '' AND NOT $9 ORDER BY 1) AS keys
+		), rows AS (
 			INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
 			SELECT m.id, $1, m.key, m.payload, m.meta
 			FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) AS m(id, key, payload, meta)
+			WHERE (SELECT n FROM locked) >= 0
 		)
 		SELECT CASE WHEN pg_try_advisory_xact_lock($7) THEN pg_notify($6, '') END`,
-		topic, ids, keys, payloads, metas, NotifyChannel, notifyLockKey)
+		topic, ids, keys, payloads, metas, NotifyChannel, notifyLockKey, keyLockSpace, w.Unordered)
 	if err != nil {
 		return fmt.Errorf("outbox: inserting %d rows: %w", len(msgs), err)
 	}

@@ -78,7 +78,10 @@ type RelayConfig struct {
 	IsPermanent func(error) bool
 	// BatchTimeout bounds one claim-publish-mark transaction. A batch in
 	// flight when Run's context ends is finished, within this bound, so a
-	// graceful shutdown does not republish it. Defaults to 30s.
+	// graceful shutdown does not republish it. It is also the fence: a
+	// relay whose transaction sits idle longer than BatchTimeout + 1s (a
+	// paused process, a publish that never returns) has its session ended by
+	// Postgres, so a standby takes the lead and the rows. Defaults to 30s.
 	BatchTimeout time.Duration
 
 	// Retention is how long published rows are kept before the retention job
@@ -172,9 +175,10 @@ type RelayStats struct {
 
 // Relay publishes committed outbox rows at least once.
 type Relay struct {
-	cfg   RelayConfig
-	wake  chan struct{}
-	stats struct{ published, batches, errors, parked, deleted atomic.Int64 }
+	cfg     RelayConfig
+	claimTx pgx.TxOptions // see txOptions
+	wake    chan struct{}
+	stats   struct{ published, batches, errors, parked, deleted atomic.Int64 }
 }
 
 // NewRelay checks cfg and returns a relay; Run starts it.
@@ -183,7 +187,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, wake: make(chan struct{}, 1)}, nil
+	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1)}
+	r.claimTx = r.txOptions()
+	return r, nil
 }
 
 // Stats returns the relay's counters.
@@ -327,7 +333,7 @@ func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
 	defer cancel()
 
 	var res sent
-	err := pgx.BeginTxFunc(ctx, r.cfg.Pool, claimTx, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, r.cfg.Pool, r.claimTx, func(tx pgx.Tx) error {
 		batch, err := r.claim(ctx, tx)
 		if err != nil || len(batch) == 0 {
 			return err
@@ -433,14 +439,36 @@ const claimParallelSQL = `
 // per batch.
 var planEachTime = pgx.QueryExecModeExec
 
-// claimTx begins the relay's transaction with bitmap scans off, in the same
-// round trip. Published rows leave dead entries in the pending index until
-// vacuum runs (autovacuum visits a database about once a minute); a bitmap
-// scan visits the heap for every one of them on every claim (seen: 2,800
-// entries, 180 pages, 7 ms to claim one row), while an index scan in id
-// order stops at LIMIT and marks the dead entries it passes, so the next
-// claim skips them without touching the heap.
-var claimTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL enable_bitmapscan = off"}
+// fencingGrace is how long past BatchTimeout Postgres lets the relay's
+// transaction sit idle before it ends the session (see txOptions).
+const fencingGrace = time.Second
+
+// txOptions begins the relay's transaction, in one round trip, with:
+//
+//   - bitmap scans off. Published rows leave dead entries in the pending
+//     index until vacuum runs (autovacuum visits a database about once a
+//     minute); a bitmap scan visits the heap for every one of them on every
+//     claim (seen: 2,800 entries, 180 pages, 7 ms to claim one row), while
+//     an index scan in id order stops at LIMIT and marks the dead entries it
+//     passes, so the next claim skips them without touching the heap.
+//   - the fence. The relay's lead (the advisory lock) and its marks live in
+//     this one transaction, so a relay can only commit marks while it still
+//     leads. A relay that stops mid-batch (a paused process, a publish that
+//     never returns) must not keep the lead: idle_in_transaction_session_
+//     timeout ends its session BatchTimeout + fencingGrace after its last
+//     statement (the relay itself gives up at BatchTimeout), which frees the
+//     lock and the rows for a standby; its marks can then never commit. Its
+//     sends still in flight only repeat rows the next leader sends again, in
+//     the same order, so a consumer sees duplicates, never a key reordered.
+//   - TCP keepalives on the server's side of the socket, so a relay whose
+//     host vanished (no FIN, no RST) is found dead within ~11 s instead of
+//     the kernel's two hours, with the same effect.
+func (r *Relay) txOptions() pgx.TxOptions {
+	idle := (r.cfg.BatchTimeout + fencingGrace).Milliseconds()
+	return pgx.TxOptions{BeginQuery: fmt.Sprintf(
+		"BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL idle_in_transaction_session_timeout = %d; "+
+			"SET LOCAL tcp_keepalives_idle = 5; SET LOCAL tcp_keepalives_interval = 2; SET LOCAL tcp_keepalives_count = 3", idle)}
+}
 
 type pending struct {
 	id      int64

@@ -303,6 +303,45 @@ func TestRelay(t *testing.T) {
 		require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
 	})
 
+	// A relay that stops in the middle of a batch (a paused process, a
+	// publish that never returns) loses the lead without anyone killing
+	// it: Postgres ends its transaction past BatchTimeout, which frees the
+	// relay lock and the rows for the standby, and the stopped relay can
+	// never commit its marks. Before, the standby waited for as long as the
+	// stopped relay did.
+	t.Run("StoppedRelayIsFenced", func(t *testing.T) {
+		t.Parallel()
+		ctx, bundle := setup(t)
+		gate := newGatedPublisher(bundle.pub)
+		const batchTimeout = time.Second
+		stopped := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: gate, PollInterval: time.Hour, BatchTimeout: batchTimeout})
+		standbyPool, err := pgxpool.NewWithConfig(ctx, bundle.pool.Config())
+		require.NoError(t, err)
+		t.Cleanup(standbyPool.Close)
+		standby := newRelay(t, outbox.RelayConfig{Pool: standbyPool, Publisher: newPublisher(t), PollInterval: 100 * time.Millisecond})
+
+		var msgs []*message.Message
+		for i := range 5 {
+			msgs = append(msgs, newKeyedMessage("k", i))
+		}
+		publishCommitted(t, bundle.pool, bundle.topic, msgs...)
+		startRelay(t, stopped)
+		t.Cleanup(gate.Release)
+		gate.WaitEntered(t) // the stopped relay holds the lock and the rows
+		startRelay(t, standby)
+
+		start := time.Now()
+		eventually(t, batchTimeout+10*time.Second, func() bool { return standby.Stats().Published == int64(len(msgs)) },
+			"the standby never took over from the stopped relay")
+		t.Logf("standby took over after %v", time.Since(start))
+		bundle.sink.WaitFor(t, ids(msgs))
+
+		gate.Release() // its publish goes through (duplicates), its mark cannot
+		eventually(t, waitTimeout, func() bool { return stopped.Stats().Errors >= 1 })
+		require.Zero(t, stopped.Stats().Published)
+		require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
+	})
+
 	// With an hour between polls, only the NOTIFY that PublishTx queues can
 	// wake an idle relay within seconds.
 	t.Run("WakesOnCommit", func(t *testing.T) {

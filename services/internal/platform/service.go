@@ -214,6 +214,14 @@ func connect(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, 
 	if pcfg.MaxConns < 20 {
 		pcfg.MaxConns = 20
 	}
+	// A database host that vanished (no FIN, no RST) is found within ~11 s,
+	// not the kernel's two hours, so a relay or a handler waiting on it
+	// fails and retries instead of hanging (the relay sets the same on the
+	// server's side: see outbox.Relay).
+	pcfg.ConnConfig.DialFunc = (&net.Dialer{
+		Timeout:         10 * time.Second,
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3},
+	}).DialContext
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating pool: %w", err)
