@@ -43,8 +43,10 @@ type Config struct {
 
 	// Retention is how long a finished message's inbox row is kept; the sweep
 	// deletes older rows. A message redelivered after its row was swept would
-	// be applied again, so Retention must cover RedeliveryHorizon.
-	// Defaults to 7 days.
+	// be applied again, so Retention must cover RedeliveryHorizon, and how
+	// long Kafka can hand a message out again (Inbox.CheckKafka reads that
+	// from the cluster: with Kafka's default topic configs, up to 14 days
+	// and 5 minutes). Defaults to 15 days.
 	Retention time.Duration
 	// RedeliveryHorizon is the longest time after a first delivery that the
 	// same message can arrive again: the topic's retention, offset replays,
@@ -93,6 +95,11 @@ type Config struct {
 	DisableDedupe bool
 }
 
+// DefaultRetention is Config.Retention's default: it covers Kafka's default
+// topic configs (retention.ms and segment.ms of 7 days each) with a day to
+// spare.
+const DefaultRetention = 15 * 24 * time.Hour
+
 func (c *Config) setDefaults() {
 	if c.MessageID == nil {
 		c.MessageID = FromUUID
@@ -113,7 +120,7 @@ func (c *Config) setDefaults() {
 		c.DeadLetterTopic = c.Consumer + ".dlq"
 	}
 	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
+		c.Retention = DefaultRetention
 	}
 	if c.RedeliveryHorizon == 0 {
 		c.RedeliveryHorizon = 3 * 24 * time.Hour

@@ -61,7 +61,14 @@
 //     shared by its replicas.
 //   - Retention must cover the RedeliveryHorizon: a message redelivered after
 //     its inbox row was swept is applied again. Validate refuses a shorter
-//     Retention.
+//     Retention. How late Kafka can redeliver is Kafka's to say, not yours:
+//     a group whose offsets expired (offsets.retention.minutes after it last
+//     had members) replays from the oldest record still kept, up to the
+//     topic's retention.ms + segment.ms after it was written. Call
+//     Inbox.CheckKafka at start-up: it reads those configs through the admin
+//     API and refuses a Retention they outlast, naming both numbers. The
+//     default Retention, 15 days, covers Kafka's defaults (7 + 7 days).
+//     Not done yet: sweeping only rows below the group's committed offset.
 //
 // # Offset commits
 //

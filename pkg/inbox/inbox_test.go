@@ -745,8 +745,9 @@ func TestNewValidatesConfig(t *testing.T) {
 
 func TestSweep(t *testing.T) {
 	t.Parallel()
-	billing, b := setup(t, inbox.Config{Consumer: "billing", RetentionBatch: 2}) // Retention: 7 days
-	shipping := b.newInbox(t, inbox.Config{Consumer: "shipping"})
+	const week = 7 * 24 * time.Hour
+	billing, b := setup(t, inbox.Config{Consumer: "billing", RetentionBatch: 2, Retention: week})
+	shipping := b.newInbox(t, inbox.Config{Consumer: "shipping", Retention: week})
 
 	deliverN := func(in *inbox.Inbox, n int) []string {
 		h := &applier{consumer: in.Consumer()}

@@ -55,6 +55,10 @@ type Config struct {
 	APIBatchLinger  time.Duration `env:"API_BATCH_LINGER" default:"0s"`
 	// Larger payloads are quarantined unread.
 	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
+	// How long an inbox row is kept (pkg/inbox Config.Retention). At start
+	// the service reads its topic's retention from Kafka and refuses to run
+	// with a shorter one (Inbox.CheckKafka): 360h covers Kafka's defaults.
+	InboxRetention time.Duration `env:"INBOX_RETENTION" default:"360h"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's
 	// control run sets it, to prove the harness catches double-applies.
 	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`

@@ -100,10 +100,13 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		Pool: pool, Consumer: svc.Name, Logger: wlog,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
-		DisableDedupe: cfg.InboxDisabled,
-		OnOutcome:     mtr.onOutcome(logOutcome(log)), // metrics, then the log
+		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
+		OnOutcome: mtr.onOutcome(logOutcome(log)), // metrics, then the log
 	})
 	if err != nil {
+		return err
+	}
+	if err := checkRetention(ctx, cfg, ibx, svc.Topic, log); err != nil {
 		return err
 	}
 	if cfg.InboxDisabled {
@@ -202,6 +205,40 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	err = g.Wait()
 	log.Info("stopped", "err", err)
 	return err
+}
+
+// checkRetention refuses to start when Kafka keeps the consumed topic
+// longer than the inbox keeps its rows (see inbox.Inbox.CheckKafka). Kafka
+// may still be starting: reading is retried for a minute.
+func checkRetention(ctx context.Context, cfg Config, ibx *inbox.Inbox, topic string, log *slog.Logger) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		k, err := func() (inbox.KafkaRetention, error) {
+			admin, err := sarama.NewClusterAdmin(cfg.KafkaBrokers, kafkaconf.Sarama())
+			if err != nil {
+				return inbox.KafkaRetention{}, err
+			}
+			defer admin.Close()
+			return ibx.CheckKafka(admin, topic)
+		}()
+		switch {
+		case errors.Is(err, inbox.ErrRetentionTooShort):
+			return fmt.Errorf("INBOX_RETENTION: %w", err)
+		case err == nil:
+			horizon, _, _ := k.Horizon()
+			log.Info("inbox retention covers Kafka's", "inbox_retention", cfg.InboxRetention.String(),
+				"kafka_horizon", horizon.String(), "offsets_retention", k.OffsetsRetention.String())
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("reading the retention of %s from Kafka: %w", topic, err)
+		}
+		log.Warn("reading the retention of the topic from Kafka; retrying", "topic", topic, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // connect opens the pool and waits for the database to answer, so a service
