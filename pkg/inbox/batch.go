@@ -218,7 +218,7 @@ func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) ([]batchResult
 				if slices.Contains(fresh, i) {
 					continue
 				}
-				o, reason, err := in.classifySeen(ctx, tx, it.d)
+				o, reason, err := in.classifySeen(ctx, tx, it.d, "")
 				if err != nil {
 					return err
 				}
@@ -336,7 +336,7 @@ func (in *Inbox) batchOne(ctx context.Context, tx pgx.Tx, it *batchItem) (batchR
 			return batchResult{}, fmt.Errorf("inbox: inserting inbox row: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
-			o, reason, err := in.classifySeen(ctx, sp, d)
+			o, reason, err := in.classifySeen(ctx, sp, d, "")
 			if err != nil {
 				return batchResult{}, err
 			}

@@ -25,7 +25,9 @@
 //
 // A redelivery whose payload differs from the one applied under the same id
 // is not silently dropped as a duplicate: it is quarantined with both
-// hashes. A handler that keeps failing is retried with backoff, its attempts
+// hashes. So is one that races: when a delivery fails for good while one of
+// another payload waits on its row, whichever settles second is the
+// conflict. A handler that keeps failing is retried with backoff, its attempts
 // counted in the database; after MaxAttempts (or at once, for errors wrapped
 // with Permanent) the message is dead-lettered: recorded with its reason in
 // inbox_quarantine and published to the dead-letter topic through the

@@ -398,7 +398,7 @@ func callHandler(h message.HandlerFunc, msg *message.Message, ctx context.Contex
 // seenBefore settles a delivery whose inbox row already exists: a duplicate
 // when the payload matches, a quarantined conflict when it does not.
 func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
-	o, reason, err := in.classifySeen(ctx, tx, d)
+	o, reason, err := in.classifySeen(ctx, tx, d, "")
 	if err != nil {
 		return err
 	}
@@ -412,11 +412,15 @@ func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
 // classifySeen writes, in tx, what a delivery of an already-recorded id
 // leaves behind: the duplicate counted durably (only redeliveries pay for
 // this write), or the conflicting payload quarantined with both hashes. It
-// commits nothing.
-func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, string, error) {
+// commits nothing. Every path that finds the id's inbox row already there
+// settles through it: one that settled without comparing the hashes would
+// drop a different payload as a duplicate. failed, when not empty, is why
+// this delivery was being dead-lettered, kept in the conflict's reason.
+func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, failed string) (Outcome, string, error) {
 	var prior []byte
-	if err := tx.QueryRow(ctx, `SELECT payload_sha256 FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-		in.cfg.Consumer, d.id).Scan(&prior); err != nil {
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT payload_sha256, status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+		in.cfg.Consumer, d.id).Scan(&prior, &status); err != nil {
 		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
 	}
 	if bytes.Equal(prior, d.sum[:]) {
@@ -426,7 +430,14 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery) (Outc
 		}
 		return Duplicate, "", nil
 	}
-	reason := fmt.Sprintf("message id %s was already applied with payload sha256 %x; this delivery has sha256 %x", d.id, prior, d.sum)
+	done := "applied"
+	if status == "dead_lettered" {
+		done = "dead-lettered" // so an operator does not look for its effects
+	}
+	reason := fmt.Sprintf("message id %s was already %s with payload sha256 %x; this delivery has sha256 %x", d.id, done, prior, d.sum)
+	if failed != "" {
+		reason += "; its handler had failed: " + failed
+	}
 	if err := in.insertQuarantine(ctx, tx, d, "payload_conflict", reason, prior); err != nil {
 		return "", "", err
 	}
@@ -516,7 +527,8 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	ctx, cancel := in.txContext(d)
 	defer cancel()
 	d.attempts = attempts
-	settled := Duplicate
+	var settled Outcome
+	var seenReason string
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
 		if !in.cfg.DisableDedupe {
 			tag, err := tx.Exec(ctx, `
@@ -527,7 +539,13 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 				return fmt.Errorf("inbox: inserting dead-letter row: %w", err)
 			}
 			if tag.RowsAffected() == 0 {
-				return nil // another delivery finished it meanwhile
+				// Another delivery of the id finished first: often one that
+				// waited on this delivery's row and was applied once this
+				// one's failed attempt rolled back. Its payload may be
+				// another, so this one is settled against its row like any
+				// redelivery, never taken for a duplicate unseen.
+				settled, seenReason, err = in.classifySeen(ctx, tx, d, reason)
+				return err
 			}
 		}
 		settled = DeadLettered
@@ -542,10 +560,12 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	if err != nil {
 		return err
 	}
-	if settled == DeadLettered {
-		in.cfg.Logger.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
+	if settled != DeadLettered {
+		in.settleSeen(d, settled, seenReason)
+		return nil
 	}
-	in.settle(d, settled, reason)
+	in.cfg.Logger.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
+	in.settle(d, DeadLettered, reason)
 	return nil
 }
 

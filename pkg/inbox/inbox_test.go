@@ -49,10 +49,13 @@ func setup(t *testing.T, cfg inbox.Config) (*inbox.Inbox, *testBundle) {
 	return in, b
 }
 
-// newInbox returns another Inbox on the bundle's database.
+// newInbox returns another Inbox on the bundle's database, through cfg.Pool
+// when the test brings a pool of its own.
 func (b *testBundle) newInbox(t *testing.T, cfg inbox.Config) *inbox.Inbox {
 	t.Helper()
-	cfg.Pool = b.pool
+	if cfg.Pool == nil {
+		cfg.Pool = b.pool
+	}
 	if cfg.Consumer == "" {
 		cfg.Consumer = consumer
 	}
@@ -205,9 +208,8 @@ func holdUntilContended(t *testing.T, b *testBundle, n int) func(*message.Messag
 			if b.handler.callsFor(msg.UUID) > 1 {
 				return nil
 			}
-			var waiting int
-			if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			waiting, err := lockWaiters(b)
+			if err != nil {
 				t.Errorf("counting lock waiters: %v", err)
 				return nil
 			}
@@ -218,6 +220,36 @@ func holdUntilContended(t *testing.T, b *testBundle, n int) func(*message.Messag
 		}
 		t.Errorf("the other %d deliveries never blocked on the inbox row", n)
 		return nil
+	}
+}
+
+// lockWaiters counts the transactions of the bundle's database that wait on a
+// lock: deliveries whose INSERT waits on another's uncommitted inbox row.
+func lockWaiters(b *testBundle) (int, error) {
+	var n int
+	err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+	return n, err
+}
+
+// awaitLockWaiters returns once n transactions wait on a lock, and fails the
+// test after 10s. It may run on any goroutine.
+func awaitLockWaiters(t *testing.T, b *testBundle, n int, what string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		waiting, err := lockWaiters(b)
+		if err != nil {
+			t.Errorf("counting lock waiters: %v", err)
+			return
+		}
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("timed out waiting for %s", what)
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, not waiting for one to settle
 	}
 }
 
