@@ -106,9 +106,6 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
-	if err := checkRetention(ctx, cfg, ibx, svc.Topic, log); err != nil {
-		return err
-	}
 	if cfg.InboxDisabled {
 		log.Warn("INBOX DISABLED: every delivery runs the handler; duplicates reach the domain")
 	}
@@ -192,7 +189,15 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return nil
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, relay, pool, publisher, wlog) })
-	g.Go(func() error { ibx.RunRetention(gctx, time.Minute); return nil })
+	g.Go(func() error {
+		// No row is swept before Kafka's retention is known to be covered;
+		// a retention it outlasts stops the service.
+		if err := checkRetention(gctx, cfg, ibx, svc.Topic, log); err != nil || gctx.Err() != nil {
+			return err
+		}
+		ibx.RunRetention(gctx, time.Minute)
+		return nil
+	})
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down")
@@ -207,11 +212,13 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	return err
 }
 
-// checkRetention refuses to start when Kafka keeps the consumed topic
-// longer than the inbox keeps its rows (see inbox.Inbox.CheckKafka). Kafka
-// may still be starting: reading is retried for a minute.
+// checkRetention returns an error when Kafka keeps the consumed topic
+// longer than the inbox keeps its rows (see inbox.Inbox.CheckKafka), and nil
+// once it is covered or ctx ends. It runs beside the consumer, not before
+// it, so a broker that is slow to answer (starting, or behind a network
+// fault) does not hold up a restart; reading is retried until it answers.
 func checkRetention(ctx context.Context, cfg Config, ibx *inbox.Inbox, topic string, log *slog.Logger) error {
-	deadline := time.Now().Add(time.Minute)
+	wait := time.Second
 	for {
 		k, err := func() (inbox.KafkaRetention, error) {
 			admin, err := sarama.NewClusterAdmin(cfg.KafkaBrokers, kafkaconf.Sarama())
@@ -223,21 +230,21 @@ func checkRetention(ctx context.Context, cfg Config, ibx *inbox.Inbox, topic str
 		}()
 		switch {
 		case errors.Is(err, inbox.ErrRetentionTooShort):
+			log.Error("refusing to run: the inbox would forget messages Kafka can still redeliver", "err", err)
 			return fmt.Errorf("INBOX_RETENTION: %w", err)
 		case err == nil:
 			horizon, _, _ := k.Horizon()
 			log.Info("inbox retention covers Kafka's", "inbox_retention", cfg.InboxRetention.String(),
 				"kafka_horizon", horizon.String(), "offsets_retention", k.OffsetsRetention.String())
 			return nil
-		case time.Now().After(deadline):
-			return fmt.Errorf("reading the retention of %s from Kafka: %w", topic, err)
 		}
-		log.Warn("reading the retention of the topic from Kafka; retrying", "topic", topic, "err", err)
+		log.Warn("reading the topic's retention from Kafka; the inbox sweep waits for it", "topic", topic, "err", err, "retry_in", wait.String())
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
+			return nil
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, 30*time.Second)
 	}
 }
 

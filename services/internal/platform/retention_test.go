@@ -1,0 +1,48 @@
+package platform
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+)
+
+// TestRunRefusesRetentionKafkaOutlasts: a service whose INBOX_RETENTION is
+// shorter than its topic's retention stops, with both numbers in the error,
+// and sweeps nothing meanwhile.
+func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := "retention-" + strings.ToLower(watermill.NewShortUUID()[:6])
+	require.NoError(t, kfk.CreateTopicsWithConfig(ctx, 1, map[string]string{"retention.ms": fmt.Sprint((240 * time.Hour).Milliseconds())}, name))
+	url, err := pg.CreateDatabase(ctx, strings.ReplaceAll(name, "-", "_"))
+	require.NoError(t, err)
+	addr, err := procs.FreeAddr()
+	require.NoError(t, err)
+	cfg := defaults
+	cfg.DatabaseURL, cfg.HTTPAddr, cfg.Instance = url, addr, name
+	cfg.InboxRetention = 96 * time.Hour
+
+	svc := Service{
+		Name: name, Topic: name, Migrations: fstest.MapFS{},
+		Routes: func(*http.ServeMux, *pgxpool.Pool, Config) {},
+		Apply:  always(func(context.Context, pgx.Tx, []*message.Message) error { return nil }),
+	}
+	err = Run(ctx, cfg, svc)
+	require.ErrorIs(t, err, inbox.ErrRetentionTooShort)
+	require.ErrorContains(t, err, "INBOX_RETENTION")
+	require.ErrorContains(t, err, "Config.Retention=96h0m0s")
+}
