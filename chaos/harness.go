@@ -246,7 +246,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	drainCtx, cancelDrain := context.WithTimeout(ctx, h.p.Drain)
 	defer cancelDrain()
 	settled := check.Settled(len(res.Paid))
-	final, waitErr := check.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock,
+	final, waitErr := check.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
 		// Without the inbox and the guard (the second control run) a
 		// conflicting payload is simply applied, so the hostile classes never
 		// all end caught: do not wait for them there.
@@ -261,7 +261,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	if err := sys.StopServices(30 * time.Second); err != nil {
 		h.say("graceful stop: %v", err)
 	}
-	return h.report(ctx, final, res, hostile)
+	return h.report(ctx, final, hostile)
 }
 
 // restartPoints spreads n Postgres restarts over the load.

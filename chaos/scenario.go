@@ -144,7 +144,9 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 
 	waitCtx, cancelWait := context.WithTimeout(ctx, time.Minute)
 	defer cancelWait()
-	report, err := check.Wait(waitCtx, orders, inventory, stock, func(r check.Report) bool {
+	// The client paid this one order and saw it paid.
+	client := &check.Client{Paid: []string{order.ID}}
+	report, err := check.Wait(waitCtx, orders, inventory, stock, client, func(r check.Report) bool {
 		return check.Settled(1)(r) && (w != failpoint.AfterCommitBeforeAck && w != failpoint.AfterPublishBeforeMark || r.DuplicatesSuppressed > 0)
 	}, nil)
 	if err != nil {
@@ -161,7 +163,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 		if !inv.OK {
 			status = "FAIL"
 		}
-		fmt.Printf("   %s  %-17s %s\n", status, inv.Name, inv.Detail)
+		fmt.Printf("   %s  %-19s %s\n", status, inv.Name, inv.Detail)
 	}
 	fmt.Printf("\n(%s)\n", time.Since(start).Round(time.Millisecond))
 	if !report.OK() {

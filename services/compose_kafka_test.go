@@ -714,7 +714,7 @@ func TestComposeKafka(t *testing.T) {
 	fromHost := h.addr(t, k.hostAddr)
 	replayOrderPaid(t, ctx, sys, fromHost)
 
-	report, err := check.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock,
+	report, err := check.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
 		func(r check.Report) bool { return check.Settled(200)(r) && r.DuplicatesSuppressed > 0 },
 		func(r check.Report) { t.Logf("waiting: %d of %d settled", r.Reserved+r.Rejected, r.OrdersPaid) })
 	require.NoError(t, err, "invariants: %+v", report.Invariants)

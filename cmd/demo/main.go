@@ -114,7 +114,7 @@ func run(ctx context.Context) error {
 	waitCtx, cancel := context.WithTimeout(ctx, o.deadline)
 	defer cancel()
 	settled := check.Settled(len(res.Paid))
-	report, err := check.Wait(waitCtx, orders, inventory, stock,
+	report, err := check.Wait(waitCtx, orders, inventory, stock, res.Client(),
 		func(r check.Report) bool { return settled(r) && r.DuplicatesSuppressed > 0 },
 		func(r check.Report) {
 			say("waiting: %d of %d paid orders settled", r.Reserved+r.Rejected, r.OrdersPaid)
@@ -128,9 +128,6 @@ func run(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("not settled within %s: the replayed message was not suppressed (duplicates: %d)", o.deadline, report.DuplicatesSuppressed)
-	}
-	if report.OrdersPaid != len(res.Paid) {
-		return fmt.Errorf("the load generator paid %d orders, the orders database has %d", len(res.Paid), report.OrdersPaid)
 	}
 	if o.keep {
 		say("stack kept running: orders http://%s, inventory http://%s; Ctrl-C to stop", sys.Procs["orders"][0].Addr, sys.Procs["inventory"][0].Addr)
@@ -192,7 +189,7 @@ func printReport(r check.Report, took time.Duration) {
 		if !inv.OK {
 			status = "FAIL"
 		}
-		say("  %s  %-17s %s", status, inv.Name, inv.Detail)
+		say("  %s  %-19s %s", status, inv.Name, inv.Detail)
 	}
 	say("")
 }

@@ -195,9 +195,11 @@ func TestLivePage(t *testing.T) {
 
 	// Load runs while the page is open; record every state it shows.
 	const orders = 150
+	var load loadgen.Result // read after loadDone
 	loadDone := make(chan error, 1)
 	go func() {
-		_, err := loadgen.Run(b.ctx, b.sys.Client, b.skus, loadgen.Plan{Orders: orders, Concurrency: 4, Seed: 1})
+		var err error
+		load, err = loadgen.Run(b.ctx, b.sys.Client, b.skus, loadgen.Plan{Orders: orders, Concurrency: 4, Seed: 1})
 		loadDone <- err
 	}()
 	seen := map[[2]int]bool{}
@@ -214,7 +216,7 @@ func TestLivePage(t *testing.T) {
 		p := b.read(t)
 		seen[[2]int{p.num("orders-total"), p.num("orders-reserved")}] = true
 	}
-	_, err = check.Wait(b.ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, check.Settled(orders), nil)
+	_, err = check.Wait(b.ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, load.Client(), check.Settled(orders), nil)
 	require.NoError(t, err)
 
 	// A replayed OrderPaid (suppressed) and a malformed one (dead-lettered).

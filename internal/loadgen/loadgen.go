@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -70,7 +71,7 @@ func (c *Client) do(ctx context.Context, bases []string, method, path string, bo
 			case resp.StatusCode >= 500:
 				err = fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
 			case resp.StatusCode >= 300:
-				return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(data))
+				return &RefusedError{Method: method, Path: path, Status: resp.Status, Body: string(bytes.TrimSpace(data))}
 			default:
 				if out == nil {
 					return nil
@@ -87,6 +88,19 @@ func (c *Client) do(ctx context.Context, bases []string, method, path string, bo
 		case <-time.After(time.Duration(min(attempt+1, 10)) * 50 * time.Millisecond):
 		}
 	}
+}
+
+// RefusedError is an answer below 500 that is not a success: the service
+// received the request and declined it (an unknown order, an invalid body).
+// Unlike a timeout or a 5xx, whose request may have committed before the
+// answer was lost, it says that nothing was done.
+type RefusedError struct {
+	Method, Path, Status string
+	Body                 string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%s %s: %s: %s", e.Method, e.Path, e.Status, e.Body)
 }
 
 // StockItem is one SKU's seeded quantity.
@@ -140,11 +154,28 @@ type Plan struct {
 	OnPaid func(Order)
 }
 
-// Result is what a load run did.
+// Result is what a load run did. Every order whose creation was answered
+// is in exactly one of Paid, Unpaid and Unknown.
 type Result struct {
-	Paid          []Order // every order paid (each once, however often it was submitted)
+	Paid []Order // every order paid (each once, however often it was submitted)
+	// Unpaid are orders created and not paid: the run ended before their
+	// payment was sent, or the service refused it.
+	Unpaid []string
+	// Unknown are orders whose payment was sent and never answered (the
+	// run ended while it was retried): it may have committed or not.
+	Unknown       []string
 	DoubleSubmits int
 	Retries       int64
+}
+
+// Client returns the run's account of its orders, for the checker to hold
+// the databases to, by id.
+func (r Result) Client() *check.Client {
+	c := &check.Client{Unpaid: r.Unpaid, Unknown: r.Unknown}
+	for _, o := range r.Paid {
+		c.Paid = append(c.Paid, o.ID)
+	}
+	return c
 }
 
 // SKUs returns the catalogue: n SKUs named sku-00, sku-01, ...
@@ -224,21 +255,26 @@ func Run(ctx context.Context, c *Client, skus []string, plan Plan) (Result, erro
 						return
 					}
 				}
-				o, double, err := createAndPay(ctx, c, Lines(r, skus), plan.DoubleSubmit > 0 && i%plan.DoubleSubmit == 0)
+				double := plan.DoubleSubmit > 0 && i%plan.DoubleSubmit == 0
+				o, out, err := createAndPay(ctx, c, Lines(r, skus), double)
 				mu.Lock()
-				if err != nil {
-					if firstEr == nil {
-						firstEr = err
-						cancel()
-					}
-				} else {
+				if err != nil && firstEr == nil {
+					firstEr = err
+					cancel()
+				}
+				switch out {
+				case paid:
 					res.Paid = append(res.Paid, o)
 					if double {
 						res.DoubleSubmits++
 					}
+				case unpaid:
+					res.Unpaid = append(res.Unpaid, o.ID)
+				case unknown:
+					res.Unknown = append(res.Unknown, o.ID)
 				}
 				mu.Unlock()
-				if err == nil && plan.OnPaid != nil {
+				if out == paid && plan.OnPaid != nil {
 					plan.OnPaid(o)
 				}
 			}
@@ -249,28 +285,70 @@ func Run(ctx context.Context, c *Client, skus []string, plan Plan) (Result, erro
 	return res, firstEr
 }
 
-func createAndPay(ctx context.Context, c *Client, lines []events.Line, double bool) (Order, bool, error) {
+// outcome is what the client knows of one order's payment.
+type outcome int
+
+const (
+	notCreated outcome = iota // the create was not answered: no id to follow (an order it made stays unpaid)
+	paid                      // a payment was answered with the order
+	unpaid                    // the payment was never sent, or refused
+	unknown                   // the payment was sent and never answered
+)
+
+// payOutcome classifies a payment's error: refused is a definite no;
+// anything else (the run ending while the request was retried, an answer
+// that could not be read) may hide a committed payment.
+func payOutcome(err error) outcome {
+	var refused *RefusedError
+	switch {
+	case err == nil:
+		return paid
+	case errors.As(err, &refused):
+		return unpaid
+	default:
+		return unknown
+	}
+}
+
+// createAndPay creates an order and pays it, once or twice at once. On an
+// error the order's outcome still says what the client knows of it.
+func createAndPay(ctx context.Context, c *Client, lines []events.Line, double bool) (Order, outcome, error) {
 	o, err := c.CreateOrder(ctx, lines)
 	if err != nil {
-		return Order{}, false, err
+		return Order{}, notCreated, err
+	}
+	if err := ctx.Err(); err != nil {
+		return o, unpaid, err // the run ended: not sent
 	}
 	if !double {
-		paid, err := c.Pay(ctx, o.ID)
-		return paid, false, err
+		p, err := c.Pay(ctx, o.ID)
+		if err != nil {
+			return o, payOutcome(err), err
+		}
+		return p, paid, nil
 	}
 	// Two payments of the same order at the same moment: a double click.
-	errs := make(chan error, 2)
-	var paid Order
-	var once sync.Once
+	type answer struct {
+		order Order
+		err   error
+	}
+	answers := make(chan answer, 2)
 	for range 2 {
 		go func() {
 			p, err := c.Pay(ctx, o.ID)
-			if err == nil {
-				once.Do(func() { paid = p })
-			}
-			errs <- err
+			answers <- answer{p, err}
 		}()
 	}
-	err = errors.Join(<-errs, <-errs)
-	return paid, true, err
+	a, b := <-answers, <-answers
+	err = errors.Join(a.err, b.err)
+	switch {
+	case a.err == nil:
+		return a.order, paid, err
+	case b.err == nil:
+		return b.order, paid, err
+	case payOutcome(a.err) == unpaid && payOutcome(b.err) == unpaid:
+		return o, unpaid, err
+	default:
+		return o, unknown, err
+	}
 }

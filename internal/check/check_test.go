@@ -1,0 +1,401 @@
+package check_test
+
+import (
+	"context"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+var pg *stack.Postgres
+
+func TestMain(m *testing.M) { stack.TestMain(m, &pg) }
+
+// every invariant Run reports.
+var allInvariants = []string{check.ExactlyOnce, check.EffectsHaveCauses, check.Quantities, check.StockConsistent, check.ClientAgrees, check.NothingLost}
+
+// testBundle holds two databases built as the services build theirs (the
+// outbox's, the inbox's and the service's own migrations) and the ids of a
+// small run seeded into them, which passes every invariant:
+//
+//	reserved   lines sku-a×1, sku-b×1, sku-a×2 (two lines of one SKU: reserved as 3)
+//	rejected   sku-c×2, more than the 1 in stock
+//	reserved2  sku-b×2
+//	unpaid     sku-a×1, created and never paid; the client knows it
+//	stranger   sku-a×1, created and never paid; a create whose response the client lost
+type testBundle struct {
+	ctx               context.Context
+	orders, inventory *pgxpool.Pool
+	seeded            map[string]int
+	client            *check.Client
+
+	reserved, rejected, reserved2, unpaid, stranger string // order ids
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	b := &testBundle{ctx: ctx, seeded: map[string]int{"sku-a": 10, "sku-b": 5, "sku-c": 1}}
+	b.orders = serviceDatabase(t, ctx, "orders")
+	b.inventory = serviceDatabase(t, ctx, "inventory")
+	for sku, n := range b.seeded {
+		b.exec(t, b.inventory, `INSERT INTO stock (sku, available) VALUES ($1, $2)`, sku, n)
+	}
+
+	b.reserved = b.createOrder(t, events.Line{SKU: "sku-a", Quantity: 1}, events.Line{SKU: "sku-b", Quantity: 1}, events.Line{SKU: "sku-a", Quantity: 2})
+	b.pay(t, b.reserved)
+	b.reserve(t, b.reserved, map[string]int{"sku-a": 3, "sku-b": 1})
+	b.settle(t, b.reserved, "reserved")
+
+	b.rejected = b.createOrder(t, events.Line{SKU: "sku-c", Quantity: 2})
+	b.pay(t, b.rejected)
+	b.reject(t, b.rejected)
+	b.settle(t, b.rejected, "rejected")
+
+	b.reserved2 = b.createOrder(t, events.Line{SKU: "sku-b", Quantity: 2})
+	b.pay(t, b.reserved2)
+	b.reserve(t, b.reserved2, map[string]int{"sku-b": 2})
+	b.settle(t, b.reserved2, "reserved")
+
+	b.unpaid = b.createOrder(t, events.Line{SKU: "sku-a", Quantity: 1})
+	b.stranger = b.createOrder(t, events.Line{SKU: "sku-a", Quantity: 1})
+
+	b.client = &check.Client{Paid: []string{b.reserved, b.rejected, b.reserved2}, Unpaid: []string{b.unpaid}}
+	return b
+}
+
+// serviceDatabase creates an empty database and migrates it as service
+// does at start (services/internal/platform): the outbox, the inbox, then
+// the service's own files, read from the directory the service embeds.
+func serviceDatabase(t *testing.T, ctx context.Context, service string) *pgxpool.Pool {
+	t.Helper()
+	pool := pg.TestDatabase(t)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	require.NoError(t, inbox.Migrate(ctx, pool))
+	require.NoError(t, migrate.Apply(ctx, pool, service, os.DirFS("../../services/"+service+"/migrations")))
+	return pool
+}
+
+func (b *testBundle) exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	_, err := pool.Exec(b.ctx, sql, args...)
+	require.NoError(t, err, sql)
+}
+
+// createOrder writes an order as POST /orders does.
+func (b *testBundle) createOrder(t *testing.T, lines ...events.Line) string {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7()).String()
+	b.exec(t, b.orders, `INSERT INTO orders (id, lines) VALUES ($1, $2)`, id, lines)
+	return id
+}
+
+// pay writes a payment as POST /orders/{id}/pay does, with its OrderPaid
+// in the outbox, published.
+func (b *testBundle) pay(t *testing.T, id string) {
+	t.Helper()
+	b.exec(t, b.orders, `UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1`, id)
+	b.publishOrderPaid(t, id)
+}
+
+func (b *testBundle) publishOrderPaid(t *testing.T, id string) {
+	t.Helper()
+	payload, err := events.Encode(events.OrderPaid{Envelope: events.NewEnvelope(events.TypeOrderPaid, id), PaidAt: time.Now()})
+	require.NoError(t, err)
+	b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
+		uuid.NewString(), events.TopicOrders, id, payload)
+}
+
+// reserve writes a reservation as inventory's handler does: the decision,
+// one row per SKU, the stock taken, the answer published.
+func (b *testBundle) reserve(t *testing.T, id string, quantities map[string]int) {
+	t.Helper()
+	b.exec(t, b.inventory, `INSERT INTO decisions (order_id, decision, message_id) VALUES ($1, 'reserved', $2)`, id, uuid.NewString())
+	b.reserveRows(t, id, quantities)
+	b.publishAnswer(t, id)
+}
+
+// reserveRows writes reservation rows and takes their stock, as an
+// unguarded inventory (no decision) would.
+func (b *testBundle) reserveRows(t *testing.T, id string, quantities map[string]int) {
+	t.Helper()
+	for sku, n := range quantities {
+		b.exec(t, b.inventory, `INSERT INTO reservations (order_id, sku, quantity, message_id) VALUES ($1, $2, $3, $4)`, id, sku, n, uuid.NewString())
+		b.exec(t, b.inventory, `UPDATE stock SET available = available - $2, reserved = reserved + $2 WHERE sku = $1`, sku, n)
+	}
+}
+
+// reject writes a rejection as inventory's handler does.
+func (b *testBundle) reject(t *testing.T, id string) {
+	t.Helper()
+	msg := uuid.NewString()
+	b.exec(t, b.inventory, `INSERT INTO decisions (order_id, decision, message_id) VALUES ($1, 'rejected', $2)`, id, msg)
+	b.exec(t, b.inventory, `INSERT INTO rejections (order_id, reason, message_id) VALUES ($1, 'insufficient stock', $2)`, id, msg)
+	b.publishAnswer(t, id)
+}
+
+func (b *testBundle) publishAnswer(t *testing.T, id string) {
+	t.Helper()
+	b.exec(t, b.inventory, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, '{}', now())`,
+		uuid.NewString(), events.TopicInventory, id)
+}
+
+// settle applies inventory's answer in orders as the settler does.
+func (b *testBundle) settle(t *testing.T, id, status string) {
+	t.Helper()
+	event := events.TypeInventoryReserved
+	if status == "rejected" {
+		event = events.TypeInventoryRejected
+	}
+	b.exec(t, b.orders, `UPDATE orders SET status = $2, settled_at = now() WHERE id = $1`, id, status)
+	b.exec(t, b.orders, `INSERT INTO order_events (order_id, event, message_id) VALUES ($1, $2, $3)`, id, event, uuid.NewString())
+}
+
+func (b *testBundle) check(t *testing.T) check.Report {
+	t.Helper()
+	report, err := check.Run(b.ctx, b.orders, b.inventory, b.seeded, b.client)
+	require.NoError(t, err)
+	return report
+}
+
+func TestConsistentRunPasses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	report := b.check(t)
+
+	for _, name := range allInvariants {
+		inv, ok := report.Invariant(name)
+		require.True(t, ok, "no invariant %s", name)
+		require.True(t, inv.OK, "%s: %s", name, inv.Detail)
+	}
+	require.Equal(t, 3, report.OrdersPaid)
+	require.Equal(t, 2, report.Reserved)
+	require.Equal(t, 1, report.Rejected)
+	require.Equal(t, 2, report.ReservationsMade)
+	require.Zero(t, report.DoubleApplied)
+	clientAgrees, _ := report.Invariant(check.ClientAgrees)
+	require.Contains(t, clientAgrees.Detail, "1 unpaid orders it never heard of")
+}
+
+// TestAdversarialRunsFail tampers with the consistent run, one way per case,
+// and requires the invariant that owns that kind of defect to fail (and the
+// ones listed beside it), every other invariant to hold, and the detail to
+// name the order.
+func TestAdversarialRunsFail(t *testing.T) {
+	t.Parallel()
+	newID := func() string { return uuid.Must(uuid.NewV7()).String() }
+	cases := []struct {
+		name      string
+		tamper    func(t *testing.T, b *testBundle) (subject string) // returns what the detail must quote
+		fails     string
+		alsoFails []string // invariants that must fail with it
+	}{
+		{
+			name: "phantom reservation for an unpaid order",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.reserve(t, b.unpaid, map[string]int{"sku-a": 1})
+				return b.unpaid
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
+			name: "reservation for an order that does not exist",
+			tamper: func(t *testing.T, b *testBundle) string {
+				id := newID()
+				b.reserveRows(t, id, map[string]int{"sku-a": 1}) // no decision: as an unguarded inventory writes
+				return id
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
+			name: "rejection for an unpaid order",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.reject(t, b.unpaid)
+				return b.unpaid
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
+			name: "OrderPaid in the outbox for an unpaid order",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.publishOrderPaid(t, b.unpaid)
+				return b.unpaid
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
+			name: "answer applied in orders that contradicts inventory's decision",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// inventory rejected it; orders settles it reserved.
+				b.exec(t, b.orders, `UPDATE orders SET status = 'reserved' WHERE id = $1`, b.rejected)
+				b.exec(t, b.orders, `UPDATE order_events SET event = $2 WHERE order_id = $1`, b.rejected, events.TypeInventoryReserved)
+				return b.rejected
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
+			name: "answer applied in orders with no decision in inventory",
+			tamper: func(t *testing.T, b *testBundle) string {
+				id := b.createOrder(t, events.Line{SKU: "sku-a", Quantity: 1})
+				b.pay(t, id)
+				b.settle(t, id, "reserved")
+				b.client.Paid = append(b.client.Paid, id)
+				return id
+			},
+			fails: check.EffectsHaveCauses,
+			// Inventory never applied the order, so it also counts as lost.
+			alsoFails: []string{check.NothingLost},
+		},
+		{
+			name: "reservation quantity other than the order's lines",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// One row, as one application writes, with one unit more,
+				// and the stock kept in balance with it: only the
+				// comparison with the order's lines can see it.
+				b.exec(t, b.inventory, `UPDATE reservations SET quantity = quantity + 1 WHERE order_id = $1`, b.reserved2)
+				b.exec(t, b.inventory, `UPDATE stock SET available = available - 1, reserved = reserved + 1 WHERE sku = 'sku-b'`)
+				return b.reserved2
+			},
+			fails: check.Quantities,
+		},
+		{
+			name: "reservation of the lines' first quantity, not their sum",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// reserved has sku-a on two lines (1 and 2): reserving 1
+				// is wrong, however consistent the stock.
+				b.exec(t, b.inventory, `UPDATE reservations SET quantity = 1 WHERE order_id = $1 AND sku = 'sku-a'`, b.reserved)
+				b.exec(t, b.inventory, `UPDATE stock SET available = available + 2, reserved = reserved - 2 WHERE sku = 'sku-a'`)
+				return b.reserved
+			},
+			fails: check.Quantities,
+		},
+		{
+			name: "stock out of balance with the reservations",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.exec(t, b.inventory, `UPDATE stock SET available = available + 1 WHERE sku = 'sku-a'`)
+				return "sku-a"
+			},
+			fails: check.StockConsistent,
+		},
+		{
+			name: "order paid in the database that the client never paid",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// A consistent story from payment to settlement, for an
+				// order whose id the client never held.
+				b.pay(t, b.stranger)
+				b.reserve(t, b.stranger, map[string]int{"sku-a": 1})
+				b.settle(t, b.stranger, "reserved")
+				return b.stranger
+			},
+			fails: check.ClientAgrees,
+		},
+		{
+			name: "order the client left unpaid, paid in the database",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.pay(t, b.unpaid)
+				b.reserve(t, b.unpaid, map[string]int{"sku-a": 1})
+				b.settle(t, b.unpaid, "reserved")
+				return b.unpaid
+			},
+			fails: check.ClientAgrees,
+		},
+		{
+			name: "order the client paid, missing from the database",
+			tamper: func(t *testing.T, b *testBundle) string {
+				id := newID()
+				b.client.Paid = append(b.client.Paid, id)
+				return id
+			},
+			fails: check.ClientAgrees,
+		},
+		{
+			name: "order the client paid, still created in the database",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.client.Paid, b.client.Unpaid = append(b.client.Paid, b.unpaid), nil
+				return b.unpaid
+			},
+			fails: check.ClientAgrees,
+		},
+		{
+			name: "one payment lost and another invented: the counts agree",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// The client paid reserved2; the database lost it and paid
+				// the stranger instead, consistently. Three paid on either
+				// side: only ids tell them apart.
+				b.exec(t, b.orders, `DELETE FROM order_events WHERE order_id = $1`, b.reserved2)
+				b.exec(t, b.orders, `DELETE FROM outbox_messages WHERE partition_key = $1`, b.reserved2)
+				b.exec(t, b.orders, `DELETE FROM orders WHERE id = $1`, b.reserved2)
+				b.exec(t, b.inventory, `UPDATE stock SET available = available + 2, reserved = reserved - 2 WHERE sku = 'sku-b'`)
+				b.exec(t, b.inventory, `DELETE FROM reservations WHERE order_id = $1`, b.reserved2)
+				b.exec(t, b.inventory, `DELETE FROM decisions WHERE order_id = $1`, b.reserved2)
+				b.exec(t, b.inventory, `DELETE FROM outbox_messages WHERE partition_key = $1`, b.reserved2)
+				b.pay(t, b.stranger)
+				b.reserve(t, b.stranger, map[string]int{"sku-a": 1})
+				b.settle(t, b.stranger, "reserved")
+				return b.reserved2
+			},
+			fails: check.ClientAgrees,
+		},
+		{
+			name: "order of unknown payment outcome, missing from the database",
+			tamper: func(t *testing.T, b *testBundle) string {
+				id := newID()
+				b.client.Unknown = append(b.client.Unknown, id)
+				return id
+			},
+			fails: check.ClientAgrees,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			subject := tc.tamper(t, b)
+			report := b.check(t)
+
+			require.False(t, report.OK(), "the checker passed this run (%s): %+v", tc.name, report.Invariants)
+			for _, name := range allInvariants {
+				inv, ok := report.Invariant(name)
+				require.True(t, ok, "no invariant %s", name)
+				mustFail := name == tc.fails || slices.Contains(tc.alsoFails, name)
+				require.Equal(t, !mustFail, inv.OK, "%s: %s", name, inv.Detail)
+			}
+			failed, _ := report.Invariant(tc.fails)
+			require.Contains(t, failed.Detail, subject)
+			t.Logf("%s: %s", failed.Name, failed.Detail)
+		})
+	}
+}
+
+// TestClientUnknownOutcomes: a payment whose answer never came may have
+// committed or not, and either passes; without a client view the
+// comparison is skipped, and says so.
+func TestClientUnknownOutcomes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// rejected was paid, unpaid was not: the client could tell neither.
+	b.client = &check.Client{Paid: []string{b.reserved, b.reserved2}, Unknown: []string{b.rejected, b.unpaid}}
+	report := b.check(t)
+	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+	inv, _ := report.Invariant(check.ClientAgrees)
+	require.Contains(t, inv.Detail, "3 paid orders, by id the 2 the client saw paid and 1 of its 2 payments of unknown outcome")
+
+	b.client = nil
+	report = b.check(t)
+	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+	inv, _ = report.Invariant(check.ClientAgrees)
+	require.Contains(t, inv.Detail, "skipped")
+}
