@@ -22,7 +22,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
 
@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	kind := fs.String("kind", "", "only this kind: dead_letter, payload_conflict or invalid")
 	resolved := fs.Bool("resolved", false, "list: also rows already redriven or discarded")
 	all := fs.Bool("all", false, "redrive: every open dead letter (of -consumer)")
-	by := fs.String("by", defaultOperator(getenv), "redrive, discard: who does it (recorded)")
+	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	switch cmd {
 	case "list", "show", "redrive", "discard":
@@ -171,14 +171,6 @@ func idArg(cmd string, rest []string, all bool) (int64, error) {
 	return id, nil
 }
 
-// defaultOperator is who redrives when -by is not given: the OS user.
-func defaultOperator(getenv func(string) string) string {
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return u.Username
-	}
-	return getenv("USER")
-}
-
 func printList(out io.Writer, list []inbox.Quarantined) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "nothing quarantined")
@@ -192,7 +184,7 @@ func printList(out io.Writer, list []inbox.Quarantined) {
 			state = q.Resolution + " by " + q.ResolvedBy
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", q.ID, q.Consumer, q.Kind, q.MessageID, q.Attempts,
-			time.Since(q.CreatedAt).Round(time.Second), state, clip(q.Reason, 100))
+			time.Since(q.CreatedAt).Round(time.Second), state, opctl.Clip(q.Reason, 100))
 	}
 	w.Flush()
 }
@@ -224,14 +216,6 @@ func printOne(out io.Writer, q inbox.Quarantined) {
 	if !utf8.Valid(q.Payload) {
 		payload = fmt.Sprintf("%d bytes, not UTF-8: %x", len(q.Payload), q.Payload[:min(len(q.Payload), 64)])
 	}
-	row("payload", clip(payload, 4096))
+	row("payload", opctl.Clip(payload, 4096))
 	w.Flush()
-}
-
-func clip(s string, n int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "…"
 }

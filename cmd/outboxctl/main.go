@@ -23,7 +23,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -61,7 +61,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	cmd, args := args[0], args[1:]
 	fs := flag.NewFlagSet("outboxctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	by := fs.String("by", defaultOperator(getenv), "drop: who drops the row (recorded)")
+	by := fs.String("by", opctl.Operator(getenv), "drop: who drops the row (recorded)")
 	why := fs.String("why", "", "drop: why (recorded)")
 	switch cmd {
 	case "list", "show", "retry", "drop":
@@ -136,14 +136,6 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	return nil
 }
 
-// defaultOperator is who drops when -by is not given: the OS user.
-func defaultOperator(getenv func(string) string) string {
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return u.Username
-	}
-	return getenv("USER")
-}
-
 func printList(out io.Writer, list []outbox.ParkedRow) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "nothing parked")
@@ -152,8 +144,8 @@ func printList(out io.Writer, list []outbox.ParkedRow) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ID\tTOPIC\tKEY\tMESSAGE\tBYTES\tPARKED\tWAITING\tREASON")
 	for _, p := range list {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s ago\t%d\t%s\n", p.ID, p.Topic, clip(p.Key, 40), p.MessageID, len(p.Payload),
-			time.Since(p.ParkedAt).Round(time.Second), p.Waiting, clip(p.Reason, 100))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s ago\t%d\t%s\n", p.ID, p.Topic, opctl.Clip(p.Key, 40), p.MessageID, len(p.Payload),
+			time.Since(p.ParkedAt).Round(time.Second), p.Waiting, opctl.Clip(p.Reason, 100))
 	}
 	w.Flush()
 }
@@ -175,14 +167,6 @@ func printOne(out io.Writer, p outbox.ParkedRow) {
 	if !utf8.Valid(p.Payload) {
 		payload = fmt.Sprintf("%d bytes, not UTF-8: %x", len(p.Payload), p.Payload[:min(len(p.Payload), 64)])
 	}
-	row("payload", fmt.Sprintf("%d bytes: %s", len(p.Payload), clip(payload, 4096)))
+	row("payload", fmt.Sprintf("%d bytes: %s", len(p.Payload), opctl.Clip(payload, 4096)))
 	w.Flush()
-}
-
-func clip(s string, n int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "…"
 }
