@@ -32,14 +32,18 @@ SEED ?= 7
 
 # chaos-proof PROFILE: the profile must pass, and the same run with the
 # inbox and the services' domain guard off (the second control) must fail,
-# with double-applies and not for another reason.
+# with double-applies and not for another reason: double-applies of the
+# crash windows' own messages (it sends no hostile ones), every copy that
+# met an effect committed before its kill applied twice (the floor, see
+# chaos/attribution.go).
 define chaos-proof
 	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
 	@echo "== control run 2 ($(1)): inbox and domain guard off; the checker must catch double-applies =="
 	@if ./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -guard=off -report chaos-control-$(1).json; then \
 		echo "FAIL: the $(1) control run 2 passed, so the checker cannot see double-applies"; exit 1; fi
-	@grep -Eq '"double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but not with double-applies"; exit 1; }
-	@echo "control run 2 ($(1)) failed with double-applies, as it must"
+	@grep -Eq '"crash_window_double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but not with double-applies of the crash windows' own messages"; exit 1; }
+	@grep -Eq '"attribution": true' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2: a copy the crash windows made was not applied twice, or none came back (see attribution)"; exit 1; }
+	@echo "control run 2 ($(1)) failed with the crash windows' double-applies, each copy that met a committed effect applied twice, as it must"
 endef
 
 # chaos-guard PROFILE: the first control, the inbox off: the run must pass
@@ -49,6 +53,7 @@ define chaos-guard
 	@echo "== control run 1 ($(1)): the inbox switched off; the domain guard must refuse every redelivery =="
 	./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -report chaos-control-inbox-off-$(1).json
 	@grep -Eq '"refused_not_hostile": [1-9]' chaos-control-inbox-off-$(1).json || { echo "FAIL: the $(1) control run 1 had no redelivery reach the guard"; exit 1; }
+	@grep -Eq '"attribution": true' chaos-control-inbox-off-$(1).json || { echo "FAIL: the $(1) control run 1: a crash window's copy was not refused by the guard (see attribution)"; exit 1; }
 endef
 
 .PHONY: chaos-ci

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -46,9 +45,10 @@ type harness struct {
 	mu       sync.Mutex
 	rng      *rand.Rand
 	draining bool
-	pending  map[failpoint.Name]int // armed incarnations that have not died yet
+	pending  map[string]int // service/window → armed incarnations that have not died yet
 	armedAs  map[string]failpoint.Name
-	fired    map[failpoint.Name]int // from the failpoint log, refreshed as it grows
+	fired    map[string]int // service/window → kills, from the failpoint log, refreshed as it grows
+	pids     map[int]string // pid → service, of every incarnation started
 
 	randomKills atomic.Int64
 	restarts    atomic.Int64
@@ -65,9 +65,10 @@ func newHarness(p profile, seed uint64, inbox, guard bool) *harness {
 	return &harness{
 		p: p, seed: seed, inbox: inbox, guard: guard,
 		rng:     rand.New(rand.NewPCG(seed, 0xc4a05)),
-		pending: map[failpoint.Name]int{},
+		pending: map[string]int{},
 		armedAs: map[string]failpoint.Name{},
-		fired:   map[failpoint.Name]int{},
+		fired:   map[string]int{},
+		pids:    map[int]string{},
 	}
 }
 
@@ -83,7 +84,8 @@ func (h *harness) randDuration(lo, hi time.Duration) time.Duration {
 }
 
 // arm chooses the crash window of a process incarnation that is about to
-// start: the window of its service that has fired least so far, fired on its
+// start: the window that has fired least so far in its service (so each
+// service's consumer meets every consumer window), fired on its
 // first hit after a random grace period. Some incarnations are left unarmed
 // and are only ever killed at random.
 func (h *harness) arm(p *procs.Proc) []string {
@@ -95,12 +97,13 @@ func (h *harness) arm(p *procs.Proc) []string {
 	}
 	windows := windowsFor(p.Service, h.inbox)
 	best := windows[h.rng.IntN(len(windows))]
+	load := func(w failpoint.Name) int { k := p.Service + "/" + string(w); return h.fired[k] + h.pending[k] }
 	for _, w := range windows {
-		if h.fired[w]+h.pending[w] < h.fired[best]+h.pending[best] {
+		if load(w) < load(best) {
 			best = w
 		}
 	}
-	h.pending[best]++
+	h.pending[p.Service+"/"+string(best)]++
 	h.armedAs[p.Name] = best
 	grace := h.p.GraceMin + time.Duration(h.rng.Int64N(int64(h.p.GraceMax-h.p.GraceMin)+1))
 	return []string{
@@ -115,7 +118,7 @@ func (h *harness) exited(p *procs.Proc) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if w, ok := h.armedAs[p.Name]; ok {
-		h.pending[w]--
+		h.pending[p.Service+"/"+string(w)]--
 		delete(h.armedAs, p.Name)
 	}
 }
@@ -155,6 +158,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),
 			fmt.Sprintf("DOMAIN_GUARD_DISABLED=%t", !h.guard),
 			"FAILPOINT_LOG=" + h.fpLog,
+			"FAILPOINT_TRACE=" + joinNames(traced), // attribution.go: was a killed subject seen again?
 		},
 		Kafka:   kopts,
 		EnvHook: h.arm,
@@ -176,6 +180,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	defer stopChaos()
 	superviseCtx, stopSupervising := context.WithCancel(ctx)
 	defer stopSupervising()
+	for _, p := range sys.All() {
+		h.started(p)
+	}
 	h.supervise(superviseCtx)
 	h.say("broker: %s", sys.Kafka.Describe())
 	if c := sys.Kafka.Apache(); c != nil {
@@ -211,7 +218,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		Orders: h.p.Orders, Concurrency: 16, DoubleSubmit: 25, Seed: h.seed, Rate: h.p.Rate,
 		OnPaid: func(loadgen.Order) {
 			n := paid.Add(1)
-			if n == int64(h.p.Orders/10) {
+			// The second control sends no hostile message: its
+			// double-applies must come from the crash windows alone.
+			if n == int64(h.p.Orders/10) && (h.inbox || h.guard) {
 				hostileOnce.Do(func() {
 					go func() {
 						if err := hostile.send(ctx); err != nil {
@@ -247,9 +256,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	defer cancelDrain()
 	settled := check.Settled(len(res.Paid))
 	final, waitErr := check.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
-		// Without the inbox and the guard (the second control run) a
-		// conflicting payload is simply applied, so the hostile classes never
-		// all end caught: do not wait for them there.
+		// The second control run sends no hostile message: nothing to wait for.
 		func(r check.Report) bool { return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx)) },
 		func(r check.Report) {
 			h.say("draining: %d of %d settled, outbox pending %v", r.Reserved+r.Rejected, r.OrdersPaid, r.OutboxPending)
@@ -313,6 +320,7 @@ func (h *harness) supervise(ctx context.Context) {
 					h.say("restarting %s: %v", p.Name, err)
 					return
 				}
+				h.started(p)
 				h.restarts.Add(1)
 			}
 		}(p)
@@ -341,33 +349,44 @@ func (h *harness) killRandomly(ctx context.Context) {
 	}
 }
 
-// readFired counts the kill lines of the failpoint log, per window, and
-// returns the subjects each window was working on.
-func (h *harness) readFired() (map[failpoint.Name]int, map[failpoint.Name][]string) {
-	counts := map[failpoint.Name]int{}
-	subjects := map[failpoint.Name][]string{}
+// started records which service a new incarnation's pid belongs to.
+func (h *harness) started(p *procs.Proc) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pids[p.Pid()] = p.Service
+}
+
+// readLog reads the failpoint log as it is now.
+func (h *harness) readLog() fpLog {
 	f, err := os.Open(h.fpLog)
 	if err != nil {
-		return counts, subjects
+		return fpLog{hits: map[string][]int{}}
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// failpoint NAME fired: SIGKILL pid N subject S
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 3 || fields[0] != "failpoint" {
-			continue
-		}
-		n := failpoint.Name(fields[1])
-		counts[n]++
-		if len(fields) >= 8 {
-			subjects[n] = append(subjects[n], fields[7])
-		}
-	}
+	return parseFPLog(f)
+}
+
+// readFired counts the kills per window, and refreshes the per-service
+// counts arm balances on.
+func (h *harness) readFired() map[failpoint.Name]int {
+	l := h.readLog()
+	counts := map[failpoint.Name]int{}
 	h.mu.Lock()
-	h.fired = counts
-	h.mu.Unlock()
-	return counts, subjects
+	defer h.mu.Unlock()
+	clear(h.fired)
+	for _, k := range l.kills {
+		counts[k.window]++
+		h.fired[h.pids[k.pid]+"/"+string(k.window)]++
+	}
+	return counts
+}
+
+func joinNames(names []failpoint.Name) string {
+	s := make([]string, len(names))
+	for i, n := range names {
+		s[i] = string(n)
+	}
+	return strings.Join(s, ",")
 }
 
 // progress prints a line every five seconds while the load runs.
@@ -380,7 +399,7 @@ func (h *harness) progress(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		fired, _ := h.readFired()
+		fired := h.readFired()
 		total := 0
 		for _, n := range fired {
 			total += n

@@ -269,6 +269,16 @@ func (h *hostile) refusedOthers(ctx context.Context) (int, error) {
 	return total, nil
 }
 
+// ids returns the hostile message ids (the real id the conflict class
+// reuses among them: a kill on it is left out too).
+func (h *hostile) ids() map[string]bool {
+	ids := map[string]bool{}
+	for _, m := range h.msgs {
+		ids[m.id] = true
+	}
+	return ids
+}
+
 // done reports whether every hostile message has been dealt with (or none
 // was sent yet, which the report will show).
 func (h *hostile) done(ctx context.Context) bool {

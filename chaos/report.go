@@ -8,11 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
-	"github.com/outboxref/outbox-inbox/services/events"
 )
 
 // Report is what a run writes with -report.
@@ -41,18 +38,36 @@ type Report struct {
 	Details              map[string]string        `json:"details"`
 	Hostile              map[string]HostileResult `json:"hostile"`
 	Windows              []WindowRow              `json:"windows"`
+	// The crash windows' own double-applies (hostile messages excluded) and
+	// the floor they must reach in the second control run: every copy that
+	// met an effect committed before its kill (attribution.go).
+	CrashWindowDoubleApplied int `json:"crash_window_double_applied"`
+	CrashWindowFloor         int `json:"crash_window_floor"`
 	Passed               bool                     `json:"passed"`
 }
 
-// WindowRow follows what happened to the subjects a window's kills were
-// working on.
+// WindowRow is what one crash window's kills in one service did to the
+// subjects they interrupted (attribution.go). Every count is measured.
 type WindowRow struct {
 	Window      string `json:"window"`
-	Fired       int    `json:"fired"`
+	Service     string `json:"service"`  // the killed service ("hostile": the subject was a hostile message)
+	Consumer    string `json:"consumer"` // the service that consumes the subject ("" for dead letters)
 	Kills       int    `json:"kills"`
-	Redelivered int    `json:"redelivered"` // subjects the system came back to after the kill
-	Suppressed  int    `json:"duplicates_suppressed"`
-	Note        string `json:"note"`
+	Hostile     int    `json:"hostile"`     // of those, on hostile messages: left out of everything below
+	Redelivered int    `json:"redelivered"` // subjects seen again after the kill
+	AppliedOnce int    `json:"applied_once"`
+	// AppliedTwice: subjects applied more than once by their consumer,
+	// whatever the cause.
+	AppliedTwice int `json:"applied_twice"`
+	Suppressed   int `json:"duplicates_suppressed"` // copies of the subjects the inbox suppressed
+	Refused      int `json:"refused"`               // copies the domain guard refused
+	// Where the effect was committed before the kill: the subjects that came
+	// back and so met it, how many of those a layer caught, and how many
+	// were applied twice.
+	CopiesMetEffect int    `json:"copies_met_effect"`
+	CopiesCaught    int    `json:"copies_caught"`
+	DoubleByWindow  int    `json:"double_by_window"`
+	Note            string `json:"note"`
 }
 
 // The invariants beyond internal/check's.
@@ -60,10 +75,12 @@ const (
 	invFaultsBit = "faults-bit"     // kills, restarts and duplicates reached the profile's minimums
 	invHostile   = "hostile-caught" // every hostile class quarantined or dead-lettered with a reason
 	invLayers    = "layers"         // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
+	invAttrib    = "attribution"    // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
 )
 
 func (h *harness) report(ctx context.Context, final check.Report, hostile *hostile) (*Report, error) {
-	fired, subjects := h.readFired()
+	log := h.readLog()
+	fired := h.readFired()
 	r := &Report{
 		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
@@ -99,12 +116,15 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		if n < h.p.MinPerWindow && (h.inbox || w != failpoint.AfterInboxInsert) {
 			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, h.p.MinPerWindow))
 		}
-		row, err := h.followWindow(ctx, w, subjects[w])
-		if err != nil {
-			return r, err
-		}
-		r.Windows = append(r.Windows, row)
 	}
+	facts, err := h.gatherFacts(ctx, log, hostile.ids())
+	if err != nil {
+		return r, fmt.Errorf("attributing the kills: %w", err)
+	}
+	r.Windows = attribute(log, facts)
+	var attribOK bool
+	attribOK, r.Details[invAttrib], r.CrashWindowDoubleApplied, r.CrashWindowFloor = attributionVerdict(r.Windows, h.inbox, h.guard)
+	r.Invariants[invAttrib] = attribOK
 	r.TotalKills = total
 	if total < h.p.MinKills {
 		short = append(short, fmt.Sprintf("%d kills < %d", total, h.p.MinKills))
@@ -152,7 +172,11 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	}
 
 	hostileOK := hostile.sent.Load()
-	if hostileOK {
+	switch {
+	case !h.inbox && !h.guard:
+		// The second control sends no hostile message (run: newHostile):
+		// its double-applies must come from the crash windows alone.
+	case hostileOK:
 		results, err := hostile.results(ctx)
 		if err != nil {
 			return r, err
@@ -169,10 +193,11 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		if len(missed) > 0 {
 			r.Details[invHostile] += "; not caught: " + strings.Join(missed, ", ")
 		}
-	} else {
+		r.Invariants[invHostile] = hostileOK
+	default:
 		r.Details[invHostile] = "hostile messages were never sent"
+		r.Invariants[invHostile] = false
 	}
-	r.Invariants[invHostile] = hostileOK
 
 	// Which layer caught the redeliveries: with the inbox on, none may
 	// reach the guard (it refuses only hostile messages); with the inbox
@@ -202,62 +227,14 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	return r, nil
 }
 
-// followWindow looks up, after the run, what became of each subject a
-// window's kills interrupted.
-func (h *harness) followWindow(ctx context.Context, w failpoint.Name, subjects []string) (WindowRow, error) {
-	row := WindowRow{Window: string(w), Fired: len(subjects), Kills: len(subjects)}
-	orders := h.sys.Pools["orders"]
-	for _, s := range subjects {
-		switch w {
-		case failpoint.AfterCommitBeforeResponse:
-			// subject: an order id. The client retried; one OrderPaid?
-			var n int
-			if err := orders.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
-				events.TopicOrders, s).Scan(&n); err != nil {
-				return row, err
-			}
-			if n >= 1 {
-				row.Redelivered++ // the retried payment found the order paid
-			}
-			if n == 1 {
-				row.Suppressed++ // and published nothing more
-			}
-		default:
-			// subject: a message id; for the relay windows, the first
-			// message of the killed relay's batch.
-			if err := h.followMessage(ctx, s, &row); err != nil {
-				return row, err
-			}
-		}
-	}
-	row.Note = windowNotes[w]
-	return row, nil
-}
-
-// followMessage finds message id in either consumer's inbox: whether it was
-// processed after the kill and how many redeliveries were suppressed.
-func (h *harness) followMessage(ctx context.Context, id string, row *WindowRow) error {
-	for _, pool := range []*pgxpool.Pool{h.sys.Pools["orders"], h.sys.Pools["inventory"]} {
-		var dups int
-		err := pool.QueryRow(ctx, `SELECT duplicates FROM inbox_messages WHERE message_id = $1`, id).Scan(&dups)
-		if err != nil {
-			continue // not this consumer's message
-		}
-		row.Redelivered++
-		row.Suppressed += dups
-		return nil
-	}
-	return nil
-}
-
 var windowNotes = map[failpoint.Name]string{
-	failpoint.BeforeBegin:               "nothing written; redelivered and applied once",
-	failpoint.AfterInboxInsert:          "inbox row rolled back with the connection; redelivered and applied once",
-	failpoint.AfterHandlerBeforeCommit:  "domain writes rolled back; redelivered and applied once",
-	failpoint.AfterCommitBeforeAck:      "committed, offset not committed: redelivered and suppressed by the inbox",
-	failpoint.AfterClaimBeforePublish:   "rows unlocked unpublished; the next relay published them",
-	failpoint.AfterPublishBeforeMark:    "published but not marked: published again, the copy suppressed",
-	failpoint.AfterCommitBeforeResponse: "paid, no answer: the client retried and got the paid order, no second OrderPaid",
+	failpoint.BeforeBegin:               "nothing written; redelivered, applied once",
+	failpoint.AfterInboxInsert:          "inbox row rolled back with the connection; redelivered, applied once",
+	failpoint.AfterHandlerBeforeCommit:  "domain writes rolled back; redelivered, applied once",
+	failpoint.AfterCommitBeforeAck:      "committed, offset not: the copy meets the effect",
+	failpoint.AfterClaimBeforePublish:   "claimed, not sent: the next relay sent it (copies in Kafka ≥ 1)",
+	failpoint.AfterPublishBeforeMark:    "sent, not marked: sent again (copies in Kafka ≥ 2), the copy meets the effect",
+	failpoint.AfterCommitBeforeResponse: "paid, no answer: the client retried, got the paid order; OrderPaid rows = applied",
 }
 
 func (r *Report) print() {
@@ -273,9 +250,18 @@ func (r *Report) print() {
 	fmt.Println()
 
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WINDOW\tFIRED\tKILLS\tREDELIVERED\tDUPLICATES SUPPRESSED\tWHAT HAPPENED")
+	fmt.Fprintln(tw, "WINDOW\tKILLED\tCONSUMER\tKILLS\t(HOSTILE)\tSEEN AGAIN\tAPPLIED 1×\tAPPLIED 2×+\tSUPPRESSED\tREFUSED\tCOPIES MET EFFECT\tWHAT HAPPENED")
 	for _, w := range r.Windows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", w.Window, w.Fired, w.Kills, w.Redelivered, w.Suppressed, w.Note)
+		met := "-"
+		if committedBeforeKill(failpoint.Name(w.Window)) && w.Consumer != "" {
+			met = fmt.Sprintf("%d (caught %d, 2× %d)", w.CopiesMetEffect, w.CopiesCaught, w.DoubleByWindow)
+		}
+		consumer := w.Consumer
+		if consumer == "" {
+			consumer = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", w.Window, w.Service, consumer, w.Kills, w.Hostile,
+			w.Redelivered, w.AppliedOnce, w.AppliedTwice, w.Suppressed, w.Refused, met, w.Note)
 	}
 	tw.Flush()
 	fmt.Println()

@@ -51,7 +51,7 @@ func (h *harness) writeStatus(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		fired, _ := h.readFired()
+		fired := h.readFired()
 		h.mu.Lock()
 		phase := "load"
 		if h.draining {

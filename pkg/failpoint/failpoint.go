@@ -7,19 +7,26 @@
 //	FAILPOINT_SEED=42          # makes probabilistic schedules reproducible
 //	FAILPOINT_LOG=/tmp/fp.log  # a line is appended here before each kill
 //	FAILPOINT_GRACE=1s         # no window fires until the process is this old
+//	FAILPOINT_TRACE=before-begin  # a line is appended to the log at every hit of these windows
 //
 // The grace period lets a restarted process catch up and commit its offsets
 // before it can be killed again: without it, a schedule that kills every
 // 40th message would kill every incarnation inside the same 40 redelivered
 // messages, forever.
 //
-// When FAILPOINTS is empty, Hit is one atomic load and a return: it costs
+// A trace line ("failpoint NAME hit: pid N subject S") records that a
+// process reached a window, fired or not: the chaos harness reads, after a
+// kill, whether the killed subject was seen again by another process (a
+// redelivery measured, not inferred).
+//
+// When FAILPOINTS and FAILPOINT_TRACE are empty, Hit is two atomic loads and a return: it costs
 // nothing on the hot path. When a window fires there is no deferred code, no
 // graceful shutdown and no recover: the kernel removes the process, exactly as
 // a power cut or an OOM kill would.
 package failpoint
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -67,15 +74,21 @@ type schedule struct {
 
 var (
 	armed     atomic.Bool
+	tracing   atomic.Bool
 	mu        sync.Mutex
+	traced    map[Name]bool
 	schedules map[Name]*schedule
 	rng       *rand.Rand
 	logPath   string
 	armedAt   time.Time // no window fires before this instant
+	logFile   *os.File
 )
 
 func init() {
 	err := Configure(os.Getenv("FAILPOINTS"), os.Getenv("FAILPOINT_SEED"), os.Getenv("FAILPOINT_LOG"))
+	if err == nil {
+		err = Trace(os.Getenv("FAILPOINT_TRACE"))
+	}
 	if err == nil && os.Getenv("FAILPOINT_GRACE") != "" {
 		var grace time.Duration
 		if grace, err = time.ParseDuration(os.Getenv("FAILPOINT_GRACE")); err == nil {
@@ -142,6 +155,31 @@ func Configure(spec, seed, log string) error {
 	return nil
 }
 
+// Trace makes every hit of the windows named in spec ("before-begin,
+// after-commit-before-response") append a trace line to the log Configure
+// was given; an empty spec traces nothing.
+func Trace(spec string) error {
+	names := map[Name]bool{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if !known(Name(item)) {
+			return fmt.Errorf("FAILPOINT_TRACE: unknown window %q (known: %v)", item, All)
+		}
+		names[Name(item)] = true
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(names) > 0 && logPath == "" {
+		return errors.New("FAILPOINT_TRACE needs FAILPOINT_LOG: the trace has nowhere to go")
+	}
+	traced = names
+	tracing.Store(len(names) > 0)
+	return nil
+}
+
 func known(n Name) bool {
 	for _, k := range All {
 		if k == n {
@@ -156,13 +194,21 @@ func known(n Name) bool {
 // follow what happened to that subject afterwards). If n is armed and its
 // schedule says so, the process is killed with SIGKILL before Hit returns.
 func Hit(n Name, subject string) {
-	if !armed.Load() {
+	if !armed.Load() && !tracing.Load() {
 		return
 	}
-	if time.Now().Before(armedAt) {
-		return
-	}
+	hit(n, subject)
+}
+
+func hit(n Name, subject string) {
 	mu.Lock()
+	if traced[n] {
+		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), subject), false)
+	}
+	if !armed.Load() || time.Now().Before(armedAt) {
+		mu.Unlock()
+		return
+	}
 	s := schedules[n]
 	fire := false
 	if s != nil {
@@ -179,15 +225,36 @@ func Hit(n Name, subject string) {
 	}
 }
 
+// appendLog appends line to the log, in one write: every process of a run
+// appends to the same file (O_APPEND), and the order of the lines is the
+// order of the events. A kill line is synced, the process is about to die.
+// mu must be held.
+func appendLog(line string, sync bool) {
+	if logPath == "" {
+		return
+	}
+	if logFile == nil || logFile.Name() != logPath {
+		if logFile != nil {
+			logFile.Close() //nolint:errcheck // a log of an earlier Configure
+		}
+		logFile = nil
+		f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return // best effort: a trace must never stop the process
+		}
+		logFile = f
+	}
+	logFile.WriteString(line) //nolint:errcheck // best effort, as above
+	if sync {
+		logFile.Sync() //nolint:errcheck
+	}
+}
+
 func kill(n Name, subject string) {
 	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), subject)
-	if logPath != "" {
-		if f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
-			f.WriteString(line) //nolint:errcheck // best effort; we are about to die
-			f.Sync()            //nolint:errcheck
-			f.Close()           //nolint:errcheck
-		}
-	}
+	mu.Lock()
+	appendLog(line, true)
+	mu.Unlock()
 	os.Stderr.WriteString(line)                //nolint:errcheck
 	syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck
 	select {}                                  // SIGKILL cannot be caught; never return into the window

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -67,5 +68,48 @@ func TestHitKillsWithSIGKILL(t *testing.T) {
 	}
 	if !strings.Contains(string(line), "failpoint after-publish-before-mark fired") || !strings.Contains(string(line), "subject subject-c") {
 		t.Fatalf("kill line %q: want the window and the third hit's subject", line)
+	}
+}
+
+// TestTraceRecordsHitsThatDoNotFire: a traced window leaves a line at every
+// hit, armed or not, so the harness can see a subject come back after a
+// kill; windows not traced leave nothing.
+func TestTraceRecordsHitsThatDoNotFire(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "fp.log")
+	t.Cleanup(func() { Configure("", "", ""); Trace("") }) //nolint:errcheck
+	if err := Configure("", "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := Trace("before-begin"); err == nil {
+		t.Fatal("Trace without a log was accepted: its lines would go nowhere")
+	}
+	if err := Trace("no-such-window"); err == nil {
+		t.Fatal("Trace accepted an unknown window")
+	}
+	if err := Configure("", "", log); err != nil {
+		t.Fatal(err)
+	}
+	if err := Trace("before-begin, after-commit-before-response"); err != nil {
+		t.Fatal(err)
+	}
+	Hit(BeforeBegin, "m-1")
+	Hit(AfterCommitBeforeAck, "m-1") // not traced
+	Hit(BeforeBegin, "m-2")
+	Hit(AfterCommitBeforeResponse, "o-1")
+	data, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 7 || f[0] != "failpoint" || f[2] != "hit:" || f[4] != strconv.Itoa(os.Getpid()) {
+			t.Fatalf("trace line %q: want \"failpoint NAME hit: pid %d subject S\"", line, os.Getpid())
+		}
+		got = append(got, f[1]+" "+f[6])
+	}
+	want := []string{"before-begin m-1", "before-begin m-2", "after-commit-before-response o-1"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("traced %q, want %q", got, want)
 	}
 }

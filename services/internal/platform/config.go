@@ -92,7 +92,7 @@ func EnvVars() []string {
 	for i := range t.NumField() {
 		names = append(names, t.Field(i).Tag.Get("env"))
 	}
-	return append(names, "FAILPOINTS", "FAILPOINT_SEED", "FAILPOINT_LOG", "FAILPOINT_GRACE")
+	return append(names, "FAILPOINTS", "FAILPOINT_SEED", "FAILPOINT_LOG", "FAILPOINT_GRACE", "FAILPOINT_TRACE")
 }
 
 // LoadConfig reads Config from the environment, with httpAddr as the default

@@ -1,0 +1,468 @@
+package main
+
+// Attribution: what each crash window's kills did, measured per window and
+// per service, the hostile messages left out.
+//
+// For every kill the failpoint log holds the window, the pid and the
+// subject the killed code was working on (a message id; an order id for the
+// HTTP window). Whether that subject came back after the kill is measured,
+// not inferred:
+//
+//   - a consumer window's message: a later trace line of another process
+//     that began to handle the same message id (FAILPOINT_TRACE=before-begin,
+//     written at every delivery, before the inbox looks at anything);
+//   - a relay window's message: the harness's own Kafka client counts the
+//     copies of that message id on its topic (after-claim-before-publish:
+//     at least one, sent after the kill; after-publish-before-mark: at
+//     least two, the killed relay's and the next relay's);
+//   - the HTTP window's order: a later trace line of the payment answered
+//     again (the client retried).
+//
+// Then, per subject, the consumer's own tables say how often the message
+// was applied (reservations and rejections, or order_events, by message
+// id), how many copies its inbox suppressed, and how many its domain guard
+// refused. A window where the effect was committed before the kill
+// (after-commit-before-ack, after-publish-before-mark) is where a copy
+// meets a committed effect: with the inbox on it must be suppressed; with
+// the inbox off the guard must refuse it; with both off nothing can stop
+// it, so every such copy that came back must be applied twice. That last
+// number is the control run's floor: the double-applies the crash windows
+// alone must produce, hostile messages and random kills left out.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// traced are the windows every process of a run traces (FAILPOINT_TRACE).
+var traced = []failpoint.Name{failpoint.BeforeBegin, failpoint.AfterCommitBeforeResponse}
+
+// fpKill is one kill line of the failpoint log.
+type fpKill struct {
+	seq     int // line number: the log's order is the order of the events
+	window  failpoint.Name
+	pid     int
+	subject string
+}
+
+// fpLog is the failpoint log, read.
+type fpLog struct {
+	kills []fpKill
+	hits  map[string][]int // window + " " + subject → line numbers of its trace lines
+}
+
+// parseFPLog reads the kill lines ("failpoint NAME fired: SIGKILL pid N
+// subject S") and the trace lines ("failpoint NAME hit: pid N subject S").
+func parseFPLog(r io.Reader) fpLog {
+	l := fpLog{hits: map[string][]int{}}
+	sc := bufio.NewScanner(r)
+	for seq := 0; sc.Scan(); seq++ {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || f[0] != "failpoint" {
+			continue
+		}
+		switch {
+		case f[2] == "fired:" && len(f) >= 6:
+			k := fpKill{seq: seq, window: failpoint.Name(f[1])}
+			k.pid, _ = strconv.Atoi(f[5])
+			if len(f) >= 8 {
+				k.subject = f[7]
+			}
+			l.kills = append(l.kills, k)
+		case f[2] == "hit:" && len(f) >= 7:
+			key := f[1] + " " + f[6]
+			l.hits[key] = append(l.hits[key], seq)
+		}
+	}
+	return l
+}
+
+// seenAfter reports whether subject was traced at window w after line seq.
+func (l fpLog) seenAfter(w failpoint.Name, subject string, seq int) bool {
+	lines := l.hits[string(w)+" "+subject]
+	return len(lines) > 0 && lines[len(lines)-1] > seq
+}
+
+// subjectFacts is what the databases and Kafka say about one subject.
+type subjectFacts struct {
+	hostile  bool
+	producer string // the service whose outbox wrote the message
+	consumer string // the service consuming its topic; "" for dead letters
+	copies   int    // records with this message id in Kafka
+	applied  int    // applications in the consumer's domain (OrderPaid rows for an order)
+	dups     int    // copies the consumer's inbox suppressed
+	refused  int    // copies the consumer's domain guard refused
+}
+
+// committedBeforeKill: windows whose kill leaves the effect committed, so
+// a copy that comes back meets it.
+func committedBeforeKill(w failpoint.Name) bool {
+	return w == failpoint.AfterCommitBeforeAck || w == failpoint.AfterPublishBeforeMark
+}
+
+func isConsumerWindow(w failpoint.Name) bool {
+	switch w {
+	case failpoint.BeforeBegin, failpoint.AfterInboxInsert, failpoint.AfterHandlerBeforeCommit, failpoint.AfterCommitBeforeAck:
+		return true
+	}
+	return false
+}
+
+// attribute builds one row per window and killed service from the log and
+// the facts. A hostile subject is counted apart and judged nowhere here
+// (the hostile table judges it).
+func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
+	rows := map[string]*WindowRow{}
+	var order []string
+	for _, k := range l.kills {
+		f, ok := facts[k.subject]
+		service, consumer := "hostile", ""
+		switch {
+		case k.window == failpoint.AfterCommitBeforeResponse:
+			service, consumer = "orders", "orders"
+		case isConsumerWindow(k.window) && ok && !f.hostile:
+			service, consumer = f.consumer, f.consumer
+		case ok && !f.hostile:
+			service, consumer = f.producer, f.consumer
+		}
+		key := string(k.window) + "/" + service + "/" + consumer
+		r := rows[key]
+		if r == nil {
+			r = &WindowRow{Window: string(k.window), Service: service, Consumer: consumer, Note: windowNotes[k.window]}
+			rows[key] = r
+			order = append(order, key)
+		}
+		r.Kills++
+		if !ok || f.hostile {
+			r.Hostile++ // a hostile message, or one no outbox wrote
+			continue
+		}
+		var again bool
+		switch k.window {
+		case failpoint.AfterClaimBeforePublish:
+			again = f.copies >= 1
+		case failpoint.AfterPublishBeforeMark:
+			again = f.copies >= 2
+		case failpoint.AfterCommitBeforeResponse:
+			again = l.seenAfter(failpoint.AfterCommitBeforeResponse, k.subject, k.seq)
+		default:
+			again = l.seenAfter(failpoint.BeforeBegin, k.subject, k.seq)
+		}
+		if again {
+			r.Redelivered++
+		}
+		switch {
+		case f.applied == 1:
+			r.AppliedOnce++
+		case f.applied > 1:
+			r.AppliedTwice++
+			if again && committedBeforeKill(k.window) {
+				r.DoubleByWindow++
+			}
+		}
+		r.Suppressed += f.dups
+		r.Refused += f.refused
+		if again && committedBeforeKill(k.window) && f.consumer != "" {
+			r.CopiesMetEffect++
+			if f.dups > 0 || f.refused > 0 {
+				r.CopiesCaught++
+			}
+		}
+	}
+	out := make([]WindowRow, 0, len(order))
+	for _, w := range failpoint.All { // in the order a message meets the windows
+		var these []WindowRow
+		for _, key := range order {
+			if rows[key].Window == string(w) {
+				these = append(these, *rows[key])
+			}
+		}
+		slices.SortFunc(these, func(a, b WindowRow) int {
+			return strings.Compare(a.Service+"/"+a.Consumer, b.Service+"/"+b.Consumer)
+		})
+		out = append(out, these...)
+	}
+	return out
+}
+
+// attributionVerdict judges the rows for the run's mode and returns the
+// crash windows' double-applies and the floor they had to reach.
+func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail string, doubled, floor int) {
+	var bad, notes []string
+	// Every consumer's after-commit-before-ack window must have been hit:
+	// it is the window the inbox exists for.
+	for _, svc := range []string{"inventory", "orders"} {
+		found := false
+		for _, r := range rows {
+			if r.Window == string(failpoint.AfterCommitBeforeAck) && r.Service == svc && r.Kills > r.Hostile {
+				found = true
+			}
+		}
+		if !found {
+			bad = append(bad, fmt.Sprintf("%s: no kill of %s's own messages", failpoint.AfterCommitBeforeAck, svc))
+		}
+	}
+	for _, r := range rows {
+		name := r.Window + "/" + r.Service
+		own := r.Kills - r.Hostile
+		if own > 0 && r.Redelivered == 0 {
+			bad = append(bad, fmt.Sprintf("%s: %d kills, no subject seen again", name, own))
+		}
+		doubled += r.AppliedTwice
+		if !committedBeforeKill(failpoint.Name(r.Window)) || r.Consumer == "" {
+			if inbox && r.AppliedTwice > 0 {
+				bad = append(bad, fmt.Sprintf("%s: %d applied twice", name, r.AppliedTwice))
+			}
+			continue
+		}
+		floor += r.CopiesMetEffect
+		switch {
+		case inbox:
+			// The first layer: each copy meeting a committed effect is
+			// suppressed by the inbox, never applied again.
+			if r.AppliedTwice > 0 {
+				bad = append(bad, fmt.Sprintf("%s: %d applied twice", name, r.AppliedTwice))
+			}
+			if own > 0 && r.Suppressed == 0 {
+				bad = append(bad, fmt.Sprintf("%s: %d kills, no copy suppressed by the inbox", name, own))
+			}
+		case guard:
+			// The second layer alone: each such copy refused by the guard.
+			if r.AppliedTwice > 0 || r.CopiesCaught < r.CopiesMetEffect {
+				bad = append(bad, fmt.Sprintf("%s: %d copies met a committed effect, %d refused by the guard, %d applied twice",
+					name, r.CopiesMetEffect, r.CopiesCaught, r.AppliedTwice))
+			}
+		default:
+			// No layer: each copy that came back is applied again.
+			if r.DoubleByWindow < r.CopiesMetEffect {
+				bad = append(bad, fmt.Sprintf("%s: %d copies met a committed effect with no layer to stop them, only %d applied twice",
+					name, r.CopiesMetEffect, r.DoubleByWindow))
+			}
+		}
+		n := r.CopiesCaught
+		if !inbox && !guard {
+			n = r.DoubleByWindow
+		}
+		notes = append(notes, fmt.Sprintf("%s %d/%d", name, n, r.CopiesMetEffect))
+	}
+	if !inbox && !guard && floor == 0 {
+		bad = append(bad, "no copy met a committed effect: the control shows nothing")
+	}
+	what := "suppressed or refused"
+	if !inbox && !guard {
+		what = "applied twice"
+	}
+	detail = fmt.Sprintf("copies that met a committed effect, %s: %s; crash-window double-applies %d (floor %d)",
+		what, strings.Join(notes, ", "), doubled, floor)
+	if len(bad) > 0 {
+		detail += ": " + strings.Join(bad, "; ")
+	}
+	return len(bad) == 0, detail, doubled, floor
+}
+
+// gatherFacts looks every kill's subject up in both services' databases and
+// counts the copies of the relay windows' messages in Kafka.
+func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[string]bool) (map[string]subjectFacts, error) {
+	var ids, orderIDs []string
+	relay := false
+	for _, k := range l.kills {
+		if k.window == failpoint.AfterCommitBeforeResponse {
+			orderIDs = append(orderIDs, k.subject)
+			continue
+		}
+		ids = append(ids, k.subject)
+		relay = relay || !isConsumerWindow(k.window)
+	}
+	facts := map[string]subjectFacts{}
+	orders, inventory := h.sys.Pools["orders"], h.sys.Pools["inventory"]
+	for _, id := range ids {
+		if hostileIDs[id] {
+			facts[id] = subjectFacts{hostile: true}
+		}
+	}
+	// Who wrote each message, and so who consumes it.
+	for _, src := range []struct {
+		producer string
+		pool     *pgxpool.Pool
+	}{{"orders", orders}, {"inventory", inventory}} {
+		rows, err := src.pool.Query(ctx, `SELECT message_id::text, topic FROM outbox_messages WHERE message_id::text = ANY($1)`, ids)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id, topic string
+			if err := rows.Scan(&id, &topic); err != nil {
+				return nil, err
+			}
+			if facts[id].hostile {
+				continue
+			}
+			f := subjectFacts{producer: src.producer}
+			switch topic {
+			case events.TopicOrders:
+				f.consumer = "inventory"
+			case events.TopicInventory:
+				f.consumer = "orders"
+			}
+			facts[id] = f
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	// What each consumer did with them.
+	queries := map[string][]string{
+		"inventory": {
+			`SELECT message_id, (count(*) / count(DISTINCT sku))::int FROM reservations WHERE message_id = ANY($1) GROUP BY 1`,
+			`SELECT message_id, count(*)::int FROM rejections WHERE message_id = ANY($1) GROUP BY 1`,
+		},
+		"orders": {`SELECT message_id, count(*)::int FROM order_events WHERE message_id = ANY($1) GROUP BY 1`},
+	}
+	for consumer, pool := range map[string]*pgxpool.Pool{"orders": orders, "inventory": inventory} {
+		add := func(q string, field func(*subjectFacts) *int) error {
+			rows, err := pool.Query(ctx, q, ids)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var id string
+				var n int
+				if err := rows.Scan(&id, &n); err != nil {
+					return err
+				}
+				if f, ok := facts[id]; ok && f.consumer == consumer {
+					*field(&f) += n
+					facts[id] = f
+				}
+			}
+			return rows.Err()
+		}
+		for _, q := range queries[consumer] {
+			if err := add(q, func(f *subjectFacts) *int { return &f.applied }); err != nil {
+				return nil, err
+			}
+		}
+		if err := add(`SELECT message_id, sum(duplicates)::int FROM inbox_messages WHERE message_id = ANY($1) GROUP BY 1`,
+			func(f *subjectFacts) *int { return &f.dups }); err != nil {
+			return nil, err
+		}
+		if err := add(`SELECT message_id, count(*)::int FROM refusals WHERE message_id = ANY($1) GROUP BY 1`,
+			func(f *subjectFacts) *int { return &f.refused }); err != nil {
+			return nil, err
+		}
+	}
+	// The HTTP window: OrderPaid rows per order.
+	rows, err := orders.Query(ctx, `SELECT partition_key, count(*)::int FROM outbox_messages WHERE topic = $1 AND partition_key = ANY($2) GROUP BY 1`,
+		events.TopicOrders, orderIDs)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range orderIDs {
+		facts[id] = subjectFacts{producer: "orders", consumer: "orders"}
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		f := facts[id]
+		f.applied = n
+		facts[id] = f
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if relay {
+		copies, err := kafkaCopies(ctx, h.sys.Kafka.DirectBrokers(), events.TopicOrders, events.TopicInventory)
+		if err != nil {
+			return nil, fmt.Errorf("counting copies in Kafka: %w", err)
+		}
+		for id, f := range facts {
+			f.copies = copies[id]
+			facts[id] = f
+		}
+	}
+	return facts, nil
+}
+
+// kafkaCopies reads topics from their first to their last offset with the
+// harness's own client and counts the records per message id.
+func kafkaCopies(ctx context.Context, brokers []string, topics ...string) (map[string]int, error) {
+	client, err := sarama.NewClient(brokers, kafkaconf.Sarama())
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	defer consumer.Close()
+	counts := map[string]int{}
+	for _, topic := range topics {
+		parts, err := client.Partitions(topic)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range parts {
+			first, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return nil, err
+			}
+			end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+			if err != nil {
+				return nil, err
+			}
+			if end <= first {
+				continue
+			}
+			if err := readPartition(ctx, consumer, topic, p, first, end, counts); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return counts, nil
+}
+
+func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, first, end int64, counts map[string]int) error {
+	pc, err := consumer.ConsumePartition(topic, p, first)
+	if err != nil {
+		return err
+	}
+	defer pc.Close()
+	for {
+		select {
+		case m := <-pc.Messages():
+			for _, hd := range m.Headers {
+				if string(hd.Key) == kafka.UUIDHeaderKey {
+					counts[string(hd.Value)]++
+				}
+			}
+			if m.Offset >= end-1 {
+				return nil
+			}
+		case err := <-pc.Errors():
+			return fmt.Errorf("%s/%d: %w", topic, p, err)
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("%s/%d: nothing read for 30s before offset %d", topic, p, end)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

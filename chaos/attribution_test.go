@@ -1,0 +1,176 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+)
+
+// logOf builds a failpoint log from lines "kill WINDOW SUBJECT" and "hit
+// WINDOW SUBJECT", in order, as the services write it.
+func logOf(lines ...string) fpLog {
+	var b strings.Builder
+	for i, l := range lines {
+		f := strings.Fields(l)
+		switch f[0] {
+		case "kill":
+			b.WriteString("failpoint " + f[1] + " fired: SIGKILL pid 100" + string(rune('0'+i%10)) + " subject " + f[2] + "\n")
+		case "hit":
+			b.WriteString("failpoint " + f[1] + " hit: pid 200" + string(rune('0'+i%10)) + " subject " + f[2] + "\n")
+		}
+		b.WriteString("unrelated service output\n")
+	}
+	return parseFPLog(strings.NewReader(b.String()))
+}
+
+const (
+	ack     = string(failpoint.AfterCommitBeforeAck)
+	begin   = string(failpoint.BeforeBegin)
+	claim   = string(failpoint.AfterClaimBeforePublish)
+	mark    = string(failpoint.AfterPublishBeforeMark)
+	respond = string(failpoint.AfterCommitBeforeResponse)
+)
+
+// paid and answer are the facts of an OrderPaid (orders → inventory) and of
+// an InventoryReserved (inventory → orders).
+func paid(f subjectFacts) subjectFacts {
+	f.producer, f.consumer = "orders", "inventory"
+	return f
+}
+
+func answer(f subjectFacts) subjectFacts {
+	f.producer, f.consumer = "inventory", "orders"
+	return f
+}
+
+func row(t *testing.T, rows []WindowRow, window, service string) WindowRow {
+	t.Helper()
+	for _, r := range rows {
+		if r.Window == window && r.Service == service {
+			return r
+		}
+	}
+	t.Fatalf("no row %s/%s in %+v", window, service, rows)
+	return WindowRow{}
+}
+
+// TestRedeliveryIsMeasured: a subject counts as seen again only when a
+// trace line of it follows its kill. The old report counted a subject as
+// redelivered whenever its inbox row existed, which is always true after
+// after-commit-before-ack: m-2's only trace line is the killed delivery's
+// own, before the kill, and it must not count.
+func TestRedeliveryIsMeasured(t *testing.T) {
+	l := logOf(
+		"hit "+begin+" m-1", "kill "+ack+" m-1", "hit "+begin+" m-1",
+		"hit "+begin+" m-2", "kill "+ack+" m-2",
+		"kill "+claim+" m-3", "kill "+claim+" m-4",
+		"kill "+mark+" m-5", "kill "+mark+" m-6",
+		"kill "+respond+" o-1", "hit "+respond+" o-1", "hit "+respond+" o-2", "kill "+respond+" o-2",
+	)
+	facts := map[string]subjectFacts{
+		"m-1": paid(subjectFacts{applied: 1, dups: 1}),
+		"m-2": paid(subjectFacts{applied: 1}),
+		"m-3": paid(subjectFacts{applied: 1, copies: 1}),
+		"m-4": paid(subjectFacts{copies: 0}),
+		"m-5": paid(subjectFacts{applied: 1, copies: 2, dups: 1}),
+		"m-6": paid(subjectFacts{applied: 1, copies: 1}),
+		"o-1": {producer: "orders", consumer: "orders", applied: 1},
+		"o-2": {producer: "orders", consumer: "orders", applied: 1},
+	}
+	rows := attribute(l, facts)
+	for _, c := range []struct {
+		window, service string
+		kills, again    int
+	}{
+		{ack, "inventory", 2, 1},
+		{claim, "orders", 2, 1},
+		{mark, "orders", 2, 1},
+		{respond, "orders", 2, 1},
+	} {
+		r := row(t, rows, c.window, c.service)
+		if r.Kills != c.kills || r.Redelivered != c.again {
+			t.Errorf("%s/%s: %d kills, %d seen again; want %d, %d", c.window, c.service, r.Kills, r.Redelivered, c.kills, c.again)
+		}
+	}
+	if r := row(t, rows, mark, "orders"); r.CopiesMetEffect != 1 || r.CopiesCaught != 1 {
+		t.Errorf("mark: %d copies met the effect, %d caught; want 1, 1", r.CopiesMetEffect, r.CopiesCaught)
+	}
+}
+
+// TestVerdictPerMode: each mode's bar, and runs crafted to pass the old
+// bars that the new one must fail.
+func TestVerdictPerMode(t *testing.T) {
+	seen := func(ids ...string) []string {
+		var lines []string
+		for _, id := range ids {
+			lines = append(lines, "kill "+ack+" "+id, "hit "+begin+" "+id)
+		}
+		return lines
+	}
+	// m-* are OrderPaid (inventory consumes), a-* answers (orders consumes),
+	// h-1 a hostile message.
+	both := seen("m-1", "a-1")
+	cases := []struct {
+		name         string
+		inbox, guard bool
+		lines        []string
+		facts        map[string]subjectFacts
+		ok           bool
+		want         string // in the detail
+		doubled      int
+		floor        int
+	}{
+		{name: "main run: both consumers' copies suppressed", inbox: true, guard: true, lines: both, ok: true, floor: 2,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1, dups: 1}), "a-1": answer(subjectFacts{applied: 1, dups: 1})}},
+		// The old bar (duplicates suppressed > 0 in all) is met by the
+		// 50-delivery burst alone; here no crash-window copy was.
+		{name: "main run: a consumer's copy not suppressed", inbox: true, guard: true, lines: both, want: "no copy suppressed", floor: 2,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1, dups: 1}), "a-1": answer(subjectFacts{applied: 1})}},
+		{name: "main run: orders' consumer never killed at the window", inbox: true, guard: true, lines: seen("m-1"),
+			want: "no kill of orders's own messages", floor: 1,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1, dups: 1})}},
+		{name: "main run: killed but never seen again", inbox: true, guard: true,
+			lines: []string{"hit " + begin + " m-1", "kill " + ack + " m-1", "kill " + ack + " a-1", "hit " + begin + " a-1"},
+			want:  ack + "/inventory: 1 kills, no subject seen again", floor: 1,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1, dups: 1}), "a-1": answer(subjectFacts{applied: 1, dups: 1})}},
+		{name: "first control: the guard refuses each copy", guard: true, lines: both, ok: true, floor: 2,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1, refused: 1}), "a-1": answer(subjectFacts{applied: 1, refused: 2})}},
+		{name: "first control: a copy applied twice", guard: true, lines: both, want: "1 copies met a committed effect, 0 refused by the guard, 1 applied twice", doubled: 1, floor: 2,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1, refused: 1}), "a-1": answer(subjectFacts{applied: 2})}},
+		{name: "second control: every copy applied twice", lines: both, ok: true, doubled: 2, floor: 2,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 2}), "a-1": answer(subjectFacts{applied: 2})}},
+		// The old bar (double_applied ≥ 1) is met by one double-apply from
+		// anywhere, a hostile message among them; here the crash windows'
+		// copies were applied once: something unseen stopped them.
+		{name: "second control: a copy applied once", lines: append(both, "kill "+ack+" h-1", "hit "+begin+" h-1"),
+			want: "1 copies met a committed effect with no layer to stop them, only 0 applied twice", doubled: 1, floor: 2,
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 2}), "a-1": answer(subjectFacts{applied: 1}), "h-1": {hostile: true, applied: 2}}},
+		{name: "second control: no copy came back", lines: []string{"kill " + ack + " m-1", "kill " + ack + " a-1"},
+			want: "no copy met a committed effect",
+			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1}), "a-1": answer(subjectFacts{applied: 1})}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rows := attribute(logOf(c.lines...), c.facts)
+			ok, detail, doubled, floor := attributionVerdict(rows, c.inbox, c.guard)
+			if ok != c.ok || !strings.Contains(detail, c.want) {
+				t.Errorf("verdict %v, %q; want %v with %q", ok, detail, c.ok, c.want)
+			}
+			if doubled != c.doubled || floor != c.floor {
+				t.Errorf("doubled %d, floor %d; want %d, %d", doubled, floor, c.doubled, c.floor)
+			}
+		})
+	}
+}
+
+// TestHostileSubjectsAreLeftOut: a kill on a hostile message is counted
+// apart, and its double-apply is not the window's.
+func TestHostileSubjectsAreLeftOut(t *testing.T) {
+	rows := attribute(logOf("kill "+ack+" h-1", "hit "+begin+" h-1", "kill "+ack+" nobody-wrote-this"),
+		map[string]subjectFacts{"h-1": {hostile: true, applied: 2}})
+	r := row(t, rows, ack, "hostile")
+	if r.Kills != 2 || r.Hostile != 2 || r.Redelivered != 0 || r.AppliedTwice != 0 {
+		t.Fatalf("hostile row %+v: want 2 kills, both hostile, nothing else counted", r)
+	}
+}
