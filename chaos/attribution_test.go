@@ -147,7 +147,7 @@ func TestVerdictPerMode(t *testing.T) {
 			want: "1 copies met a committed effect with no layer to stop them, only 0 applied twice", doubled: 1, floor: 2,
 			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 2}), "a-1": answer(subjectFacts{applied: 1}), "h-1": {hostile: true, applied: 2}}},
 		{name: "second control: no copy came back", lines: []string{"kill " + ack + " m-1", "kill " + ack + " a-1"},
-			want: "no copy met a committed effect",
+			want:  "no copy met a committed effect",
 			facts: map[string]subjectFacts{"m-1": paid(subjectFacts{applied: 1}), "a-1": answer(subjectFacts{applied: 1})}},
 	}
 	for _, c := range cases {

@@ -41,9 +41,9 @@ type Report struct {
 	// The crash windows' own double-applies (hostile messages excluded) and
 	// the floor they must reach in the second control run: every copy that
 	// met an effect committed before its kill (attribution.go).
-	CrashWindowDoubleApplied int `json:"crash_window_double_applied"`
-	CrashWindowFloor         int `json:"crash_window_floor"`
-	Passed               bool                     `json:"passed"`
+	CrashWindowDoubleApplied int  `json:"crash_window_double_applied"`
+	CrashWindowFloor         int  `json:"crash_window_floor"`
+	Passed                   bool `json:"passed"`
 }
 
 // WindowRow is what one crash window's kills in one service did to the
