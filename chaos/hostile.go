@@ -31,8 +31,9 @@ type hostileMsg struct {
 	topic    string
 	id       string // message id ("" for the missing-id class)
 	payload  []byte
-	times    int    // deliveries
-	kind     string // the inbox_quarantine kind it must end as, or kindRefused
+	headers  map[string]string // metadata beyond the partition key
+	times    int               // deliveries
+	kind     string            // the inbox_quarantine kind it must end as, or kindRefused
 }
 
 // kindRefused: the message must end in its consumer's refusals, refused by
@@ -67,7 +68,16 @@ const (
 	hostileZero         = "zero_quantity"
 	hostileNotUUID      = "order_id_not_uuid"
 	hostileDecided      = "fresh_id_decided_order"
+	hostileIDFormat     = "id_not_issued_format"
+	hostileOtherTopic   = "same_id_other_topic"
+	hostileNearLimit    = "near_broker_limit"
 )
+
+// nearLimitBytes is the near_broker_limit record's size, as Sarama counts
+// it: under the harness producer's 1 MiB and the brokers' default
+// max.message.bytes (1,048,588), over the relay's 1,000,000, so the dead
+// letter it becomes cannot carry it whole.
+const nearLimitBytes = 1_040_000
 
 func (h *hostile) build(ctx context.Context) error {
 	newID := func() string { return uuid.Must(uuid.NewV7()).String() }
@@ -77,13 +87,32 @@ func (h *hostile) build(ctx context.Context) error {
 	// guard must refuse it). On a slow start (real Kafka, a loaded machine)
 	// none may be decided yet when the harness sends: wait, up to two
 	// minutes.
-	var realID string
+	var realID, decided string
 	var realPayload []byte
 	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for {
-		var decided string
-		err := h.sys.Pools["inventory"].QueryRow(waitCtx, `SELECT order_id FROM decisions ORDER BY decided_at LIMIT 1`).Scan(&decided)
+		// An order inventory decided and orders settled: a forged answer for
+		// it must be refused, not raced against the real one.
+		var candidates []string
+		rows, err := h.sys.Pools["inventory"].Query(waitCtx, `SELECT order_id FROM decisions ORDER BY decided_at LIMIT 50`)
+		if err == nil {
+			for rows.Next() {
+				var id string
+				if err = rows.Scan(&id); err != nil {
+					break
+				}
+				candidates = append(candidates, id)
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		if err == nil {
+			err = h.sys.Pools["orders"].QueryRow(waitCtx, `SELECT id::text FROM orders WHERE id::text = ANY($1) AND status IN ('reserved', 'rejected') LIMIT 1`,
+				candidates).Scan(&decided)
+		}
 		if err == nil {
 			err = h.sys.Pools["orders"].QueryRow(waitCtx, `SELECT message_id::text, payload FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
 				events.TopicOrders, decided).Scan(&realID, &realPayload)
@@ -92,11 +121,11 @@ func (h *hostile) build(ctx context.Context) error {
 			break
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("finding a decided order: %w", err)
+			return fmt.Errorf("finding a settled order: %w", err)
 		}
 		select {
 		case <-waitCtx.Done():
-			return fmt.Errorf("finding a decided order: none within 2m: %w", waitCtx.Err())
+			return fmt.Errorf("finding a settled order: none within 2m: %w", waitCtx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -141,8 +170,42 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: []byte(`{"schema_version":1,"type":"InventoryRejected","order_id":"' OR 1=1 --","reason":"x"}`), times: 1, kind: "dead_letter"},
 		{class: hostileDecided, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: realPayload, times: 1, kind: kindRefused},
+		// The applied OrderPaid's id in another spelling: a new key to an
+		// inbox that compared text.
+		{class: hostileIDFormat, consumer: "inventory", topic: events.TopicOrders, id: strings.ToUpper(realID),
+			payload: realPayload, times: 1, kind: "invalid"},
+		// The OrderPaid's id on the other topic, as a forged answer to its
+		// settled order: new to orders' inbox, refused by its guard.
+		{class: hostileOtherTopic, consumer: "orders", topic: events.TopicInventory, id: realID,
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"forged"}`, decided),
+			times:   1, kind: kindRefused},
+		nearLimit(newID()),
 	}
 	return nil
+}
+
+// nearLimit is an OrderPaid whose payload is just inside the consumer's
+// limit (INBOX_MAX_PAYLOAD_BYTES, 65536) and whose headers bring the record
+// to nearLimitBytes: the handler refuses its unknown field, and the dead
+// letter must leave the payload and the headers out to fit the relay's
+// limit (and the relay must still drain: nothing-lost).
+func nearLimit(id string) hostileMsg {
+	m := hostileMsg{class: hostileNearLimit, consumer: "inventory", topic: events.TopicOrders, id: id, times: 1, kind: "dead_letter",
+		headers: map[string]string{}}
+	head := `{"schema_version":1,"type":"OrderPaid","order_id":"` + id + `","lines":[{"sku":"sku-01","quantity":1}],"pad":"`
+	m.payload = []byte(head + strings.Repeat("x", 65536-len(head)-2) + `"}`)
+	const header = 100_000
+	msg := message.NewMessage(id, m.payload)
+	msg.Metadata.Set(outbox.KeyMetadata, "hostile-"+m.class)
+	for i := 0; outbox.RecordBytes(msg)+header < nearLimitBytes; i++ {
+		k := fmt.Sprintf("x-pad-%d", i)
+		m.headers[k] = strings.Repeat("h", header)
+		msg.Metadata.Set(k, m.headers[k])
+	}
+	last := "x-pad-last"
+	msg.Metadata.Set(last, "")
+	m.headers[last] = strings.Repeat("h", nearLimitBytes-outbox.RecordBytes(msg))
+	return m
 }
 
 // send publishes every hostile message.
@@ -170,6 +233,9 @@ func (h *hostile) send(ctx context.Context) error {
 		for range m.times {
 			msg := message.NewMessage(m.id, m.payload)
 			msg.Metadata.Set(outbox.KeyMetadata, "hostile-"+m.class)
+			for k, v := range m.headers {
+				msg.Metadata.Set(k, v)
+			}
 			if err := pub.Publish(m.topic, msg); err != nil {
 				return fmt.Errorf("publishing %s: %w", m.class, err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -25,6 +26,13 @@ type Config struct {
 	// header). An empty id, one over 1 KiB or not valid UTF-8 text (a key of
 	// the inbox's indexes), or an error quarantines the message.
 	MessageID func(*message.Message) (string, error)
+	// CheckID, when set, refuses an id that is not in the format your
+	// producers issue (CanonicalUUID for ids from pkg/outbox): the message is
+	// quarantined as invalid, with its id and the reason, before the inbox
+	// looks it up. Without it an id in another spelling (upper case, braces,
+	// a urn: prefix) is a new key to the inbox, and a copy of an applied
+	// message sent under it is applied again unless the domain refuses it.
+	CheckID func(id string) error
 
 	// MaxAttempts is how many times a failing handler runs before its message
 	// is dead-lettered. Defaults to 5.
@@ -170,6 +178,20 @@ func (c Config) Validate() error {
 
 // FromUUID takes the message id from the Watermill message UUID.
 func FromUUID(msg *message.Message) (string, error) { return msg.UUID, nil }
+
+// CanonicalUUID is a Config.CheckID for ids issued as UUIDs (pkg/outbox
+// issues UUIDv7s): it accepts only the canonical text form, 36 lower-case
+// hexadecimal digits and hyphens, so one UUID has one spelling.
+func CanonicalUUID(id string) error {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return fmt.Errorf("not a UUID: %w", err)
+	}
+	if u.String() != id {
+		return fmt.Errorf("not a UUID in canonical form (%s)", u)
+	}
+	return nil
+}
 
 // FromMetadata takes the message id from a metadata entry (a Kafka header
 // with watermill-kafka).

@@ -203,6 +203,11 @@ func (in *Inbox) handler(h message.HandlerFunc, set *setHandler) message.Handler
 			return nil, in.quarantineInvalid(&d, fmt.Sprintf("message id %q is not valid UTF-8 text", id))
 		}
 		d.id = id
+		if in.cfg.CheckID != nil {
+			if err := in.cfg.CheckID(id); err != nil {
+				return nil, in.quarantineInvalid(&d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err))
+			}
+		}
 		if len(msg.Payload) > in.cfg.MaxPayloadBytes {
 			return nil, in.quarantineInvalid(&d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes))
 		}

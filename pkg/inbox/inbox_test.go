@@ -563,6 +563,37 @@ func TestMiddleware(t *testing.T) {
 		require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_messages`))
 	})
 
+	// An id in another spelling of an applied message's UUID is a new key
+	// to the inbox: without CheckID the copy is applied again.
+	t.Run("IDNotInIssuedFormatQuarantined", func(t *testing.T) {
+		t.Parallel()
+		for _, check := range []bool{true, false} {
+			cfg := inbox.Config{}
+			if check {
+				cfg.CheckID = inbox.CanonicalUUID
+			}
+			in, b := setup(t, cfg)
+			mw := in.Middleware(b.handler.handle)
+			id, payload := newID(), []byte(`{"amount":100}`)
+			spellings := []string{strings.ToUpper(id), "{" + id + "}", "urn:uuid:" + id, strings.ReplaceAll(id, "-", "")}
+			require.NoError(t, deliver(b.ctx, mw, id, payload))
+			for _, other := range spellings {
+				require.NoError(t, deliver(b.ctx, mw, other, payload))
+			}
+			applied := scalar[int](t, b, `SELECT count(*) FROM applied`)
+			if !check {
+				require.Equal(t, 1+len(spellings), applied, "the control: without CheckID every spelling is applied")
+				continue
+			}
+			require.Equal(t, 1, applied, "only the issued spelling is applied")
+			for _, other := range spellings {
+				require.Equal(t, []inbox.Outcome{inbox.Invalid}, b.events.outcomes(other), other)
+				require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE kind = 'invalid' AND message_id = $1 AND reason LIKE '%not in the issued format%'`, other), other)
+			}
+			require.NoError(t, inbox.CanonicalUUID(id))
+		}
+	})
+
 	// A handler error or a header holding what Postgres text cannot (a NUL
 	// byte, invalid UTF-8) is still recorded: the message is retried and
 	// dead-lettered like any other.

@@ -101,6 +101,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
+		CheckID:   inbox.CanonicalUUID,            // pkg/outbox issues UUIDv7s: one spelling per id
 		OnOutcome: mtr.onOutcome(logOutcome(log)), // metrics, then the log
 	})
 	if err != nil {
