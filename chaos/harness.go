@@ -84,8 +84,8 @@ func (h *harness) randDuration(lo, hi time.Duration) time.Duration {
 }
 
 // arm chooses the crash window of a process incarnation that is about to
-// start: the window that has fired least so far in its service (so each
-// service's consumer meets every consumer window), fired on its
+// start: a window its service has not met yet, else the window that has
+// fired least so far, fired on its
 // first hit after a random grace period. Some incarnations are left unarmed
 // and are only ever killed at random.
 func (h *harness) arm(p *procs.Proc) []string {
@@ -97,9 +97,32 @@ func (h *harness) arm(p *procs.Proc) []string {
 	}
 	windows := windowsFor(p.Service, h.inbox)
 	best := windows[h.rng.IntN(len(windows))]
-	load := func(w failpoint.Name) int { k := p.Service + "/" + string(w); return h.fired[k] + h.pending[k] }
+	// First a window this service has not met yet, then the window least
+	// met by all: every window reaches the profile's minimum, and each
+	// service's consumer meets every consumer window.
+	mine := func(w failpoint.Name) int { k := p.Service + "/" + string(w); return h.fired[k] + h.pending[k] }
+	all := func(w failpoint.Name) int {
+		n := 0
+		for k, v := range h.fired {
+			if strings.HasSuffix(k, "/"+string(w)) {
+				n += v
+			}
+		}
+		for k, v := range h.pending {
+			if strings.HasSuffix(k, "/"+string(w)) {
+				n += v
+			}
+		}
+		return n
+	}
+	less := func(a, b failpoint.Name) bool {
+		if (mine(a) == 0) != (mine(b) == 0) {
+			return mine(a) == 0
+		}
+		return all(a) < all(b)
+	}
 	for _, w := range windows {
-		if load(w) < load(best) {
+		if less(w, best) {
 			best = w
 		}
 	}
