@@ -259,14 +259,18 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, items []*batchItem) 
 	ids := make([]string, len(items))
 	sums := make([][]byte, len(items))
 	topics := make([]string, len(items))
+	parts := make([]*int32, len(items))
+	offsets := make([]*int64, len(items))
 	for j, i := range order {
 		ids[j], sums[j], topics[j] = items[i].d.id, items[i].d.sum[:], items[i].d.topic
+		parts[j], offsets[j] = items[i].d.part, items[i].d.offset
 	}
 	rows, err := tx.Query(ctx, `
-		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic)
-		SELECT $1, u.id, u.sum, u.topic FROM unnest($2::text[], $3::bytea[], $4::text[]) AS u(id, sum, topic)
+		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset)
+		SELECT $1, u.id, u.sum, u.topic, u.part, u.off
+		FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, sum, topic, part, off)
 		ON CONFLICT DO NOTHING
-		RETURNING message_id`, in.cfg.Consumer, ids, sums, topics)
+		RETURNING message_id`, in.cfg.Consumer, ids, sums, topics, parts, offsets)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
 	}
@@ -329,9 +333,9 @@ func (in *Inbox) batchOne(ctx context.Context, tx pgx.Tx, it *batchItem) (batchR
 	}
 	if !in.cfg.DisableDedupe {
 		tag, err := sp.Exec(ctx, `
-			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic)
-			VALUES ($1, $2, $3, $4)
-			ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic)
+			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset)
+			VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic, d.part, d.offset)
 		if err != nil {
 			return batchResult{}, fmt.Errorf("inbox: inserting inbox row: %w", err)
 		}

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -60,6 +61,15 @@ type Config struct {
 	// same message can arrive again: the topic's retention, offset replays,
 	// a relay that republishes a batch. Defaults to 3 days.
 	RedeliveryHorizon time.Duration
+	// LogStart, when set, makes the sweep keep every row whose message
+	// Kafka could still hand out: a row read from Kafka is deleted only past
+	// Retention and below its partition's log-start offset, that is once
+	// Kafka has deleted the record and every copy of it this consumer saw,
+	// so no consumer group, whatever its offsets, can read it again. It
+	// returns the first offset Kafka holds per topic and partition
+	// (ReadLogStart reads it with a Sarama client); when it fails, the sweep
+	// deletes nothing. Rows not read from Kafka are swept by age alone.
+	LogStart func(context.Context) (LogStart, error)
 	// RetentionBatch is how many rows one sweep statement deletes.
 	// Defaults to 5000.
 	RetentionBatch int

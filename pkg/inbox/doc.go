@@ -70,7 +70,15 @@
 //     Inbox.CheckKafka at start-up: it reads those configs through the admin
 //     API and refuses a Retention they outlast, naming both numbers. The
 //     default Retention, 15 days, covers Kafka's defaults (7 + 7 days).
-//     Not done yet: sweeping only rows below the group's committed offset.
+//     Better still, set Config.LogStart (ReadLogStart): each row records
+//     the partition and the highest offset of the copies of its message
+//     this consumer saw, and the sweep keeps a row past Retention for as
+//     long as its partition's log-start offset has not passed it. Kafka can
+//     hand out only what it still holds, so a replay, whatever the group's
+//     offsets and whatever the topic's retention became since start-up,
+//     never meets a swept row. What it cannot see: a copy a producer writes
+//     later than Retention after the first (RedeliveryHorizon bounds that),
+//     and copies on another partition (the row is then swept by age alone).
 //
 // # Offset commits
 //

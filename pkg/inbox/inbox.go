@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -189,6 +190,11 @@ func (in *Inbox) handler(h message.HandlerFunc, set *setHandler) message.Handler
 		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
 		start := time.Now()
 		d := delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: start}
+		if p, ok := kafka.MessagePartitionFromCtx(msg.Context()); ok {
+			if o, ok := kafka.MessagePartitionOffsetFromCtx(msg.Context()); ok {
+				d.part, d.offset = &p, &o
+			}
+		}
 		d.sum = sha256.Sum256(msg.Payload)
 
 		id, err := in.cfg.MessageID(msg)
@@ -267,6 +273,8 @@ type delivery struct {
 	msg      *message.Message
 	id       string
 	topic    string
+	part     *int32 // where Kafka holds it (watermill-kafka's context), nil elsewhere
+	offset   *int64
 	sum      [32]byte
 	attempts int // failed attempts recorded so far by this process
 	start    time.Time
@@ -292,9 +300,9 @@ func (in *Inbox) attempt(d *delivery, h message.HandlerFunc) (out []*message.Mes
 
 	if !in.cfg.DisableDedupe {
 		tag, err := tx.Exec(ctx, `
-			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic)
-			VALUES ($1, $2, $3, $4)
-			ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic)
+			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset)
+			VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic, d.part, d.offset)
 		if err != nil {
 			return nil, nil, fmt.Errorf("inbox: inserting inbox row: %w", err)
 		}
@@ -429,8 +437,14 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
 	}
 	if bytes.Equal(prior, d.sum[:]) {
-		if _, err := tx.Exec(ctx, `UPDATE inbox_messages SET duplicates = duplicates + 1 WHERE consumer = $1 AND message_id = $2`,
-			in.cfg.Consumer, d.id); err != nil {
+		// The row stays while Kafka holds any copy this consumer saw: the
+		// highest offset, or -1 when copies came on several partitions.
+		if _, err := tx.Exec(ctx, `
+			UPDATE inbox_messages SET duplicates = duplicates + 1,
+				kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
+				kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
+			WHERE consumer = $1 AND message_id = $2`,
+			in.cfg.Consumer, d.id, d.part, d.offset); err != nil {
 			return "", "", fmt.Errorf("inbox: counting duplicate: %w", err)
 		}
 		return Duplicate, "", nil
@@ -537,9 +551,9 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
 		if !in.cfg.DisableDedupe {
 			tag, err := tx.Exec(ctx, `
-				INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, status)
-				VALUES ($1, $2, $3, $4, 'dead_lettered')
-				ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic)
+				INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, status, kafka_partition, kafka_offset)
+				VALUES ($1, $2, $3, $4, 'dead_lettered', $5, $6)
+				ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic, d.part, d.offset)
 			if err != nil {
 				return fmt.Errorf("inbox: inserting dead-letter row: %w", err)
 			}
@@ -650,15 +664,36 @@ func (in *Inbox) backoff(attempts int) time.Duration {
 // dead-lettered messages are kept in inbox_quarantine until an operator
 // deals with them.
 func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
+	// With Config.LogStart, a row read from Kafka goes only once its
+	// partition's log start has passed the highest offset of its copies
+	// (kafka_partition -1: copies on several partitions, by age alone).
+	var topics []string
+	var parts []int32
+	var starts []int64
+	if in.cfg.LogStart != nil {
+		ls, err := in.cfg.LogStart(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("inbox: sweep: reading Kafka's log-start offsets: %w", err)
+		}
+		for topic, ps := range ls {
+			for p, start := range ps {
+				topics, parts, starts = append(topics, topic), append(parts, p), append(starts, start)
+			}
+		}
+	}
 	var total int64
 	for {
 		tag, err := in.cfg.Pool.Exec(ctx, `
 			DELETE FROM inbox_messages
 			WHERE (consumer, message_id) IN (
-				SELECT consumer, message_id FROM inbox_messages
-				WHERE consumer = $1 AND processed_at < now() - $2::interval
-				ORDER BY processed_at
-				LIMIT $3)`, pgx.QueryExecModeExec, in.cfg.Consumer, in.cfg.Retention, in.cfg.RetentionBatch) // planned for the table as it is now (see outbox's planEachTime)
+				SELECT m.consumer, m.message_id FROM inbox_messages m
+				WHERE m.consumer = $1 AND m.processed_at < now() - $2::interval
+				AND (NOT $4 OR m.kafka_offset IS NULL OR m.kafka_partition = -1 OR EXISTS (
+					SELECT 1 FROM unnest($5::text[], $6::int[], $7::bigint[]) AS k(topic, part, start)
+					WHERE k.topic = m.topic AND k.part = m.kafka_partition AND m.kafka_offset < k.start))
+				ORDER BY m.processed_at
+				LIMIT $3)`, pgx.QueryExecModeExec, in.cfg.Consumer, in.cfg.Retention, in.cfg.RetentionBatch, // planned for the table as it is now (see outbox's planEachTime)
+			in.cfg.LogStart != nil, topics, parts, starts)
 		if err != nil {
 			return total, fmt.Errorf("inbox: sweep: %w", err)
 		}

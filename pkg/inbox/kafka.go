@@ -198,3 +198,32 @@ func (in *Inbox) CheckKafka(admin sarama.ClusterAdmin, topics ...string) (KafkaR
 	}
 	return k, k.Check(in.cfg.Retention)
 }
+
+// LogStart is, per topic and partition, the first offset Kafka still holds:
+// a record below it was deleted (retention, DeleteRecords) and no consumer
+// can read it again.
+type LogStart map[string]map[int32]int64
+
+// ReadLogStart reads the log-start offset of every partition of topics, for
+// Config.LogStart.
+func ReadLogStart(client sarama.Client, topics ...string) (LogStart, error) {
+	out := LogStart{}
+	for _, topic := range topics {
+		if err := client.RefreshMetadata(topic); err != nil {
+			return nil, fmt.Errorf("inbox: reading %s's partitions: %w", topic, err)
+		}
+		parts, err := client.Partitions(topic)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: reading %s's partitions: %w", topic, err)
+		}
+		out[topic] = map[int32]int64{}
+		for _, p := range parts {
+			start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return nil, fmt.Errorf("inbox: reading %s/%d's log start: %w", topic, p, err)
+			}
+			out[topic][p] = start
+		}
+	}
+	return out, nil
+}

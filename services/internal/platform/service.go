@@ -101,8 +101,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
-		CheckID:   inbox.CanonicalUUID,            // pkg/outbox issues UUIDv7s: one spelling per id
-		OnOutcome: mtr.onOutcome(logOutcome(log)), // metrics, then the log
+		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
+		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // a row stays while Kafka holds its message
+		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log
 	})
 	if err != nil {
 		return err
@@ -211,6 +212,20 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	err = g.Wait()
 	log.Info("stopped", "err", err)
 	return err
+}
+
+// logStart reads the consumed topic's log-start offsets for the inbox
+// sweep (inbox.Config.LogStart), with a client of its own each time: the
+// sweep runs once a minute.
+func logStart(brokers []string, topic string) func(context.Context) (inbox.LogStart, error) {
+	return func(context.Context) (inbox.LogStart, error) {
+		client, err := sarama.NewClient(brokers, kafkaconf.Sarama())
+		if err != nil {
+			return nil, err
+		}
+		defer client.Close()
+		return inbox.ReadLogStart(client, topic)
+	}
 }
 
 // checkRetention returns an error when Kafka keeps the consumed topic
