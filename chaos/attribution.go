@@ -389,7 +389,17 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 		return nil, err
 	}
 	if relay {
-		copies, err := kafkaCopies(ctx, h.sys.Kafka.DirectBrokers(), events.TopicOrders, events.TopicInventory)
+		// The cluster may still be electing leaders after the last fault:
+		// try for a while before giving up on the run.
+		var copies map[string]int
+		var err error
+		for try := 0; ; try++ {
+			if copies, err = kafkaCopies(ctx, h.sys.Kafka.DirectBrokers(), events.TopicOrders, events.TopicInventory); err == nil || try == 12 {
+				break
+			}
+			h.say("counting copies in Kafka: %v (trying again)", err)
+			time.Sleep(5 * time.Second)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("counting copies in Kafka: %w", err)
 		}
