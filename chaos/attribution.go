@@ -102,10 +102,11 @@ type subjectFacts struct {
 	hostile  bool
 	producer string // the service whose outbox wrote the message
 	consumer string // the service consuming its topic; "" for dead letters
-	copies   int    // records with this message id in Kafka
-	applied  int    // applications in the consumer's domain (OrderPaid rows for an order)
-	dups     int    // copies the consumer's inbox suppressed
-	refused  int    // copies the consumer's domain guard refused
+	topic    string
+	copies   int // records with this message id in Kafka
+	applied  int // applications in the consumer's domain (OrderPaid rows for an order)
+	dups     int // copies the consumer's inbox suppressed
+	refused  int // copies the consumer's domain guard refused
 }
 
 // committedBeforeKill: windows whose kill leaves the effect committed, so
@@ -277,15 +278,16 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 // gatherFacts looks every kill's subject up in both services' databases and
 // counts the copies of the relay windows' messages in Kafka.
 func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[string]bool) (map[string]subjectFacts, error) {
-	var ids, orderIDs []string
-	relay := false
+	var ids, orderIDs, relayed []string
 	for _, k := range l.kills {
-		if k.window == failpoint.AfterCommitBeforeResponse {
+		switch {
+		case k.window == failpoint.AfterCommitBeforeResponse:
 			orderIDs = append(orderIDs, k.subject)
-			continue
+		case isConsumerWindow(k.window):
+			ids = append(ids, k.subject)
+		default:
+			ids, relayed = append(ids, k.subject), append(relayed, k.subject)
 		}
-		ids = append(ids, k.subject)
-		relay = relay || !isConsumerWindow(k.window)
 	}
 	facts := map[string]subjectFacts{}
 	orders, inventory := h.sys.Pools["orders"], h.sys.Pools["inventory"]
@@ -311,7 +313,7 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 			if facts[id].hostile {
 				continue
 			}
-			f := subjectFacts{producer: src.producer}
+			f := subjectFacts{producer: src.producer, topic: topic}
 			switch topic {
 			case events.TopicOrders:
 				f.consumer = "inventory"
@@ -388,13 +390,21 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if relay {
+	// The topics the relay windows' messages went to: the events', and the
+	// dead letters' (<consumer>.dlq).
+	var topics []string
+	for _, id := range relayed {
+		if t := facts[id].topic; t != "" && !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	if len(topics) > 0 {
 		// The cluster may still be electing leaders after the last fault:
 		// try for a while before giving up on the run.
 		var copies map[string]int
 		var err error
 		for try := 0; ; try++ {
-			if copies, err = kafkaCopies(ctx, h.sys.Kafka.DirectBrokers(), events.TopicOrders, events.TopicInventory); err == nil || try == 12 {
+			if copies, err = kafkaCopies(ctx, h.sys.Kafka.DirectBrokers(), topics...); err == nil || try == 12 {
 				break
 			}
 			h.say("counting copies in Kafka: %v (trying again)", err)
