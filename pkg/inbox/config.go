@@ -68,7 +68,9 @@ type Config struct {
 	// so no consumer group, whatever its offsets, can read it again. It
 	// returns the first offset Kafka holds per topic and partition
 	// (ReadLogStart reads it with a Sarama client); when it fails, the sweep
-	// deletes nothing. Rows not read from Kafka are swept by age alone.
+	// deletes nothing. By age alone go the rows without an offset (not read
+	// from Kafka, or written before migration 003), those whose copies came
+	// on several partitions, and those of a topic LogStart does not report.
 	LogStart func(context.Context) (LogStart, error)
 	// RetentionBatch is how many rows one sweep statement deletes.
 	// Defaults to 5000.

@@ -437,17 +437,15 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
 	}
 	if bytes.Equal(prior, d.sum[:]) {
-		// The row stays while Kafka holds any copy this consumer saw: the
-		// highest offset, or -1 when copies came on several partitions.
-		if _, err := tx.Exec(ctx, `
-			UPDATE inbox_messages SET duplicates = duplicates + 1,
-				kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
-				kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
-			WHERE consumer = $1 AND message_id = $2`,
-			in.cfg.Consumer, d.id, d.part, d.offset); err != nil {
+		if err := in.recordCopy(ctx, tx, d, 1); err != nil {
 			return "", "", fmt.Errorf("inbox: counting duplicate: %w", err)
 		}
 		return Duplicate, "", nil
+	}
+	// A conflicting copy Kafka still holds would be applied if its row
+	// were swept: the row stays while Kafka holds it too.
+	if err := in.recordCopy(ctx, tx, d, 0); err != nil {
+		return "", "", fmt.Errorf("inbox: recording the conflicting copy's offset: %w", err)
 	}
 	done := "applied"
 	if status == "dead_lettered" {
@@ -461,6 +459,20 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 		return "", "", err
 	}
 	return Conflict, reason, nil
+}
+
+// recordCopy notes another copy of d's message on its inbox row, adding dup
+// to its duplicates: the row stays while Kafka holds any copy this consumer
+// saw (Config.LogStart), so it keeps the highest offset, or -1 for the
+// partition when copies came on several partitions (swept by age alone).
+func (in *Inbox) recordCopy(ctx context.Context, tx pgx.Tx, d *delivery, dup int) error {
+	_, err := tx.Exec(ctx, `
+		UPDATE inbox_messages SET duplicates = duplicates + $5,
+			kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
+			kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
+		WHERE consumer = $1 AND message_id = $2`,
+		in.cfg.Consumer, d.id, d.part, d.offset, dup)
+	return err
 }
 
 // settleSeen settles a committed duplicate or conflict.
@@ -665,8 +677,10 @@ func (in *Inbox) backoff(attempts int) time.Duration {
 // deals with them.
 func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 	// With Config.LogStart, a row read from Kafka goes only once its
-	// partition's log start has passed the highest offset of its copies
-	// (kafka_partition -1: copies on several partitions, by age alone).
+	// partition's log start has passed the highest offset of its copies;
+	// by age alone: rows without an offset (not read from Kafka, or from
+	// before migration 003), with copies on several partitions (-1), or of
+	// a topic LogStart does not report (one no longer consumed).
 	var topics []string
 	var parts []int32
 	var starts []int64
@@ -688,7 +702,7 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 			WHERE (consumer, message_id) IN (
 				SELECT m.consumer, m.message_id FROM inbox_messages m
 				WHERE m.consumer = $1 AND m.processed_at < now() - $2::interval
-				AND (NOT $4 OR m.kafka_offset IS NULL OR m.kafka_partition = -1 OR EXISTS (
+				AND (NOT $4 OR m.kafka_offset IS NULL OR m.kafka_partition = -1 OR NOT m.topic = ANY($5) OR EXISTS (
 					SELECT 1 FROM unnest($5::text[], $6::int[], $7::bigint[]) AS k(topic, part, start)
 					WHERE k.topic = m.topic AND k.part = m.kafka_partition AND m.kafka_offset < k.start))
 				ORDER BY m.processed_at

@@ -131,16 +131,19 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 			}, watermill.NopLogger{})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = pub.Close() })
-			// Offsets 0, 1, 2, and 3: a's copy, as a relay that died before
-			// marking would publish it.
+			// Offsets 0, 1, 2; 3: a's copy, as a relay that died before
+			// marking would publish it; 4: b's id with another payload.
 			a, bb, c := outbox.NewMessage("k", []byte("a")), outbox.NewMessage("k", []byte("b")), outbox.NewMessage("k", []byte("c"))
 			again := message.NewMessage(a.UUID, a.Payload)
 			again.Metadata.Set(outbox.KeyMetadata, "k")
-			require.NoError(t, pub.Publish(topic, a, bb, c, again))
+			conflict := message.NewMessage(bb.UUID, []byte("not b"))
+			conflict.Metadata.Set(outbox.KeyMetadata, "k")
+			require.NoError(t, pub.Publish(topic, a, bb, c, again, conflict))
 			eventually(t, func() bool {
 				return scalar[int](t, b, `SELECT count(*) FROM inbox_messages`) == 3 &&
-					scalar[int](t, b, `SELECT coalesce(sum(duplicates), 0) FROM inbox_messages`) == 1
-			}, 20*time.Second, "three messages applied, the copy suppressed")
+					scalar[int](t, b, `SELECT coalesce(sum(duplicates), 0) FROM inbox_messages`) == 1 &&
+					scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE kind = 'payload_conflict'`) == 1
+			}, 20*time.Second, "three messages applied, the copy suppressed, the conflict quarantined")
 			offsets := map[string]int64{}
 			rows, err := b.pool.Query(b.ctx, `SELECT message_id, kafka_partition, kafka_offset FROM inbox_messages`)
 			require.NoError(t, err)
@@ -153,7 +156,7 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 				offsets[id] = off
 			}
 			require.NoError(t, rows.Err())
-			require.Equal(t, map[string]int64{a.UUID: 3, bb.UUID: 1, c.UUID: 2}, offsets, "each row: the highest offset of its copies")
+			require.Equal(t, map[string]int64{a.UUID: 3, bb.UUID: 4, c.UUID: 2}, offsets, "each row: the highest offset of its copies")
 
 			_, err = b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '2 hours'`)
 			require.NoError(t, err)
@@ -173,19 +176,18 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 			n, err := in.Sweep(b.ctx)
 			require.NoError(t, err)
 			require.Zero(t, n, "Kafka holds every record: nothing may go")
-			deleteRecords(2) // b's record is gone; a's copy and c are still there
+			deleteRecords(3) // c's record is gone; a's copy and b's conflicting copy are still there
 			n, err = in.Sweep(b.ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n)
-			require.ElementsMatch(t, []string{a.UUID, c.UUID}, remaining())
-
-			deleteRecords(3) // c's too; a's copy is still there
+			require.ElementsMatch(t, []string{a.UUID, bb.UUID}, remaining())
+			deleteRecords(4) // a's copy too; b's conflicting copy is still there
 			n, err = in.Sweep(b.ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n)
-			require.ElementsMatch(t, []string{a.UUID}, remaining())
+			require.ElementsMatch(t, []string{bb.UUID}, remaining())
 
-			// The control: by age alone, a goes although Kafka holds its copy.
+			// The control: by age alone, b goes although Kafka holds a copy.
 			n, err = byAge.Sweep(b.ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n, "the control sweeps by age alone")
