@@ -14,7 +14,8 @@ package main
 //   - a relay window's message: the harness's own Kafka client counts the
 //     copies of that message id on its topic (after-claim-before-publish:
 //     at least one, sent after the kill; after-publish-before-mark: at
-//     least two, the killed relay's and the next relay's);
+//     least two, the killed relay's and the next relay's), and the trace
+//     shows them handed to the consumer (after the kill; twice);
 //   - the HTTP window's order: a later trace line of the payment answered
 //     again (the client retried).
 //
@@ -62,39 +63,54 @@ type fpKill struct {
 // fpLog is the failpoint log, read.
 type fpLog struct {
 	kills []fpKill
-	hits  map[string][]int // window + " " + subject → line numbers of its trace lines
+	hits  map[string][]fpHit // window + " " + subject → its trace lines
 }
 
+type fpHit struct{ seq, pid int }
+
 // parseFPLog reads the kill lines ("failpoint NAME fired: SIGKILL pid N
-// subject S") and the trace lines ("failpoint NAME hit: pid N subject S").
-func parseFPLog(r io.Reader) fpLog {
-	l := fpLog{hits: map[string][]int{}}
+// subject S") and, with hits, the trace lines ("failpoint NAME hit: pid N
+// subject S").
+func parseFPLog(r io.Reader, hits bool) (fpLog, error) {
+	l := fpLog{hits: map[string][]fpHit{}}
 	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20) // a service's own output shares nothing with it, but be generous
 	for seq := 0; sc.Scan(); seq++ {
 		f := strings.Fields(sc.Text())
-		if len(f) < 3 || f[0] != "failpoint" {
+		if len(f) < 6 || f[0] != "failpoint" {
 			continue
 		}
 		switch {
-		case f[2] == "fired:" && len(f) >= 6:
+		case f[2] == "fired:":
 			k := fpKill{seq: seq, window: failpoint.Name(f[1])}
 			k.pid, _ = strconv.Atoi(f[5])
 			if len(f) >= 8 {
 				k.subject = f[7]
 			}
 			l.kills = append(l.kills, k)
-		case f[2] == "hit:" && len(f) >= 7:
+		case f[2] == "hit:" && hits && len(f) >= 7:
+			pid, _ := strconv.Atoi(f[4])
 			key := f[1] + " " + f[6]
-			l.hits[key] = append(l.hits[key], seq)
+			l.hits[key] = append(l.hits[key], fpHit{seq, pid})
 		}
 	}
-	return l
+	return l, sc.Err()
 }
 
-// seenAfter reports whether subject was traced at window w after line seq.
-func (l fpLog) seenAfter(w failpoint.Name, subject string, seq int) bool {
-	lines := l.hits[string(w)+" "+subject]
-	return len(lines) > 0 && lines[len(lines)-1] > seq
+// seenAfter reports whether another process than the killed one traced
+// subject at window w after the kill.
+func (l fpLog) seenAfter(w failpoint.Name, k fpKill) bool {
+	for _, h := range l.hits[string(w)+" "+k.subject] {
+		if h.seq > k.seq && h.pid != k.pid {
+			return true
+		}
+	}
+	return false
+}
+
+// deliveries counts the deliveries of message id any consumer began.
+func (l fpLog) deliveries(id string) int {
+	return len(l.hits[string(failpoint.BeforeBegin)+" "+id])
 }
 
 // subjectFacts is what the databases and Kafka say about one subject.
@@ -152,16 +168,18 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 			r.Hostile++ // a hostile message, or one no outbox wrote
 			continue
 		}
+		// Seen again, and handed to the consumer: a copy still in Kafka when
+		// the run stopped has met nothing.
 		var again bool
 		switch k.window {
 		case failpoint.AfterClaimBeforePublish:
-			again = f.copies >= 1
+			again = f.copies >= 1 && (f.consumer == "" || l.seenAfter(failpoint.BeforeBegin, k))
 		case failpoint.AfterPublishBeforeMark:
-			again = f.copies >= 2
+			again = f.copies >= 2 && (f.consumer == "" || l.deliveries(k.subject) >= 2)
 		case failpoint.AfterCommitBeforeResponse:
-			again = l.seenAfter(failpoint.AfterCommitBeforeResponse, k.subject, k.seq)
+			again = l.seenAfter(failpoint.AfterCommitBeforeResponse, k)
 		default:
-			again = l.seenAfter(failpoint.BeforeBegin, k.subject, k.seq)
+			again = l.seenAfter(failpoint.BeforeBegin, k)
 		}
 		if again {
 			r.Redelivered++
@@ -408,7 +426,11 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 				break
 			}
 			h.say("counting copies in Kafka: %v (trying again)", err)
-			time.Sleep(5 * time.Second)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(5 * time.Second):
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("counting copies in Kafka: %w", err)

@@ -21,7 +21,11 @@ func logOf(lines ...string) fpLog {
 		}
 		b.WriteString("unrelated service output\n")
 	}
-	return parseFPLog(strings.NewReader(b.String()))
+	l, err := parseFPLog(strings.NewReader(b.String()), true)
+	if err != nil {
+		panic(err)
+	}
+	return l
 }
 
 const (
@@ -64,8 +68,9 @@ func TestRedeliveryIsMeasured(t *testing.T) {
 	l := logOf(
 		"hit "+begin+" m-1", "kill "+ack+" m-1", "hit "+begin+" m-1",
 		"hit "+begin+" m-2", "kill "+ack+" m-2",
-		"kill "+claim+" m-3", "kill "+claim+" m-4",
-		"kill "+mark+" m-5", "kill "+mark+" m-6",
+		"kill "+claim+" m-3", "hit "+begin+" m-3", "kill "+claim+" m-4", "kill "+claim+" m-7",
+		"hit "+begin+" m-5", "kill "+mark+" m-5", "hit "+begin+" m-5", "kill "+mark+" m-6", "hit "+begin+" m-6",
+		"kill "+mark+" m-8", "hit "+begin+" m-8",
 		"kill "+respond+" o-1", "hit "+respond+" o-1", "hit "+respond+" o-2", "kill "+respond+" o-2",
 	)
 	facts := map[string]subjectFacts{
@@ -75,6 +80,10 @@ func TestRedeliveryIsMeasured(t *testing.T) {
 		"m-4": paid(subjectFacts{copies: 0}),
 		"m-5": paid(subjectFacts{applied: 1, copies: 2, dups: 1}),
 		"m-6": paid(subjectFacts{applied: 1, copies: 1}),
+		// In Kafka, but not (again) handed to the consumer when the run
+		// stopped: nothing came back to it.
+		"m-7": paid(subjectFacts{copies: 1}),
+		"m-8": paid(subjectFacts{applied: 1, copies: 2}),
 		"o-1": {producer: "orders", consumer: "orders", applied: 1},
 		"o-2": {producer: "orders", consumer: "orders", applied: 1},
 	}
@@ -84,8 +93,8 @@ func TestRedeliveryIsMeasured(t *testing.T) {
 		kills, again    int
 	}{
 		{ack, "inventory", 2, 1},
-		{claim, "orders", 2, 1},
-		{mark, "orders", 2, 1},
+		{claim, "orders", 3, 1},
+		{mark, "orders", 3, 1},
 		{respond, "orders", 2, 1},
 	} {
 		r := row(t, rows, c.window, c.service)
@@ -166,6 +175,26 @@ func TestVerdictPerMode(t *testing.T) {
 
 // TestHostileSubjectsAreLeftOut: a kill on a hostile message is counted
 // apart, and its double-apply is not the window's.
+// TestSeenAgainByAnotherProcess: a trace line the killed process wrote
+// (its own concurrent work on the subject, flushed after the kill line) is
+// not a redelivery; a subject holding a space or a newline stays one field.
+func TestSeenAgainByAnotherProcess(t *testing.T) {
+	in := "failpoint before-begin hit: pid 7 subject m-1\n" +
+		"failpoint after-commit-before-ack fired: SIGKILL pid 7 subject m-1\n" +
+		"failpoint before-begin hit: pid 7 subject m-1\n"
+	l, err := parseFPLog(strings.NewReader(in), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.seenAfter(failpoint.BeforeBegin, l.kills[0]) {
+		t.Fatal("the killed process's own line counted as the message seen again")
+	}
+	l, _ = parseFPLog(strings.NewReader(in+"failpoint before-begin hit: pid 8 subject m-1\n"), true)
+	if !l.seenAfter(failpoint.BeforeBegin, l.kills[0]) {
+		t.Fatal("another process's delivery after the kill was not seen")
+	}
+}
+
 func TestHostileSubjectsAreLeftOut(t *testing.T) {
 	rows := attribute(logOf("kill "+ack+" h-1", "hit "+begin+" h-1", "kill "+ack+" nobody-wrote-this"),
 		map[string]subjectFacts{"h-1": {hostile: true, applied: 2}})

@@ -287,11 +287,39 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	if waitErr != nil {
 		h.say("drain deadline passed: judging the state as it is")
 	}
+	// Settled says nothing of copies still in Kafka (a relay's last
+	// republish): wait until no delivery has been traced for 3 s, so the
+	// attribution judges copies that were handed out.
+	h.waitQuiet(ctx, 3*time.Second, time.Minute)
 	stopSupervising()
 	if err := sys.StopServices(30 * time.Second); err != nil {
 		h.say("graceful stop: %v", err)
 	}
 	return h.report(ctx, final, hostile)
+}
+
+// waitQuiet waits until the failpoint log has not grown for quiet, or for
+// at most limit.
+func (h *harness) waitQuiet(ctx context.Context, quiet, limit time.Duration) {
+	size := func() int64 {
+		fi, err := os.Stat(h.fpLog)
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	deadline := time.Now().Add(limit)
+	last, since := size(), time.Now()
+	for time.Since(since) < quiet && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+		if n := size(); n != last {
+			last, since = n, time.Now()
+		}
+	}
 }
 
 // restartPoints spreads n Postgres restarts over the load.
@@ -379,20 +407,24 @@ func (h *harness) started(p *procs.Proc) {
 	h.pids[p.Pid()] = p.Service
 }
 
-// readLog reads the failpoint log as it is now.
-func (h *harness) readLog() fpLog {
+// readLog reads the failpoint log as it is now; the trace lines too when
+// hits.
+func (h *harness) readLog(hits bool) (fpLog, error) {
 	f, err := os.Open(h.fpLog)
+	if os.IsNotExist(err) {
+		return fpLog{hits: map[string][]fpHit{}}, nil // no kill yet
+	}
 	if err != nil {
-		return fpLog{hits: map[string][]int{}}
+		return fpLog{}, err
 	}
 	defer f.Close()
-	return parseFPLog(f)
+	return parseFPLog(f, hits)
 }
 
 // readFired counts the kills per window, and refreshes the per-service
 // counts arm balances on.
 func (h *harness) readFired() map[failpoint.Name]int {
-	l := h.readLog()
+	l, _ := h.readLog(false) // what could be read: a count for the progress line and arming
 	counts := map[failpoint.Name]int{}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -79,7 +79,10 @@ const (
 )
 
 func (h *harness) report(ctx context.Context, final check.Report, hostile *hostile) (*Report, error) {
-	log := h.readLog()
+	log, err := h.readLog(true)
+	if err != nil {
+		return nil, fmt.Errorf("reading the failpoint log: %w", err)
+	}
 	fired := h.readFired()
 	r := &Report{
 		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Refused: final.Refused,

@@ -19,8 +19,9 @@
 // kill, whether the killed subject was seen again by another process (a
 // redelivery measured, not inferred).
 //
-// When FAILPOINTS and FAILPOINT_TRACE are empty, Hit is two atomic loads and a return: it costs
-// nothing on the hot path. When a window fires there is no deferred code, no
+// When FAILPOINTS and FAILPOINT_TRACE are empty, Hit is two atomic loads and
+// a return: it costs nothing on the hot path (with tracing on, every hit
+// takes a lock and writes a line: for chaos runs only). When a window fires there is no deferred code, no
 // graceful shutdown and no recover: the kernel removes the process, exactly as
 // a power cut or an OOM kill would.
 package failpoint
@@ -36,6 +37,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
 )
 
 // Name is a crash window.
@@ -203,7 +205,7 @@ func Hit(n Name, subject string) {
 func hit(n Name, subject string) {
 	mu.Lock()
 	if traced[n] {
-		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), subject), false)
+		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), field(subject)), false)
 	}
 	if !armed.Load() || time.Now().Before(armedAt) {
 		mu.Unlock()
@@ -223,6 +225,21 @@ func hit(n Name, subject string) {
 	if fire {
 		kill(n, subject)
 	}
+}
+
+// field makes subject one field of a log line: a subject comes from a
+// producer (a message id), and one holding a space or a newline must not
+// make a line of its own. Longer than 200 bytes, it is cut.
+func field(subject string) string {
+	if len(subject) > 200 {
+		subject = subject[:200]
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, subject)
 }
 
 // appendLog appends line to the log, in one write: every process of a run
@@ -251,7 +268,7 @@ func appendLog(line string, sync bool) {
 }
 
 func kill(n Name, subject string) {
-	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), subject)
+	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), field(subject))
 	mu.Lock()
 	appendLog(line, true)
 	mu.Unlock()

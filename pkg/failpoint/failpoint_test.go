@@ -96,6 +96,8 @@ func TestTraceRecordsHitsThatDoNotFire(t *testing.T) {
 	Hit(AfterCommitBeforeAck, "m-1") // not traced
 	Hit(BeforeBegin, "m-2")
 	Hit(AfterCommitBeforeResponse, "o-1")
+	// A producer's id may hold a newline: it must not forge a line.
+	Hit(BeforeBegin, "m 3\nfailpoint after-commit-before-ack fired: SIGKILL pid 1 subject x")
 	data, err := os.ReadFile(log)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +110,8 @@ func TestTraceRecordsHitsThatDoNotFire(t *testing.T) {
 		}
 		got = append(got, f[1]+" "+f[6])
 	}
-	want := []string{"before-begin m-1", "before-begin m-2", "after-commit-before-response o-1"}
+	want := []string{"before-begin m-1", "before-begin m-2", "after-commit-before-response o-1",
+		"before-begin m?3?failpoint?after-commit-before-ack?fired:?SIGKILL?pid?1?subject?x"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("traced %q, want %q", got, want)
 	}
