@@ -867,23 +867,13 @@ func TestSweep(t *testing.T) {
 
 // TestRouterWithKafka runs the middleware where it lives: in a Watermill
 // router, behind a watermill-kafka subscriber, against a real broker.
-func TestRouterWithKafka(t *testing.T) {
-	t.Parallel()
-	in, b := setup(t, inbox.Config{MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond})
-	poisonErr := errors.New("poison pill")
-	b.handler.hook = func(msg *message.Message, _ int) error {
-		if bytes.Equal(msg.Payload, []byte("poison")) {
-			return poisonErr
-		}
-		return nil
-	}
-
-	suffix := watermill.NewShortUUID()
-	topic, group := "inbox-test-"+suffix, "inbox-test-"+suffix
-	require.NoError(t, kfk.CreateTopics(b.ctx, 3, topic))
+// consumeThroughKafka runs a Watermill router that consumes topic as group
+// through in's middleware into b's handler, until the test ends, and returns
+// a publisher onto Kafka.
+func consumeThroughKafka(t *testing.T, b *testBundle, in *inbox.Inbox, topic, group string) message.Publisher {
+	t.Helper()
 	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
 	logger := watermill.NopLogger{}
-
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(), ConsumerGroup: group,
 	}, logger)
@@ -912,6 +902,24 @@ func TestRouterWithKafka(t *testing.T) {
 	}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+func TestRouterWithKafka(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond})
+	poisonErr := errors.New("poison pill")
+	b.handler.hook = func(msg *message.Message, _ int) error {
+		if bytes.Equal(msg.Payload, []byte("poison")) {
+			return poisonErr
+		}
+		return nil
+	}
+
+	suffix := watermill.NewShortUUID()
+	topic, group := "inbox-test-"+suffix, "inbox-test-"+suffix
+	require.NoError(t, kfk.CreateTopics(b.ctx, 3, topic))
+	pub := consumeThroughKafka(t, b, in, topic, group)
 
 	// Poison first, then a good message with the same key: same partition,
 	// so the good one waits behind the poison until the inbox settles it.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -107,30 +106,7 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 			in, b := setup(t, cfg)
 			byAge := b.newInbox(t, inbox.Config{Retention: time.Hour, RedeliveryHorizon: time.Hour})
 
-			marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
-			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-				Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(), ConsumerGroup: topic,
-			}, watermill.NopLogger{})
-			require.NoError(t, err)
-			router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-			require.NoError(t, err)
-			router.AddConsumerHandler("apply", topic, sub, func(msg *message.Message) error {
-				_, err := b.handler.handle(msg)
-				return err
-			}).AddMiddleware(in.Middleware)
-			runErr := make(chan error, 1)
-			go func() { runErr <- router.Run(context.Background()) }()
-			t.Cleanup(func() {
-				require.NoError(t, router.Close())
-				require.NoError(t, <-runErr)
-			})
-			<-router.Running()
-
-			pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-				Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(),
-			}, watermill.NopLogger{})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = pub.Close() })
+			pub := consumeThroughKafka(t, b, in, topic, topic)
 			// Offsets 0, 1, 2; 3: a's copy, as a relay that died before
 			// marking would publish it; 4: b's id with another payload.
 			a, bb, c := outbox.NewMessage("k", []byte("a")), outbox.NewMessage("k", []byte("b")), outbox.NewMessage("k", []byte("c"))
