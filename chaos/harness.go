@@ -35,6 +35,12 @@ func windowsFor(service string, inbox bool) []failpoint.Name {
 	return w
 }
 
+// svcWindow is a crash window in one service.
+type svcWindow struct {
+	service string
+	window  failpoint.Name
+}
+
 // harness runs one chaos run.
 type harness struct {
 	p     profile
@@ -45,10 +51,10 @@ type harness struct {
 	mu       sync.Mutex
 	rng      *rand.Rand
 	draining bool
-	pending  map[string]int // service/window → armed incarnations that have not died yet
+	pending  map[svcWindow]int // armed incarnations that have not died yet
 	armedAs  map[string]failpoint.Name
-	fired    map[string]int // service/window → kills, from the failpoint log, refreshed as it grows
-	pids     map[int]string // pid → service, of every incarnation started
+	fired    map[svcWindow]int // kills, from the failpoint log, refreshed as it grows
+	pids     map[int]string    // pid → service, of every incarnation started
 
 	randomKills atomic.Int64
 	restarts    atomic.Int64
@@ -65,9 +71,9 @@ func newHarness(p profile, seed uint64, inbox, guard bool) *harness {
 	return &harness{
 		p: p, seed: seed, inbox: inbox, guard: guard,
 		rng:     rand.New(rand.NewPCG(seed, 0xc4a05)),
-		pending: map[string]int{},
+		pending: map[svcWindow]int{},
 		armedAs: map[string]failpoint.Name{},
-		fired:   map[string]int{},
+		fired:   map[svcWindow]int{},
 		pids:    map[int]string{},
 	}
 }
@@ -100,17 +106,14 @@ func (h *harness) arm(p *procs.Proc) []string {
 	// First a window this service has not met yet, then the window least
 	// met by all: every window reaches the profile's minimum, and each
 	// service's consumer meets every consumer window.
-	mine := func(w failpoint.Name) int { k := p.Service + "/" + string(w); return h.fired[k] + h.pending[k] }
+	mine := func(w failpoint.Name) int { k := svcWindow{p.Service, w}; return h.fired[k] + h.pending[k] }
 	all := func(w failpoint.Name) int {
 		n := 0
-		for k, v := range h.fired {
-			if strings.HasSuffix(k, "/"+string(w)) {
-				n += v
-			}
-		}
-		for k, v := range h.pending {
-			if strings.HasSuffix(k, "/"+string(w)) {
-				n += v
+		for _, m := range []map[svcWindow]int{h.fired, h.pending} {
+			for k, v := range m {
+				if k.window == w {
+					n += v
+				}
 			}
 		}
 		return n
@@ -126,7 +129,7 @@ func (h *harness) arm(p *procs.Proc) []string {
 			best = w
 		}
 	}
-	h.pending[p.Service+"/"+string(best)]++
+	h.pending[svcWindow{p.Service, best}]++
 	h.armedAs[p.Name] = best
 	grace := h.p.GraceMin + time.Duration(h.rng.Int64N(int64(h.p.GraceMax-h.p.GraceMin)+1))
 	return []string{
@@ -141,7 +144,7 @@ func (h *harness) exited(p *procs.Proc) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if w, ok := h.armedAs[p.Name]; ok {
-		h.pending[p.Service+"/"+string(w)]--
+		h.pending[svcWindow{p.Service, w}]--
 		delete(h.armedAs, p.Name)
 	}
 }
@@ -421,17 +424,22 @@ func (h *harness) readLog(hits bool) (fpLog, error) {
 	return parseFPLog(f, hits)
 }
 
-// readFired counts the kills per window, and refreshes the per-service
-// counts arm balances on.
+// readFired reads the failpoint log's kills and counts them (countFired).
 func (h *harness) readFired() map[failpoint.Name]int {
 	l, _ := h.readLog(false) // what could be read: a count for the progress line and arming
+	return h.countFired(l)
+}
+
+// countFired counts the kills per window, and refreshes the per-service
+// counts arm balances on.
+func (h *harness) countFired(l fpLog) map[failpoint.Name]int {
 	counts := map[failpoint.Name]int{}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	clear(h.fired)
 	for _, k := range l.kills {
 		counts[k.window]++
-		h.fired[h.pids[k.pid]+"/"+string(k.window)]++
+		h.fired[svcWindow{h.pids[k.pid], k.window}]++
 	}
 	return counts
 }

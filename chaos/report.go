@@ -83,7 +83,7 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	if err != nil {
 		return nil, fmt.Errorf("reading the failpoint log: %w", err)
 	}
-	fired := h.readFired()
+	fired := h.countFired(log)
 	r := &Report{
 		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
