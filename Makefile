@@ -15,12 +15,14 @@ demo: ## Run the whole system (Postgres, embedded Kafka, orders, inventory, load
 	$(GO) run ./cmd/demo -orders $(ORDERS)
 
 .PHONY: test
-test: vet ## Unit and integration tests, with -race, on the self-starting stack
+test: vet ## Unit and integration tests, with -race, on the self-starting stack; then the crash windows' own tests in a failpoint build
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags failpoint -run 'Failpoint|Hit|Configure|Trace|FromEnv' ./pkg/failpoint/ ./pkg/inbox/
 
 .PHONY: vet
 vet: ## go vet and a gofmt check
 	$(GO) vet ./...
+	$(GO) vet -tags failpoint ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 

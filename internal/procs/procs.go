@@ -19,16 +19,18 @@ import (
 	"time"
 )
 
-// Build compiles the given main packages (e.g. "./services/orders") into dir
-// and returns the binary paths by package base name. It runs from the module
-// root, which it finds from the working directory.
+// Build compiles the given main packages (e.g. "./services/orders") into dir,
+// with the failpoint build tag (pkg/failpoint: the harness arms crash windows
+// through the environment; a default build ignores it), and returns the
+// binary paths by package base name. It runs from the module root, which it
+// finds from the working directory.
 func Build(ctx context.Context, dir string, pkgs ...string) (map[string]string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return nil, err
 	}
 	bins := map[string]string{}
-	args := []string{"build", "-o", dir + string(os.PathSeparator)}
+	args := []string{"build", "-tags", "failpoint", "-o", dir + string(os.PathSeparator)}
 	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root

@@ -1,3 +1,5 @@
+//go:build failpoint
+
 package failpoint
 
 import (
@@ -46,6 +48,9 @@ func TestUnarmedHitIsFree(t *testing.T) {
 // right there, after logging the kill line.
 func TestHitKillsWithSIGKILL(t *testing.T) {
 	if os.Getenv("FAILPOINT_CHILD") == "1" {
+		if err := FromEnv(); err != nil {
+			t.Fatal(err)
+		}
 		for i := range 5 {
 			Hit(AfterPublishBeforeMark, "subject-"+string(rune('a'+i)))
 		}
@@ -114,5 +119,25 @@ func TestTraceRecordsHitsThatDoNotFire(t *testing.T) {
 		"before-begin m?3?failpoint?after-commit-before-ack?fired:?SIGKILL?pid?1?subject?x"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("traced %q, want %q", got, want)
+	}
+}
+
+// TestFromEnvRefusesMalformedValues: a malformed value is an error for the
+// program to refuse to start with; nothing exits on its own.
+func TestFromEnvRefusesMalformedValues(t *testing.T) {
+	t.Cleanup(func() { Configure("", "", ""); Trace("") }) //nolint:errcheck
+	for _, env := range [][2]string{
+		{"FAILPOINTS", "before-begin=often"},
+		{"FAILPOINT_SEED", "seven"},
+		{"FAILPOINT_TRACE", "no-such-window"},
+		{"FAILPOINT_GRACE", "a while"},
+	} {
+		t.Run(env[0], func(t *testing.T) {
+			t.Setenv("FAILPOINT_LOG", filepath.Join(t.TempDir(), "fp.log"))
+			t.Setenv(env[0], env[1])
+			if err := FromEnv(); err == nil || !strings.Contains(err.Error(), env[0]) {
+				t.Fatalf("%s=%q: FromEnv returned %v, want an error naming the variable", env[0], env[1], err)
+			}
+		})
 	}
 }

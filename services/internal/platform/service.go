@@ -22,6 +22,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -58,6 +59,12 @@ type Stats struct {
 // relay after its batch, close the pool.
 func Run(ctx context.Context, cfg Config, svc Service) error {
 	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
+	if err := failpoint.FromEnv(); err != nil { // a no-op unless built with -tags failpoint
+		return fmt.Errorf("failpoints: %w", err)
+	}
+	if !failpoint.Enabled && os.Getenv("FAILPOINTS") != "" {
+		log.Warn("FAILPOINTS is ignored: this binary was built without -tags failpoint, no crash window can fire")
+	}
 	wlog := newWatermillLogger(log)
 	stopTracing, err := setupTracing(ctx, cfg, svc.Name) // tracing.go
 	if err != nil {

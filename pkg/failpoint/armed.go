@@ -1,0 +1,238 @@
+//go:build failpoint
+
+package failpoint
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unicode"
+)
+
+// Enabled reports whether this binary was built with the failpoint tag: only
+// then can a window fire.
+const Enabled = true
+
+// schedule decides whether one hit of a window fires.
+type schedule struct {
+	every int64   // fire on every Nth hit, when > 0
+	p     float64 // otherwise fire with this probability
+	hits  atomic.Int64
+}
+
+var (
+	armed     atomic.Bool
+	tracing   atomic.Bool
+	mu        sync.Mutex
+	traced    map[Name]bool
+	schedules map[Name]*schedule
+	rng       *rand.Rand
+	logPath   string
+	armedAt   time.Time // no window fires before this instant
+	logFile   *os.File
+)
+
+// FromEnv arms the windows the environment names (FAILPOINTS,
+// FAILPOINT_SEED, FAILPOINT_LOG, FAILPOINT_GRACE, FAILPOINT_TRACE: see the
+// package doc) and returns an error naming a malformed value. A program calls
+// it once at start-up and refuses to start on its error; nothing in this
+// package reads the environment on its own.
+func FromEnv() error {
+	if err := Configure(os.Getenv("FAILPOINTS"), os.Getenv("FAILPOINT_SEED"), os.Getenv("FAILPOINT_LOG")); err != nil {
+		return err
+	}
+	if err := Trace(os.Getenv("FAILPOINT_TRACE")); err != nil {
+		return err
+	}
+	if g := os.Getenv("FAILPOINT_GRACE"); g != "" {
+		grace, err := time.ParseDuration(g)
+		if err != nil {
+			return fmt.Errorf("FAILPOINT_GRACE %q: %w", g, err)
+		}
+		mu.Lock()
+		armedAt = time.Now().Add(grace)
+		mu.Unlock()
+	}
+	return nil
+}
+
+// Configure arms the windows named in spec ("name=p:0.1,name=every:5").
+// An empty spec disarms every window. FromEnv calls it with the
+// environment's values; tests may call it directly.
+func Configure(spec, seed, log string) error {
+	parsed := map[Name]*schedule{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, rule, ok := strings.Cut(item, "=")
+		if !ok {
+			return fmt.Errorf("FAILPOINTS item %q: want name=p:0.1 or name=every:N", item)
+		}
+		if !known(Name(name)) {
+			return fmt.Errorf("FAILPOINTS: unknown window %q (known: %v)", name, All)
+		}
+		kind, val, _ := strings.Cut(rule, ":")
+		s := &schedule{}
+		switch kind {
+		case "p":
+			p, err := strconv.ParseFloat(val, 64)
+			if err != nil || p < 0 || p > 1 {
+				return fmt.Errorf("FAILPOINTS %s: probability %q must be in [0,1]", name, val)
+			}
+			s.p = p
+		case "every":
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil || n < 1 {
+				return fmt.Errorf("FAILPOINTS %s: every %q must be a positive integer", name, val)
+			}
+			s.every = n
+		default:
+			return fmt.Errorf("FAILPOINTS %s: rule %q: want p:FLOAT or every:N", name, rule)
+		}
+		parsed[Name(name)] = s
+	}
+	var seedN uint64
+	if seed != "" {
+		n, err := strconv.ParseUint(seed, 10, 64)
+		if err != nil {
+			return fmt.Errorf("FAILPOINT_SEED %q: %w", seed, err)
+		}
+		seedN = n
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	schedules = parsed
+	rng = rand.New(rand.NewPCG(seedN, uint64(os.Getpid())))
+	logPath = log
+	armed.Store(len(parsed) > 0)
+	return nil
+}
+
+// Trace makes every hit of the windows named in spec ("before-begin,
+// after-commit-before-response") append a trace line to the log Configure
+// was given; an empty spec traces nothing.
+func Trace(spec string) error {
+	names := map[Name]bool{}
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if !known(Name(item)) {
+			return fmt.Errorf("FAILPOINT_TRACE: unknown window %q (known: %v)", item, All)
+		}
+		names[Name(item)] = true
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(names) > 0 && logPath == "" {
+		return errors.New("FAILPOINT_TRACE needs FAILPOINT_LOG: the trace has nowhere to go")
+	}
+	traced = names
+	tracing.Store(len(names) > 0)
+	return nil
+}
+
+func known(n Name) bool {
+	for _, k := range All {
+		if k == n {
+			return true
+		}
+	}
+	return false
+}
+
+// Hit marks that the code reached window n while working on subject (a
+// message id, an order id: it goes into the kill line, so the harness can
+// follow what happened to that subject afterwards). If n is armed and its
+// schedule says so, the process is killed with SIGKILL before Hit returns.
+func Hit(n Name, subject string) {
+	if !armed.Load() && !tracing.Load() {
+		return
+	}
+	hit(n, subject)
+}
+
+func hit(n Name, subject string) {
+	mu.Lock()
+	if traced[n] {
+		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), field(subject)), false)
+	}
+	if !armed.Load() || time.Now().Before(armedAt) {
+		mu.Unlock()
+		return
+	}
+	s := schedules[n]
+	fire := false
+	if s != nil {
+		hit := s.hits.Add(1)
+		if s.every > 0 {
+			fire = hit%s.every == 0
+		} else {
+			fire = rng.Float64() < s.p
+		}
+	}
+	mu.Unlock()
+	if fire {
+		kill(n, subject)
+	}
+}
+
+// field makes subject one field of a log line: a subject comes from a
+// producer (a message id), and one holding a space or a newline must not
+// make a line of its own. Longer than 200 bytes, it is cut.
+func field(subject string) string {
+	if len(subject) > 200 {
+		subject = subject[:200]
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, subject)
+}
+
+// appendLog appends line to the log, in one write: every process of a run
+// appends to the same file (O_APPEND), and the order of the lines is the
+// order of the events. A kill line is synced, the process is about to die.
+// mu must be held.
+func appendLog(line string, sync bool) {
+	if logPath == "" {
+		return
+	}
+	if logFile == nil || logFile.Name() != logPath {
+		if logFile != nil {
+			logFile.Close() //nolint:errcheck // a log of an earlier Configure
+		}
+		logFile = nil
+		f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return // best effort: a trace must never stop the process
+		}
+		logFile = f
+	}
+	logFile.WriteString(line) //nolint:errcheck // best effort, as above
+	if sync {
+		logFile.Sync() //nolint:errcheck
+	}
+}
+
+func kill(n Name, subject string) {
+	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), field(subject))
+	mu.Lock()
+	appendLog(line, true)
+	mu.Unlock()
+	os.Stderr.WriteString(line)                //nolint:errcheck
+	syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck
+	select {}                                  // SIGKILL cannot be caught; never return into the window
+}
