@@ -59,7 +59,7 @@
 //     the producers take (Writer.Unordered skips it, for producers that
 //     serialize a key's transactions themselves);
 //   - the relay claims rows in id order and publishes them in that order,
-//     one Publish call per run of a topic, and KafkaPublisher allows one
+//     one Publish call per run of a topic, and outboxkafka.Publisher allows one
 //     request in flight per broker connection, so a retry cannot overtake;
 //   - the relay's lead and its marks live in one transaction (see
 //     RelayConfig.BatchTimeout): a relay that lost its session cannot
@@ -83,7 +83,7 @@
 // locked), publishes the batch, and then commits: three round trips to
 // Postgres per batch; and it LISTENs for the NOTIFY that
 // PublishTx queues in the producer's transaction, so it wakes within
-// milliseconds of a commit and polls only as a fallback; and KafkaPublisher
+// milliseconds of a commit and polls only as a fallback; and outboxkafka.Publisher
 // sends a batch in one produce round trip instead of one per message. The
 // benchmark in bench/ runs both side by side against the same broker: the
 // textbook relay there (internal/textbook) is watermill-sql's subscriber with

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
 // The Postgres server and the Kafka broker every test and example of this
@@ -141,6 +142,16 @@ func newPublisher(t testing.TB) *kafka.Publisher {
 		Marshaler:             kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
 		OverwriteSaramaConfig: kafkaconf.Sarama(),
 	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pub.Close()) })
+	return pub
+}
+
+// newBatchPublisher returns outboxkafka's batching publisher, on the same
+// config.
+func newBatchPublisher(t testing.TB) *outboxkafka.Publisher {
+	t.Helper()
+	pub, err := outboxkafka.NewPublisher(testKafka.Brokers(), kafkaconf.Sarama(), kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	return pub

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io/fs"
 
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -84,6 +83,10 @@ func RecordBytes(msg *message.Message) int {
 	return recordBytes(msg.UUID, msg.Metadata, len(msg.Payload))
 }
 
+// uuidHeaderKey is the header watermill-kafka's marshalers carry the message
+// id in (kafka.UUIDHeaderKey; pkg/outbox does not import watermill-kafka).
+const uuidHeaderKey = "_watermill_message_uuid"
+
 // recordBytes mirrors sarama.ProducerMessage.ByteSize for record batches
 // (message format v2): a fixed maximum overhead per record, the key, the
 // value, and each header's key and value with two varint lengths.
@@ -91,7 +94,7 @@ func recordBytes(id string, meta message.Metadata, payload int) int {
 	const recordOverhead = 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1
 	const headerOverhead = 2 * binary.MaxVarintLen32
 	n := recordOverhead + len(meta[KeyMetadata]) + payload
-	n += len(kafka.UUIDHeaderKey) + len(id) + headerOverhead
+	n += len(uuidHeaderKey) + len(id) + headerOverhead
 	for k, v := range meta {
 		n += len(k) + len(v) + headerOverhead
 	}

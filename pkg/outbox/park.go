@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,42 +33,18 @@ func (e permanentError) Error() string { return e.err.Error() }
 func (e permanentError) Unwrap() error { return e.err }
 
 // Permanent wraps err so that the relay's default IsPermanent takes it as a
-// refusal of the message itself: for publishers other than Sarama's to say
-// "never send this again".
+// refusal of the message itself: a publisher's way to say "never send this
+// again" (outboxkafka's Publisher wraps Kafka's refusals in it).
 func Permanent(err error) error { return permanentError{err} }
 
 // IsPermanent reports whether err, from a Publisher, says the broker will
 // never take a message of the batch, so that the relay finds that message
-// and parks it instead of retrying the batch: an error wrapped by Permanent,
-// or Sarama's (and so watermill-kafka's) refusals of a record: message too
-// large (from Sarama itself, over Producer.MaxMessageBytes, or from the
-// broker, over the topic's max.message.bytes), record list too large,
-// invalid record, invalid topic. Everything else (a broker down, a timeout,
-// a leader moving) is transient, and the batch is retried after a backoff.
-// It is RelayConfig.IsPermanent's default.
-func IsPermanent(err error) bool {
-	if errors.As(err, new(permanentError)) {
-		return true
-	}
-	var batch sarama.ProducerErrors // KafkaPublisher's, one per message
-	if errors.As(err, &batch) {
-		for _, pe := range batch {
-			if pe != nil && IsPermanent(pe.Err) {
-				return true
-			}
-		}
-		return false
-	}
-	for _, kerr := range []sarama.KError{
-		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge,
-		sarama.ErrInvalidRecord, sarama.ErrInvalidTopic,
-	} {
-		if errors.Is(err, kerr) {
-			return true
-		}
-	}
-	return false
-}
+// and parks it instead of retrying the batch: whether err was wrapped by
+// Permanent. Everything else is transient, and the batch is retried after a
+// backoff. It is RelayConfig.IsPermanent's default; outboxkafka.IsPermanent
+// also knows Sarama's refusals, for a relay publishing through
+// watermill-kafka's Publisher.
+func IsPermanent(err error) bool { return errors.As(err, new(permanentError)) }
 
 // ParkedRow is a parked outbox row.
 type ParkedRow struct {

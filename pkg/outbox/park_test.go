@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
 // insertRow writes msg as an outbox row with plain SQL, as a row written
@@ -86,55 +87,68 @@ func TestRelayParksWhatTheBrokerCannotTake(t *testing.T) {
 	// broker refuses the batch, and the relay finds the row one send at a
 	// time. The row's key waits behind it; other keys go on; Drop and Retry
 	// let the key go on.
-	t.Run("RefusedByTheBroker", func(t *testing.T) {
-		t.Parallel()
-		ctx := t.Context()
-		pool := newPool(t)
-		topic := uniqueName(t)
-		require.NoError(t, testKafka.CreateTopicsWithConfig(ctx, partitions, map[string]string{"max.message.bytes": "4096"}, topic))
-		sink := newSink(t, topic)
+	//
+	// Through watermill-kafka's Publisher the relay needs outboxkafka's
+	// IsPermanent to tell Sarama's refusals; outboxkafka's Publisher wraps
+	// them in outbox.Permanent, so the relay's default sees them.
+	for _, via := range []struct {
+		name        string
+		publisher   func(testing.TB) message.Publisher
+		isPermanent func(error) bool
+	}{
+		{"WatermillKafka", func(t testing.TB) message.Publisher { return newPublisher(t) }, outboxkafka.IsPermanent},
+		{"OutboxKafka", func(t testing.TB) message.Publisher { return newBatchPublisher(t) }, nil},
+	} {
+		t.Run("RefusedByTheBroker/"+via.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			pool := newPool(t)
+			topic := uniqueName(t)
+			require.NoError(t, testKafka.CreateTopicsWithConfig(ctx, partitions, map[string]string{"max.message.bytes": "4096"}, topic))
+			sink := newSink(t, topic)
 
-		big := func(key string) *message.Message { return outbox.NewMessage(key, bytes.Repeat([]byte("y"), 8<<10)) }
-		a1, a2 := newKeyedMessage("a", 1), newKeyedMessage("a", 2)
-		b1, b2, b3 := newKeyedMessage("b", 1), big("b"), newKeyedMessage("b", 3)
-		c1, c2, c3 := newKeyedMessage("c", 1), big("c"), newKeyedMessage("c", 3)
-		publishCommitted(t, pool, topic, a1, b1, b2, c1, c2, a2, b3, c3)
+			big := func(key string) *message.Message { return outbox.NewMessage(key, bytes.Repeat([]byte("y"), 8<<10)) }
+			a1, a2 := newKeyedMessage("a", 1), newKeyedMessage("a", 2)
+			b1, b2, b3 := newKeyedMessage("b", 1), big("b"), newKeyedMessage("b", 3)
+			c1, c2, c3 := newKeyedMessage("c", 1), big("c"), newKeyedMessage("c", 3)
+			publishCommitted(t, pool, topic, a1, b1, b2, c1, c2, a2, b3, c3)
 
-		relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: newPublisher(t), ErrorBackoff: 10 * time.Millisecond})
-		startRelay(t, relay)
-		sink.WaitFor(t, ids([]*message.Message{a1, a2, b1, c1}))
-		eventually(t, waitTimeout, func() bool { return relay.Stats().Parked == 2 })
-		require.Contains(t, parkReason(t, pool, b2), "the broker refused it")
-		require.Contains(t, parkReason(t, pool, b2), "too large")
+			relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: via.publisher(t), IsPermanent: via.isPermanent, ErrorBackoff: 10 * time.Millisecond})
+			startRelay(t, relay)
+			sink.WaitFor(t, ids([]*message.Message{a1, a2, b1, c1}))
+			eventually(t, waitTimeout, func() bool { return relay.Stats().Parked == 2 })
+			require.Contains(t, parkReason(t, pool, b2), "the broker refused it")
+			require.Contains(t, parkReason(t, pool, b2), "too large")
 
-		parked, err := outbox.Parked(ctx, pool)
-		require.NoError(t, err)
-		require.Len(t, parked, 2)
-		require.Equal(t, b2.UUID, parked[0].MessageID)
-		require.Equal(t, "b", parked[0].Key)
-		require.Equal(t, 1, parked[0].Waiting, "b3 waits behind b2")
-		require.Equal(t, c2.UUID, parked[1].MessageID)
+			parked, err := outbox.Parked(ctx, pool)
+			require.NoError(t, err)
+			require.Len(t, parked, 2)
+			require.Equal(t, b2.UUID, parked[0].MessageID)
+			require.Equal(t, "b", parked[0].Key)
+			require.Equal(t, 1, parked[0].Waiting, "b3 waits behind b2")
+			require.Equal(t, c2.UUID, parked[1].MessageID)
 
-		time.Sleep(300 * time.Millisecond) // room for a waiting row to leak out
-		counts := sink.Counts()
-		require.Zero(t, counts[b3.UUID], "b3 overtook the parked b2")
-		require.Zero(t, counts[c3.UUID], "c3 overtook the parked c2")
+			time.Sleep(300 * time.Millisecond) // room for a waiting row to leak out
+			counts := sink.Counts()
+			require.Zero(t, counts[b3.UUID], "b3 overtook the parked b2")
+			require.Zero(t, counts[c3.UUID], "c3 overtook the parked c2")
 
-		// Dropping b2 lets b3 go; retrying c2 without a fix parks it
-		// again, and c3 still waits.
-		require.ErrorContains(t, outbox.Drop(ctx, pool, parked[0].ID, "", "why"), "who drops")
-		require.NoError(t, outbox.Drop(ctx, pool, parked[0].ID, "test", "too large for the topic"))
-		require.ErrorIs(t, outbox.Drop(ctx, pool, parked[0].ID, "test", "again"), outbox.ErrNotParked)
-		sink.WaitFor(t, []string{b3.UUID})
-		require.NoError(t, outbox.Retry(ctx, pool, parked[1].ID))
-		eventually(t, waitTimeout, func() bool { return relay.Stats().Parked == 3 })
-		require.Zero(t, sink.Counts()[c3.UUID], "c3 overtook the parked c2")
+			// Dropping b2 lets b3 go; retrying c2 without a fix parks it
+			// again, and c3 still waits.
+			require.ErrorContains(t, outbox.Drop(ctx, pool, parked[0].ID, "", "why"), "who drops")
+			require.NoError(t, outbox.Drop(ctx, pool, parked[0].ID, "test", "too large for the topic"))
+			require.ErrorIs(t, outbox.Drop(ctx, pool, parked[0].ID, "test", "again"), outbox.ErrNotParked)
+			sink.WaitFor(t, []string{b3.UUID})
+			require.NoError(t, outbox.Retry(ctx, pool, parked[1].ID))
+			eventually(t, waitTimeout, func() bool { return relay.Stats().Parked == 3 })
+			require.Zero(t, sink.Counts()[c3.UUID], "c3 overtook the parked c2")
 
-		var by, why string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT dropped_by, drop_reason FROM outbox_dropped WHERE message_id = $1`, b2.UUID).Scan(&by, &why))
-		require.Equal(t, []string{"test", "too large for the topic"}, []string{by, why})
-		require.Equal(t, 1, countRows(t, pool, "published_at IS NULL AND parked_at IS NULL"), "only c3 waits")
-	})
+			var by, why string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT dropped_by, drop_reason FROM outbox_dropped WHERE message_id = $1`, b2.UUID).Scan(&by, &why))
+			require.Equal(t, []string{"test", "too large for the topic"}, []string{by, why})
+			require.Equal(t, 1, countRows(t, pool, "published_at IS NULL AND parked_at IS NULL"), "only c3 waits")
+		})
+	}
 }
 
 func TestPublishTxRefusesWhatNoBrokerTakes(t *testing.T) {

@@ -70,7 +70,7 @@ type Config struct {
 	DomainGuardDisabled bool `env:"DOMAIN_GUARD_DISABLED" default:"false"`
 
 	// RelayDriver picks the relay: "batch" (pkg/outbox's Relay with the
-	// batching KafkaPublisher), "watermill" (pkg/outbox's Relay with
+	// batching outboxkafka.Publisher), "watermill" (pkg/outbox's Relay with
 	// watermill-kafka's one-at-a-time Publisher) or "textbook" (the
 	// benchmark's baseline, internal/textbook).
 	RelayDriver       string        `env:"RELAY_DRIVER" default:"batch"`

@@ -12,6 +12,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/textbook"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
 // newRelayPublisher returns the publisher RELAY_DRIVER asks for.
@@ -20,7 +21,7 @@ func newRelayPublisher(cfg Config, service string, marshaler kafka.MarshalerUnma
 	conf.ClientID = service + "-relay"
 	switch cfg.RelayDriver {
 	case "batch":
-		return outbox.NewKafkaPublisher(cfg.KafkaBrokers, conf, marshaler)
+		return outboxkafka.NewPublisher(cfg.KafkaBrokers, conf, marshaler)
 	case "watermill", "textbook":
 		pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 			Brokers: cfg.KafkaBrokers, Marshaler: marshaler, OverwriteSaramaConfig: conf,

@@ -25,6 +25,7 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
 // Service describes one example service to Run.
@@ -97,7 +98,8 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		Pool: pool, Publisher: publisher, Logger: wlog,
-		BatchSize: cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
+		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
+		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,206 @@
+// Package outboxkafka is the outbox relay's way into Kafka through Sarama: a
+// publisher that sends a relay batch as one produce round trip, and the
+// classification of Sarama's errors that tells the relay which rows Kafka
+// will never take (so it parks them instead of retrying forever).
+//
+// It is a package of its own so that pkg/outbox stays broker-agnostic: a
+// program that relays to another broker never links Sarama.
+package outboxkafka
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// Publisher is the relay's publisher for Kafka: it sends all messages of one
+// Publish call as one batch (Sarama's SendMessages: one produce request per
+// partition leader, not one round trip per message) and returns only when
+// the broker acknowledged every one of them. A refusal Kafka will repeat for
+// a message of the batch (IsPermanent) comes back wrapped in
+// [outbox.Permanent], so the relay's default RelayConfig.IsPermanent finds
+// and parks that message.
+//
+// Sarama sends a batch's messages of one partition in as many produce
+// requests as are ready, and a refusal of one record does not stop the
+// records after it: had the broker refused a record for its size, a later
+// message of the same key in the same batch could be written before it, and
+// the relay's promise (a parked row holds back its key) would be broken
+// before the relay could park anything. So Publish first checks every
+// message against its topic's max.message.bytes (read through the admin API,
+// kept for TopicLimitTTL) and refuses the whole batch, sending nothing, when
+// one does not fit; the relay then finds and parks that one. The check counts
+// a record's largest possible overhead, so a message within ~40 bytes of the
+// limit is refused though Kafka might have taken it. What it cannot see: a
+// batch of messages that each fit but together exceed a topic limit lowered
+// below Producer.MaxMessageBytes (keep Producer.MaxMessageBytes at or under
+// your topics' max.message.bytes), a limit changed within the TTL, and any
+// topic whose configs cannot be read (then nothing is checked).
+//
+// watermill-kafka's own Publisher sends messages one at a time, waiting for
+// each acknowledgement; both satisfy message.Publisher, and the relay works
+// with either (give it IsPermanent as RelayConfig.IsPermanent then). The
+// benchmark in bench/ measures the difference.
+type Publisher struct {
+	producer  sarama.SyncProducer
+	admin     sarama.ClusterAdmin
+	marshaler kafka.Marshaler
+
+	mu     sync.Mutex
+	limits map[string]topicLimit
+}
+
+// TopicLimitTTL is how long a Publisher trusts a topic's max.message.bytes
+// before it reads it again.
+const TopicLimitTTL = time.Minute
+
+// recordBatchOverhead is a record batch's header (message format v2): what
+// one record costs in a batch besides its own bytes, which is what the
+// broker holds against max.message.bytes.
+const recordBatchOverhead = 61
+
+type topicLimit struct {
+	bytes int // 0: unknown, nothing checked
+	read  time.Time
+}
+
+// NewPublisher connects a batching publisher. marshaler is usually
+// kafka.NewWithPartitioningMarshaler(outbox.PartitionKey). conf is copied,
+// not changed: the copy returns successes and errors (the relay needs every
+// acknowledgement) and keeps one in-flight request per broker connection, so
+// that a retried request cannot put one key's messages out of order. A nil
+// conf is sarama.NewConfig().
+func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler) (*Publisher, error) {
+	if marshaler == nil {
+		return nil, errors.New("outboxkafka: NewPublisher needs a marshaler")
+	}
+	if conf == nil {
+		conf = sarama.NewConfig()
+	}
+	c := *conf
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Net.MaxOpenRequests = 1
+	client, err := sarama.NewClient(brokers, &c)
+	if err != nil {
+		return nil, fmt.Errorf("outboxkafka: connecting: %w", err)
+	}
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		client.Close() //nolint:errcheck // the error above is the one to report
+		return nil, fmt.Errorf("outboxkafka: creating the producer: %w", err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		producer.Close() //nolint:errcheck // as above
+		client.Close()   //nolint:errcheck
+		return nil, fmt.Errorf("outboxkafka: creating the admin client: %w", err)
+	}
+	return &Publisher{producer: producer, admin: admin, marshaler: marshaler, limits: map[string]topicLimit{}}, nil
+}
+
+// Publish sends msgs to topic as one batch.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	batch := make([]*sarama.ProducerMessage, len(msgs))
+	for i, msg := range msgs {
+		km, err := p.marshaler.Marshal(topic, msg)
+		if err != nil {
+			return fmt.Errorf("outboxkafka: marshaling message %s: %w", msg.UUID, err)
+		}
+		batch[i] = km
+	}
+	if limit := p.topicLimit(topic); limit > 0 {
+		for i, km := range batch {
+			if n := km.ByteSize(2) + recordBatchOverhead; n > limit {
+				return outbox.Permanent(fmt.Errorf("outboxkafka: message %s is too large for topic %s: up to %d bytes as a record batch, over its max.message.bytes %d (nothing of the batch was sent)",
+					msgs[i].UUID, topic, n, limit))
+			}
+		}
+	}
+	if err := p.producer.SendMessages(batch); err != nil {
+		var refused sarama.ProducerErrors // its text gives a count, not the reason: name the first
+		if errors.As(err, &refused) && len(refused) > 0 && refused[0] != nil {
+			err = fmt.Errorf("%w (the first for: %w)", err, refused[0].Err)
+		}
+		err = fmt.Errorf("outboxkafka: producing %d messages to %s: %w", len(batch), topic, err)
+		if IsPermanent(err) {
+			return outbox.Permanent(err)
+		}
+		return err
+	}
+	return nil
+}
+
+// topicLimit returns topic's max.message.bytes, 0 when it cannot be read
+// (a topic not created yet: the broker's default applies, at least the
+// producer's own default limit).
+func (p *Publisher) topicLimit(topic string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l, ok := p.limits[topic]; ok && time.Since(l.read) < TopicLimitTTL {
+		return l.bytes
+	}
+	l := topicLimit{read: time.Now()}
+	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{
+		Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"max.message.bytes"},
+	})
+	if err == nil {
+		for _, e := range entries {
+			if e.Name == "max.message.bytes" {
+				l.bytes, _ = strconv.Atoi(e.Value)
+			}
+		}
+	}
+	p.limits[topic] = l
+	return l.bytes
+}
+
+// Close closes the producer and its client.
+func (p *Publisher) Close() error {
+	err := p.producer.Close()
+	if aerr := p.admin.Close(); err == nil { // closes the client too
+		err = aerr
+	}
+	return err
+}
+
+// IsPermanent reports whether err, from this package's Publisher or from
+// watermill-kafka's, says Kafka will never take a message of the batch: an
+// error wrapped by outbox.Permanent, or Sarama's refusals of a record:
+// message too large (from Sarama itself, over Producer.MaxMessageBytes, or
+// from the broker, over the topic's max.message.bytes), record list too
+// large, invalid record, invalid topic. Everything else (a broker down, a
+// timeout, a leader moving) is transient, and the relay retries the batch
+// after a backoff. Give it to the relay as RelayConfig.IsPermanent when the
+// relay publishes through watermill-kafka's Publisher.
+func IsPermanent(err error) bool {
+	if outbox.IsPermanent(err) {
+		return true
+	}
+	var batch sarama.ProducerErrors // SendMessages's, one per message
+	if errors.As(err, &batch) {
+		for _, pe := range batch {
+			if pe != nil && IsPermanent(pe.Err) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, kerr := range []sarama.KError{
+		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge,
+		sarama.ErrInvalidRecord, sarama.ErrInvalidTopic,
+	} {
+		if errors.Is(err, kerr) {
+			return true
+		}
+	}
+	return false
+}
