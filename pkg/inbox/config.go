@@ -53,8 +53,8 @@ type Config struct {
 	// Retention is how long a finished message's inbox row is kept; the sweep
 	// deletes older rows. A message redelivered after its row was swept would
 	// be applied again, so Retention must cover RedeliveryHorizon, and how
-	// long Kafka can hand a message out again (Inbox.CheckKafka reads that
-	// from the cluster: with Kafka's default topic configs, up to 14 days
+	// long Kafka can hand a message out again (inboxkafka.CheckRetention reads
+	// that from the cluster: with Kafka's default topic configs, up to 14 days
 	// and 5 minutes). Defaults to 15 days.
 	Retention time.Duration
 	// RedeliveryHorizon is the longest time after a first delivery that the
@@ -67,11 +67,16 @@ type Config struct {
 	// Kafka has deleted the record and every copy of it this consumer saw,
 	// so no consumer group, whatever its offsets, can read it again. It
 	// returns the first offset Kafka holds per topic and partition
-	// (ReadLogStart reads it with a Sarama client); when it fails, the sweep
-	// deletes nothing. By age alone go the rows without an offset (not read
-	// from Kafka, or written before migration 003), those whose copies came
-	// on several partitions, and those of a topic LogStart does not report.
+	// (inboxkafka.ReadLogStart reads it with a Sarama client); when it
+	// fails, the sweep deletes nothing. By age alone go the rows without an
+	// offset (Position unset or not reporting one, or rows written before
+	// migration 003), those whose copies came on several partitions, and
+	// those of a topic LogStart does not report. It needs Position.
 	LogStart func(context.Context) (LogStart, error)
+	// Position reports where a delivered message sits in its log: partition
+	// and offset (inboxkafka.Position reads them from a watermill-kafka
+	// delivery). The inbox row records them, for LogStart.
+	Position func(*message.Message) (partition int32, offset int64, ok bool)
 	// RetentionBatch is how many rows one sweep statement deletes.
 	// Defaults to 5000.
 	RetentionBatch int
@@ -181,12 +186,19 @@ func (c Config) Validate() error {
 		return errors.New("inbox: Config.BatchLinger must not be negative")
 	case c.RetentionBatch < 1:
 		return errors.New("inbox: Config.RetentionBatch must be positive")
+	case c.LogStart != nil && c.Position == nil:
+		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
 	case c.Retention < c.RedeliveryHorizon:
 		return fmt.Errorf("inbox: Config.Retention (%s) is shorter than Config.RedeliveryHorizon (%s): "+
 			"a message redelivered after its inbox row was swept would be applied twice", c.Retention, c.RedeliveryHorizon)
 	}
 	return nil
 }
+
+// LogStart is, per topic and partition, the first offset Kafka still holds:
+// a record below it was deleted (retention, DeleteRecords) and no consumer
+// can read it again.
+type LogStart map[string]map[int32]int64
 
 // FromUUID takes the message id from the Watermill message UUID.
 func FromUUID(msg *message.Message) (string, error) { return msg.UUID, nil }

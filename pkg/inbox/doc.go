@@ -67,10 +67,11 @@
 //     a group whose offsets expired (offsets.retention.minutes after it last
 //     had members) replays from the oldest record still kept, up to the
 //     topic's retention.ms + segment.ms after it was written. Call
-//     Inbox.CheckKafka at start-up: it reads those configs through the admin
+//     inboxkafka.CheckRetention at start-up: it reads those configs through the admin
 //     API and refuses a Retention they outlast, naming both numbers. The
 //     default Retention, 15 days, covers Kafka's defaults (7 + 7 days).
-//     Better still, set Config.LogStart (ReadLogStart): each row records
+//     Better still, set Config.Position and Config.LogStart
+//     (inboxkafka.Position, inboxkafka.ReadLogStart): each row records
 //     the partition and the highest offset of the copies of its message
 //     this consumer saw, and the sweep keeps a row past Retention for as
 //     long as its partition's log-start offset has not passed it. Kafka can

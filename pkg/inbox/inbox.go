@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -190,8 +189,8 @@ func (in *Inbox) handler(h message.HandlerFunc, set *setHandler) message.Handler
 		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
 		start := time.Now()
 		d := delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: start}
-		if p, ok := kafka.MessagePartitionFromCtx(msg.Context()); ok {
-			if o, ok := kafka.MessagePartitionOffsetFromCtx(msg.Context()); ok {
+		if in.cfg.Position != nil {
+			if p, o, ok := in.cfg.Position(msg); ok {
 				d.part, d.offset = &p, &o
 			}
 		}

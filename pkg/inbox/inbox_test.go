@@ -787,6 +787,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"RetentionBelowHorizon", inbox.Config{Pool: pool, Consumer: "c", Retention: 24 * time.Hour, RedeliveryHorizon: 48 * time.Hour},
 			[]string{"Config.Retention", "Config.RedeliveryHorizon", "24h0m0s", "48h0m0s"}},
 		{"RetentionEqualsHorizon", inbox.Config{Pool: pool, Consumer: "c", Retention: time.Hour, RedeliveryHorizon: time.Hour}, nil},
+		{"LogStartWithoutPosition", inbox.Config{Pool: pool, Consumer: "c",
+			LogStart: func(context.Context) (inbox.LogStart, error) { return nil, nil }}, []string{"Config.LogStart", "Config.Position"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -57,7 +57,7 @@ type Config struct {
 	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
 	// How long an inbox row is kept (pkg/inbox Config.Retention). At start
 	// the service reads its topic's retention from Kafka and refuses to run
-	// with a shorter one (Inbox.CheckKafka): 360h covers Kafka's defaults.
+	// with a shorter one (inboxkafka.CheckRetention): 360h covers Kafka's defaults.
 	InboxRetention time.Duration `env:"INBOX_RETENTION" default:"360h"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's
 	// control run sets it, to prove the harness catches double-applies.

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 )
 
 // TestRunRefusesRetentionKafkaOutlasts: a service whose INBOX_RETENTION is
@@ -42,7 +42,7 @@ func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
 		Apply:  always(func(context.Context, pgx.Tx, []*message.Message) error { return nil }),
 	}
 	err = Run(ctx, cfg, svc)
-	require.ErrorIs(t, err, inbox.ErrRetentionTooShort)
+	require.ErrorIs(t, err, inboxkafka.ErrRetentionTooShort)
 	require.ErrorContains(t, err, "INBOX_RETENTION")
 	require.ErrorContains(t, err, "Config.Retention=96h0m0s")
 }

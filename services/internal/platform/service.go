@@ -24,6 +24,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
@@ -111,7 +112,8 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
 		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
-		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // a row stays while Kafka holds its message
+		Position:  inboxkafka.Position,                   // each row records where Kafka holds its message
+		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // and stays while Kafka holds it
 		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log
 	})
 	if err != nil {
@@ -203,7 +205,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	g.Go(func() error {
 		// No row is swept before Kafka's retention is known to be covered;
 		// a retention it outlasts stops the service.
-		if err := checkRetention(gctx, cfg, ibx, svc.Topic, log); err != nil || gctx.Err() != nil {
+		if err := checkRetention(gctx, cfg, svc.Topic, log); err != nil || gctx.Err() != nil {
 			return err
 		}
 		ibx.RunRetention(gctx, time.Minute)
@@ -233,28 +235,32 @@ func logStart(brokers []string, topic string) func(context.Context) (inbox.LogSt
 			return nil, err
 		}
 		defer client.Close()
-		return inbox.ReadLogStart(client, topic)
+		return inboxkafka.ReadLogStart(client, topic)
 	}
 }
 
 // checkRetention returns an error when Kafka keeps the consumed topic
-// longer than the inbox keeps its rows (see inbox.Inbox.CheckKafka), and nil
+// longer than the inbox keeps its rows (see inboxkafka.CheckRetention), and nil
 // once it is covered or ctx ends. It runs beside the consumer, not before
 // it, so a broker that is slow to answer (starting, or behind a network
 // fault) does not hold up a restart; reading is retried until it answers.
-func checkRetention(ctx context.Context, cfg Config, ibx *inbox.Inbox, topic string, log *slog.Logger) error {
+func checkRetention(ctx context.Context, cfg Config, topic string, log *slog.Logger) error {
+	retention := cfg.InboxRetention
+	if retention == 0 {
+		retention = inbox.DefaultRetention // what the inbox keeps when the service gives 0
+	}
 	wait := time.Second
 	for {
-		k, err := func() (inbox.KafkaRetention, error) {
+		k, err := func() (inboxkafka.Retention, error) {
 			admin, err := sarama.NewClusterAdmin(cfg.KafkaBrokers, kafkaconf.Sarama())
 			if err != nil {
-				return inbox.KafkaRetention{}, err
+				return inboxkafka.Retention{}, err
 			}
 			defer admin.Close()
-			return ibx.CheckKafka(admin, topic)
+			return inboxkafka.CheckRetention(admin, retention, topic)
 		}()
 		switch {
-		case errors.Is(err, inbox.ErrRetentionTooShort):
+		case errors.Is(err, inboxkafka.ErrRetentionTooShort):
 			log.Error("refusing to run: the inbox would forget messages Kafka can still redeliver", "err", err)
 			return fmt.Errorf("INBOX_RETENTION: %w", err)
 		case err == nil:

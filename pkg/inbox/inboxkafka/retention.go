@@ -1,4 +1,4 @@
-package inbox
+package inboxkafka
 
 import (
 	"errors"
@@ -10,15 +10,15 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// Retention that knows Kafka. The sweep deletes an inbox row after
-// Config.Retention; a message that arrives again after that is applied
+// Retention that knows Kafka. The inbox sweep deletes a row after
+// inbox.Config.Retention; a message that arrives again after that is applied
 // again. Kafka decides how late a message can arrive again: a consumer group
 // whose committed offsets expired (offsets.retention.minutes after it last
 // had members) starts over from the oldest record still kept, and a record
 // is kept until its whole segment is older than retention.ms, so up to
 // retention.ms + segment.ms after it was written (plus the broker's
-// log.retention.check.interval.ms). CheckKafka reads those numbers from the
-// cluster and refuses a Retention that does not cover them.
+// log.retention.check.interval.ms). CheckRetention reads those numbers from
+// the cluster and refuses a Retention that does not cover them.
 
 // TopicRetention is how long one topic keeps a record, as its configs say.
 type TopicRetention struct {
@@ -29,9 +29,9 @@ type TopicRetention struct {
 	Source    string        // where the numbers come from: the topic's configs, or a broker's defaults
 }
 
-// KafkaRetention is what a cluster says about how late a message can be
+// Retention is what a cluster says about how late a message can be
 // delivered again.
-type KafkaRetention struct {
+type Retention struct {
 	Topics []TopicRetention
 	// OffsetsRetention is the brokers' offsets.retention.minutes: after a
 	// group has had no members for this long, its offsets are deleted and
@@ -46,7 +46,7 @@ type KafkaRetention struct {
 // still hand it to a consumer: the longest retention.ms + segment.ms of the
 // topics, plus the check interval, and the topic that sets it. forever is
 // true when a topic never deletes by age; then no Retention is safe.
-func (k KafkaRetention) Horizon() (horizon time.Duration, topic TopicRetention, forever bool) {
+func (k Retention) Horizon() (horizon time.Duration, topic TopicRetention, forever bool) {
 	for _, t := range k.Topics {
 		if t.Forever {
 			return 0, t, true
@@ -58,13 +58,13 @@ func (k KafkaRetention) Horizon() (horizon time.Duration, topic TopicRetention, 
 	return horizon, topic, false
 }
 
-// ErrRetentionTooShort is wrapped by CheckKafka's refusal.
+// ErrRetentionTooShort is wrapped by CheckRetention's refusal.
 var ErrRetentionTooShort = errors.New("inbox retention shorter than Kafka's")
 
 // Check refuses retention (an inbox's Config.Retention) when Kafka can hand
 // a message of k's topics to the consumer again after the sweep removed its
 // inbox row. The error names both numbers and the topic.
-func (k KafkaRetention) Check(retention time.Duration) error {
+func (k Retention) Check(retention time.Duration) error {
 	horizon, topic, forever := k.Horizon()
 	switch {
 	case forever:
@@ -81,19 +81,19 @@ func (k KafkaRetention) Check(retention time.Duration) error {
 	return nil
 }
 
-// ReadKafkaRetention reads, through the Kafka admin API (DescribeConfigs),
+// ReadRetention reads, through the Kafka admin API (DescribeConfigs),
 // the retention of topics and the brokers' offset retention. A topic that
 // does not exist yet gets the brokers' defaults for new topics
 // (log.retention.*, log.roll.*), which it will have when a consumer's
 // subscription creates it.
-func ReadKafkaRetention(admin sarama.ClusterAdmin, topics ...string) (KafkaRetention, error) {
-	var k KafkaRetention
+func ReadRetention(admin sarama.ClusterAdmin, topics ...string) (Retention, error) {
+	var k Retention
 	brokers, _, err := admin.DescribeCluster()
 	if err != nil {
-		return k, fmt.Errorf("inbox: describing the Kafka cluster: %w", err)
+		return k, fmt.Errorf("inboxkafka: describing the Kafka cluster: %w", err)
 	}
 	if len(brokers) == 0 {
-		return k, errors.New("inbox: the Kafka cluster listed no brokers")
+		return k, errors.New("inboxkafka: the Kafka cluster listed no brokers")
 	}
 	id := strconv.Itoa(int(brokers[0].ID()))
 	broker, err := describe(admin, sarama.BrokerResource, id)
@@ -143,7 +143,7 @@ func ReadKafkaRetention(admin sarama.ClusterAdmin, topics ...string) (KafkaReten
 func describe(admin sarama.ClusterAdmin, typ sarama.ConfigResourceType, name string) (map[string]string, error) {
 	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: typ, Name: name})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: reading Kafka configs of %s: %w", name, err)
+		return nil, fmt.Errorf("inboxkafka: reading Kafka configs of %s: %w", name, err)
 	}
 	out := map[string]string{}
 	for _, e := range entries {
@@ -173,57 +173,29 @@ func duration(cfg map[string]string, key, of string) (time.Duration, error) {
 			return time.Duration(n) * unit.d, err
 		}
 	}
-	return 0, fmt.Errorf("inbox: Kafka did not report %s.ms, .minutes or .hours of %s", key, of)
+	return 0, fmt.Errorf("inboxkafka: Kafka did not report %s.ms, .minutes or .hours of %s", key, of)
 }
 
 func number(cfg map[string]string, key, of string) (int64, error) {
 	raw, ok := cfg[key]
 	if !ok {
-		return 0, fmt.Errorf("inbox: Kafka did not report %s of %s", key, of)
+		return 0, fmt.Errorf("inboxkafka: Kafka did not report %s of %s", key, of)
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: %s of %s is %q, not a number", key, of, raw)
+		return 0, fmt.Errorf("inboxkafka: %s of %s is %q, not a number", key, of, raw)
 	}
 	return n, nil
 }
 
-// CheckKafka reads the retention of the topics this inbox's consumer reads,
-// through admin, and refuses (ErrRetentionTooShort) a Config.Retention that
-// Kafka can outlast. Call it at start-up, before consuming.
-func (in *Inbox) CheckKafka(admin sarama.ClusterAdmin, topics ...string) (KafkaRetention, error) {
-	k, err := ReadKafkaRetention(admin, topics...)
+// CheckRetention reads the retention of topics (those an inbox's consumer
+// reads) through admin, and refuses (ErrRetentionTooShort) a retention (the
+// inbox's Config.Retention) that Kafka can outlast. Call it at start-up,
+// before consuming.
+func CheckRetention(admin sarama.ClusterAdmin, retention time.Duration, topics ...string) (Retention, error) {
+	k, err := ReadRetention(admin, topics...)
 	if err != nil {
 		return k, err
 	}
-	return k, k.Check(in.cfg.Retention)
-}
-
-// LogStart is, per topic and partition, the first offset Kafka still holds:
-// a record below it was deleted (retention, DeleteRecords) and no consumer
-// can read it again.
-type LogStart map[string]map[int32]int64
-
-// ReadLogStart reads the log-start offset of every partition of topics, for
-// Config.LogStart.
-func ReadLogStart(client sarama.Client, topics ...string) (LogStart, error) {
-	out := LogStart{}
-	for _, topic := range topics {
-		if err := client.RefreshMetadata(topic); err != nil {
-			return nil, fmt.Errorf("inbox: reading %s's partitions: %w", topic, err)
-		}
-		parts, err := client.Partitions(topic)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: reading %s's partitions: %w", topic, err)
-		}
-		out[topic] = map[int32]int64{}
-		for _, p := range parts {
-			start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-			if err != nil {
-				return nil, fmt.Errorf("inbox: reading %s/%d's log start: %w", topic, p, err)
-			}
-			out[topic][p] = start
-		}
-	}
-	return out, nil
+	return k, k.Check(retention)
 }

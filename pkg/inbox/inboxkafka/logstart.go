@@ -1,0 +1,47 @@
+package inboxkafka
+
+import (
+	"fmt"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+)
+
+// Position is an inbox.Config.Position for messages a watermill-kafka
+// Subscriber delivered: it reads the partition and offset the subscriber
+// put in the message's context.
+func Position(msg *message.Message) (partition int32, offset int64, ok bool) {
+	p, ok := kafka.MessagePartitionFromCtx(msg.Context())
+	if !ok {
+		return 0, 0, false
+	}
+	o, ok := kafka.MessagePartitionOffsetFromCtx(msg.Context())
+	return p, o, ok
+}
+
+// ReadLogStart reads the log-start offset of every partition of topics, for
+// inbox.Config.LogStart.
+func ReadLogStart(client sarama.Client, topics ...string) (inbox.LogStart, error) {
+	out := inbox.LogStart{}
+	for _, topic := range topics {
+		if err := client.RefreshMetadata(topic); err != nil {
+			return nil, fmt.Errorf("inboxkafka: reading %s's partitions: %w", topic, err)
+		}
+		parts, err := client.Partitions(topic)
+		if err != nil {
+			return nil, fmt.Errorf("inboxkafka: reading %s's partitions: %w", topic, err)
+		}
+		out[topic] = map[int32]int64{}
+		for _, p := range parts {
+			start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return nil, fmt.Errorf("inboxkafka: reading %s/%d's log start: %w", topic, p, err)
+			}
+			out[topic][p] = start
+		}
+	}
+	return out, nil
+}
