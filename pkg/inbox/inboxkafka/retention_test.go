@@ -86,4 +86,3 @@ func TestCheckRetention(t *testing.T) {
 	require.ErrorIs(t, err, inboxkafka.ErrRetentionTooShort)
 	require.ErrorContains(t, err, "retention.ms=-1")
 }
-
