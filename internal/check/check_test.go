@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/migrate"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxref/outbox-inbox/internal/gather"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/gather"
 )
 
 // Batching. The router runs one handler call per partition at a time, so a

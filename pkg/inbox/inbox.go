@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/ctxtime"
-	"github.com/outboxref/outbox-inbox/internal/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 

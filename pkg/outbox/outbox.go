@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/migrate"
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
 )
 
 // KeyMetadata is the metadata key that holds a message's partition key. The

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/ctxtime"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
 )
 
 // After a batch with rows, the relay polls relayFollowUps more times,

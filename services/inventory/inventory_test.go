@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/migrate"
 	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )

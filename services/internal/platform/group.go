@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/internal/gather"
+	"github.com/outboxref/outbox-inbox/pkg/gather"
 )
 
 // Group commits concurrent requests together, the producer-side twin of the

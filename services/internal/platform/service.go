@@ -21,10 +21,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )

@@ -1,6 +1,7 @@
 // Package gather turns calls that arrive together into batches: the inbox's
-// batch transactions (pkg/inbox) and the services' grouped API writes
-// (services/internal/platform.Group) share it.
+// batch transactions (pkg/inbox) use it, and so can a producer that commits
+// concurrent requests in one transaction (the reference services' grouped
+// API writes, services/internal/platform.Group, do).
 //
 // Callers Put an item and wait for its batch; workers Run batches of
 // whatever is waiting. Each caller has at most one item in flight (a

@@ -1,4 +1,6 @@
-// Package migrate applies numbered, embedded SQL files to a Postgres database.
+// Package migrate applies numbered, embedded SQL files to a Postgres database:
+// outbox.Migrate and inbox.Migrate apply the library's tables with it, and a
+// program may apply its own the same way (the reference services do).
 //
 // Each component (the outbox, the inbox, a service) owns a set of files named
 // NNN_description.sql. Applied versions are recorded per component in
