@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -29,7 +29,7 @@ import (
 // reservation and outbox rows; the relay again; orders' inbox rows and
 // status. No Kafka and no Go services: the ceiling this machine's database
 // allows for the same durable work.
-func runLimit(ctx context.Context, pg *stack.Postgres, p params, round int, say func(string, ...any)) (Result, error) {
+func runLimit(ctx context.Context, pg *pgtest.Server, p params, round int, say func(string, ...any)) (Result, error) {
 	res := Result{Build: "limit", Notes: fmt.Sprintf("%d orders per transaction, 4 workers; hop = payment commit → inventory commit, run back to back", p.LimitBatch)}
 	root, err := procs.ModuleRoot()
 	if err != nil {

@@ -47,6 +47,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 )
 
@@ -192,7 +193,7 @@ func run(ctx context.Context) error {
 	}
 	r.RealKafkaSkip = skipped
 
-	pg, err := stack.StartPostgres(ctx)
+	pg, err := pgtest.Start(ctx)
 	if err != nil {
 		return err
 	}

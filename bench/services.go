@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
@@ -26,7 +27,7 @@ import (
 )
 
 // runServices measures one build of the two services, run as processes.
-func runServices(ctx context.Context, pg *stack.Postgres, p params, round int, b build, env []string, latency bool, say func(string, ...any)) (Result, error) {
+func runServices(ctx context.Context, pg *pgtest.Server, p params, round int, b build, env []string, latency bool, say func(string, ...any)) (Result, error) {
 	res := Result{Build: b.name, Env: env}
 	prefix := fmt.Sprintf("bench_%s_%s_r%d_", b.name, b.kafka, round)
 	defer dropDatabases(pg, prefix+"orders", prefix+"inventory") // runs after sys.Stop
@@ -460,7 +461,7 @@ func printHops(ctx context.Context, orders, inventory *pgxpool.Pool, ids []strin
 
 // dropDatabases drops a build's databases once it is done, so every round
 // starts on empty tables and the disk does not fill up over rounds.
-func dropDatabases(pg *stack.Postgres, names ...string) {
+func dropDatabases(pg *pgtest.Server, names ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, name := range names {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
@@ -20,11 +21,11 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
-var pg *stack.Postgres
+var pg *pgtest.Server
 
 func TestMain(m *testing.M) {
 	var err error
-	if pg, err = stack.StartPostgres(context.Background()); err != nil {
+	if pg, err = pgtest.Start(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}

@@ -63,6 +63,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/stack"
@@ -673,7 +674,7 @@ func TestComposeKafka(t *testing.T) {
 	b := &broker{java: java, libs: libs, conf: conf, log: filepath.Join(dir, "broker.log")}
 	b.start(t)
 	t.Cleanup(b.kill)
-	pg, err := stack.StartPostgres(ctx) // while the broker boots
+	pg, err := pgtest.Start(ctx) // while the broker boots
 	require.NoError(t, err)
 	t.Cleanup(func() { pg.Stop() }) //nolint:errcheck // tearing down
 	b.waitReady(t, ctx, inNetwork)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -23,7 +24,7 @@ import (
 )
 
 var (
-	pg  *stack.Postgres
+	pg  *pgtest.Server
 	kfk *stack.Kafka
 )
 
@@ -33,7 +34,7 @@ func runTests(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var err error
-	if pg, err = stack.StartPostgres(ctx); err != nil {
+	if pg, err = pgtest.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "inboxctl tests:", err)
 		return 1
 	}

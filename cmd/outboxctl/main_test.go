@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
-var pg *stack.Postgres
+var pg *pgtest.Server
 
 func TestMain(m *testing.M) { os.Exit(runTests(m)) }
 
@@ -25,7 +25,7 @@ func runTests(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var err error
-	if pg, err = stack.StartPostgres(ctx); err != nil {
+	if pg, err = pgtest.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "outboxctl tests:", err)
 		return 1
 	}

@@ -11,17 +11,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-var pg *stack.Postgres
+var pg *pgtest.Server
 
-func TestMain(m *testing.M) { stack.TestMain(m, &pg) }
+func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
 
 // every invariant Run reports.
 var allInvariants = []string{check.ExactlyOnce, check.EffectsHaveCauses, check.Quantities, check.StockConsistent, check.ClientAgrees, check.NothingLost}

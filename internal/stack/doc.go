@@ -1,18 +1,19 @@
 // Package stack starts the infrastructure the tests, the demo driver and the
-// chaos harness run against: a Postgres server and a Kafka-protocol broker.
+// chaos harness run against: a Kafka-protocol broker here, a Postgres server
+// from the library's pkg/pgtest.
 //
-// Both come in two flavours:
+// The broker comes in three flavours:
 //
-//   - external, when DATABASE_URL / KAFKA_BROKERS are set: the package only
-//     hands out connection strings (and creates databases / topics on them);
-//   - throwaway, otherwise: a private Postgres cluster (initdb + pg_ctl in a
-//     temp dir) and an in-process kfake Kafka cluster.
+//   - external, when KAFKA_BROKERS is set: the package only hands out the
+//     addresses (and creates topics there);
+//   - Apache Kafka from its jars, as JVM processes (STACK_KAFKA=apache);
+//   - by default, an in-process kfake cluster (pkg/kafkatest).
 //
 // Typical use from TestMain:
 //
 //	func TestMain(m *testing.M) {
 //		ctx := context.Background()
-//		pg, err := stack.StartPostgres(ctx)
+//		pg, err := pgtest.Start(ctx)
 //		if err != nil { log.Fatal(err) }
 //		kafka, err := stack.StartKafka(ctx, stack.KafkaOptions{})
 //		if err != nil { pg.Stop(); log.Fatal(err) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
@@ -41,7 +42,7 @@ type Options struct {
 	// share one Postgres. Defaults to "".
 	DBPrefix string
 	// Postgres, when set, is used instead of starting one.
-	Postgres *stack.Postgres
+	Postgres *pgtest.Server
 	// ServiceDBURL, when set, rewrites the database URL the services are
 	// given (e.g. to a TCP proxy in front of Postgres); Pools and DBURL keep
 	// the direct one.
@@ -53,7 +54,7 @@ type Options struct {
 // System is a started system.
 type System struct {
 	Work     string
-	PG       *stack.Postgres
+	PG       *pgtest.Server
 	Kafka    *stack.Kafka
 	DBURL    map[string]string        // service → database URL
 	Pools    map[string]*pgxpool.Pool // service → pool, for checks
@@ -91,7 +92,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	}
 
 	if s.PG = opts.Postgres; s.PG == nil {
-		if s.PG, err = stack.StartPostgres(ctx); err != nil {
+		if s.PG, err = pgtest.Start(ctx); err != nil {
 			return nil, fmt.Errorf("starting postgres: %w", err)
 		}
 		s.ownPG = true

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -20,7 +21,7 @@ import (
 // Each test gets its own database on pg, and its own topic and consumer group
 // on kfk.
 var (
-	pg  *stack.Postgres
+	pg  *pgtest.Server
 	kfk *stack.Kafka
 )
 
@@ -30,7 +31,7 @@ func runTests(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var err error
-	if pg, err = stack.StartPostgres(ctx); err != nil {
+	if pg, err = pgtest.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "inbox tests:", err)
 		return 1
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -34,7 +35,7 @@ import (
 // or DATABASE_URL and KAFKA_BROKERS when set. Each test takes a fresh
 // database and fresh topics, so tests share nothing else.
 var (
-	testPG    *stack.Postgres
+	testPG    *pgtest.Server
 	testKafka *stack.Kafka
 )
 
@@ -53,7 +54,7 @@ func runTests(m *testing.M) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pg, err := stack.StartPostgres(ctx)
+	pg, err := pgtest.Start(ctx)
 	if err != nil {
 		log.Print(err)
 		return 1

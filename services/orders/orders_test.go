@@ -9,16 +9,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-var pg *stack.Postgres
+var pg *pgtest.Server
 
-func TestMain(m *testing.M) { stack.TestMain(m, &pg) }
+func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
 
 // newDB returns a pool on a fresh database with the orders schema and the
 // outbox.

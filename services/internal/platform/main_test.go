@@ -24,6 +24,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -34,7 +35,7 @@ import (
 // span any service of this process ended (each test looks only at its own
 // traces).
 var (
-	pg       *stack.Postgres
+	pg       *pgtest.Server
 	kfk      *stack.Kafka
 	defaults Config
 	spans    = tracetest.NewInMemoryExporter()
@@ -46,7 +47,7 @@ func runTests(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var err error
-	if pg, err = stack.StartPostgres(ctx); err != nil {
+	if pg, err = pgtest.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "platform tests:", err)
 		return 1
 	}

@@ -1,4 +1,4 @@
-package stack
+package pgtest
 
 import (
 	"context"
@@ -16,12 +16,12 @@ import (
 // starts the throwaway server (or uses DATABASE_URL) into *pg, runs the
 // tests, stops the server and exits.
 //
-//	var pg *stack.Postgres
-//	func TestMain(m *testing.M) { stack.TestMain(m, &pg) }
-func TestMain(m *testing.M, pg **Postgres) {
+//	var pg *pgtest.Server
+//	func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
+func TestMain(m *testing.M, pg **Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	var err error
-	*pg, err = StartPostgres(ctx)
+	*pg, err = Start(ctx)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tests:", err)
@@ -34,7 +34,7 @@ func TestMain(m *testing.M, pg **Postgres) {
 
 // TestDatabase creates an empty database of its own for t and returns a pool
 // on it, closed when the test ends.
-func (p *Postgres) TestDatabase(t *testing.T) *pgxpool.Pool {
+func (p *Server) TestDatabase(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	name := strings.ToLower(fmt.Sprintf("test_%d_%s", os.Getpid(), uuid.NewString()[:8]))
 	url, err := p.CreateDatabase(t.Context(), name)
@@ -52,7 +52,7 @@ func (p *Postgres) TestDatabase(t *testing.T) *pgxpool.Pool {
 
 // DropWhenDone drops database name when t ends. Cleanups run last-registered
 // first, so call it before opening pools on the database: they close first.
-func (p *Postgres) DropWhenDone(t testing.TB, name string) {
+func (p *Server) DropWhenDone(t testing.TB, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
