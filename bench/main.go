@@ -47,8 +47,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
 func main() {

@@ -2,7 +2,6 @@ package stack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -14,10 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 )
 
 // DefaultPartitions is used when KafkaOptions.Partitions is not set.
-const DefaultPartitions = 6
+const DefaultPartitions = kafkatest.DefaultPartitions
 
 // KafkaVersion is the Kafka protocol version every Sarama client of this
 // project announces: kafkaconf.Version. V2_8_0_0 is Sarama's own default
@@ -31,8 +31,8 @@ var KafkaVersion = kafkaconf.Version
 // cluster (the default).
 type Kafka struct {
 	brokers []string
-	cluster *kfake.Cluster // the embedded broker, or nil
-	apache  *ApacheCluster // the real broker, or nil
+	test    *kafkatest.Broker // the embedded broker or KAFKA_BROKERS, or nil
+	apache  *ApacheCluster    // the real broker, or nil
 	once    sync.Once
 }
 
@@ -94,15 +94,7 @@ func (o KafkaOptions) impl() (string, int, error) {
 
 // KafkaBrokersFromEnv returns KAFKA_BROKERS split on commas, with blanks
 // trimmed and empty entries dropped; nil when unset.
-func KafkaBrokersFromEnv() []string {
-	var brokers []string
-	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
-	return brokers
-}
+func KafkaBrokersFromEnv() []string { return kafkatest.BrokersFromEnv() }
 
 // StartKafka connects to KAFKA_BROKERS when set (creating opts.Topics
 // there). Otherwise it starts the broker opts.Impl names: Apache Kafka from
@@ -114,20 +106,11 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	if partitions <= 0 {
 		partitions = DefaultPartitions
 	}
-	if brokers := KafkaBrokersFromEnv(); len(brokers) > 0 {
-		k := &Kafka{brokers: brokers}
-		if len(opts.Topics) > 0 {
-			if err := k.CreateTopics(ctx, partitions, opts.Topics...); err != nil {
-				return nil, err
-			}
-		}
-		return k, nil
-	}
 	impl, nodes, err := opts.impl()
 	if err != nil {
 		return nil, err
 	}
-	if impl == ImplApache {
+	if impl == ImplApache && len(KafkaBrokersFromEnv()) == 0 {
 		aopts := opts.Apache
 		aopts.Nodes, aopts.Partitions, aopts.MinSessionTimeout = nodes, partitions, opts.MinSessionTimeout
 		c, err := StartApache(ctx, aopts)
@@ -143,38 +126,29 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 		}
 		return k, nil
 	}
-
-	kopts := []kfake.Opt{
-		kfake.AllowAutoTopicCreation(),
-		kfake.DefaultNumPartitions(partitions),
-	}
-	if opts.Port > 0 {
-		kopts = append(kopts, kfake.Ports(opts.Port)) // also sets 1 broker
-	} else {
-		kopts = append(kopts, kfake.NumBrokers(1))
-	}
-	if len(opts.Topics) > 0 {
-		kopts = append(kopts, kfake.SeedTopics(int32(partitions), opts.Topics...))
-	}
-	if opts.MinSessionTimeout > 0 {
-		kopts = append(kopts, kfake.GroupMinSessionTimeout(opts.MinSessionTimeout))
-	}
-	c, err := kfake.NewCluster(kopts...)
+	b, err := kafkatest.Start(ctx, kafkatest.Options{
+		Partitions: partitions, Topics: opts.Topics, Port: opts.Port, MinSessionTimeout: opts.MinSessionTimeout,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("stack: start kfake: %w", err)
+		return nil, err
 	}
-	return &Kafka{brokers: c.ListenAddrs(), cluster: c}, nil
+	return &Kafka{brokers: b.Brokers(), test: b}, nil
 }
 
 // Brokers returns the bootstrap addresses (host:port).
 func (k *Kafka) Brokers() []string { return append([]string(nil), k.brokers...) }
 
 // External reports whether the brokers come from KAFKA_BROKERS.
-func (k *Kafka) External() bool { return k.cluster == nil && k.apache == nil }
+func (k *Kafka) External() bool { return k.apache == nil && k.test.External() }
 
 // Cluster returns the kfake cluster, e.g. to inject faults with ControlKey;
 // nil when external or Apache.
-func (k *Kafka) Cluster() *kfake.Cluster { return k.cluster }
+func (k *Kafka) Cluster() *kfake.Cluster {
+	if k.test == nil {
+		return nil
+	}
+	return k.test.Cluster()
+}
 
 // Apache returns the Apache Kafka cluster, e.g. to kill or pause its nodes;
 // nil when external or kfake.
@@ -186,7 +160,7 @@ func (k *Kafka) Describe() string {
 	switch {
 	case k.apache != nil:
 		return fmt.Sprintf("Apache Kafka %s (%d node(s), JVMs from Maven Central jars)", ApacheVersion, len(k.apache.nodes))
-	case k.cluster != nil:
+	case k.Cluster() != nil:
 		return "kfake (embedded, franz-go)"
 	default:
 		return "external (KAFKA_BROKERS)"
@@ -200,9 +174,7 @@ func (k *Kafka) Close() {
 		return
 	}
 	k.once.Do(func() {
-		if k.cluster != nil {
-			k.cluster.Close()
-		}
+		k.test.Close()
 		k.apache.Close()
 	})
 }
@@ -218,72 +190,7 @@ func (k *Kafka) CreateTopics(ctx context.Context, partitions int, topics ...stri
 // CreateTopicsWithConfig is CreateTopics with topic configs (for example
 // max.message.bytes).
 func (k *Kafka) CreateTopicsWithConfig(ctx context.Context, partitions int, config map[string]string, topics ...string) error {
-	entries := map[string]*string{}
-	for name, v := range config {
-		entries[name] = &v
-	}
-	if partitions <= 0 {
-		partitions = DefaultPartitions
-	}
-	// Sarama has no context support: run it aside and stop waiting on ctx.
-	done := make(chan error, 1)
-	go func() {
-		admin, err := sarama.NewClusterAdmin(k.DirectBrokers(), SaramaConfig())
-		if err != nil {
-			done <- fmt.Errorf("stack: kafka admin: %w", err)
-			return
-		}
-		defer admin.Close()
-		for _, topic := range topics {
-			err := admin.CreateTopic(topic, &sarama.TopicDetail{
-				NumPartitions:     int32(partitions),
-				ReplicationFactor: -1, // broker default (CreateTopics v4+, Kafka 2.4+)
-				ConfigEntries:     entries,
-			}, false)
-			if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-				done <- fmt.Errorf("stack: create topic %q: %w", topic, err)
-				return
-			}
-		}
-		// A real cluster answers CreateTopics once its controller committed
-		// them; the brokers learn of them a little later. Return when the
-		// metadata shows every partition with a leader (a loaded CI machine
-		// described a just-created topic with no partitions).
-		for {
-			ready, err := topicsReady(admin, topics)
-			if ready || ctx.Err() != nil {
-				done <- err
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("stack: create topics: %w", ctx.Err())
-	}
-}
-
-// topicsReady reports whether the metadata lists every topic with all its
-// partitions led; err says what is still missing.
-func topicsReady(admin sarama.ClusterAdmin, topics []string) (bool, error) {
-	meta, err := admin.DescribeTopics(topics)
-	if err != nil {
-		return false, fmt.Errorf("stack: describe topics: %w", err)
-	}
-	for _, t := range meta {
-		if t.Err != sarama.ErrNoError || len(t.Partitions) == 0 {
-			return false, fmt.Errorf("stack: topic %q not ready: %v, %d partitions", t.Name, t.Err, len(t.Partitions))
-		}
-		for _, p := range t.Partitions {
-			if p.Err != sarama.ErrNoError || p.Leader < 0 {
-				return false, fmt.Errorf("stack: topic %q partition %d not ready: %v, leader %d", t.Name, p.ID, p.Err, p.Leader)
-			}
-		}
-	}
-	return true, nil
+	return kafkatest.CreateTopics(ctx, k.DirectBrokers(), SaramaConfig(), partitions, config, topics...)
 }
 
 // DirectBrokers are the addresses for a harness's own clients: an Apache

@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -46,11 +46,11 @@ func TestRedriveThroughKafka(t *testing.T) {
 	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
 	logger := watermill.NopLogger{}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(), ConsumerGroup: "redrive-" + suffix,
+		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkatest.Sarama(), ConsumerGroup: "redrive-" + suffix,
 	}, logger)
 	require.NoError(t, err)
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(),
+		Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkatest.Sarama(),
 	}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })

@@ -21,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -877,7 +877,7 @@ func consumeThroughKafka(t *testing.T, b *testBundle, in *inbox.Inbox, topic, gr
 	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
 	logger := watermill.NopLogger{}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(), ConsumerGroup: group,
+		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkatest.Sarama(), ConsumerGroup: group,
 	}, logger)
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
@@ -900,7 +900,7 @@ func consumeThroughKafka(t *testing.T, b *testBundle, in *inbox.Inbox, topic, gr
 	}
 
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkaconf.Sarama(),
+		Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkatest.Sarama(),
 	}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
@@ -972,7 +972,7 @@ func TestRouterWithKafka(t *testing.T) {
 
 	// Every delivery was acknowledged, the poison included: the group's
 	// committed offsets reach the end of the topic.
-	admin, err := sarama.NewClusterAdmin(kfk.Brokers(), kafkaconf.Sarama())
+	admin, err := sarama.NewClusterAdmin(kfk.Brokers(), kafkatest.Sarama())
 	require.NoError(t, err)
 	defer admin.Close()
 	eventually(t, func() bool { return committedOffsets(t, admin, group, topic) == 4 }, 10*time.Second, "offsets of all four messages to be committed")

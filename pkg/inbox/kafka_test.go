@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -29,7 +29,7 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 	for _, batch := range []int{1, 4} {
 		t.Run(fmt.Sprintf("BatchSize%d", batch), func(t *testing.T) {
 			t.Parallel()
-			client, err := sarama.NewClient(kfk.DirectBrokers(), kafkaconf.Sarama())
+			client, err := sarama.NewClient(kfk.Brokers(), kafkatest.Sarama())
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = client.Close() })
 			suffix := watermill.NewShortUUID()

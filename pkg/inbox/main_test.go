@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/pkg/pgtest"
-	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
 // The servers every test of the package shares: started once by TestMain.
@@ -22,7 +22,7 @@ import (
 // on kfk.
 var (
 	pg  *pgtest.Server
-	kfk *stack.Kafka
+	kfk *kafkatest.Broker
 )
 
 func TestMain(m *testing.M) { os.Exit(runTests(m)) }
@@ -36,7 +36,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer pg.Stop() //nolint:errcheck // best effort; the temp dir is reaped by the next run otherwise
-	if kfk, err = stack.StartKafka(ctx, stack.KafkaOptions{Partitions: 3}); err != nil {
+	if kfk, err = kafkatest.Start(ctx, kafkatest.Options{Partitions: 3}); err != nil {
 		fmt.Fprintln(os.Stderr, "inbox tests:", err)
 		return 1
 	}

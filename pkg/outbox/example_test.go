@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -46,7 +46,7 @@ func Example() {
 	publisher, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               testKafka.Brokers(),
 		Marshaler:             kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
+		OverwriteSaramaConfig: kafkatest.Sarama(),
 	}, watermill.NopLogger{})
 	if err != nil {
 		panic(err)

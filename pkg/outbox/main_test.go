@@ -23,11 +23,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/outbox-inbox/pkg/pgtest"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
 // The Postgres server and the Kafka broker every test and example of this
@@ -36,7 +35,7 @@ import (
 // database and fresh topics, so tests share nothing else.
 var (
 	testPG    *pgtest.Server
-	testKafka *stack.Kafka
+	testKafka *kafkatest.Broker
 )
 
 func TestMain(m *testing.M) { os.Exit(runTests(m)) }
@@ -60,7 +59,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer pg.Stop() //nolint:errcheck // the temp dir goes either way
-	k, err := stack.StartKafka(ctx, stack.KafkaOptions{})
+	k, err := kafkatest.Start(ctx, kafkatest.Options{})
 	if err != nil {
 		log.Print(err)
 		return 1
@@ -141,7 +140,7 @@ func newPublisher(t testing.TB) *kafka.Publisher {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers:               testKafka.Brokers(),
 		Marshaler:             kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
+		OverwriteSaramaConfig: kafkatest.Sarama(),
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
@@ -152,7 +151,7 @@ func newPublisher(t testing.TB) *kafka.Publisher {
 // config.
 func newBatchPublisher(t testing.TB) *outboxkafka.Publisher {
 	t.Helper()
-	pub, err := outboxkafka.NewPublisher(testKafka.Brokers(), kafkaconf.Sarama(), kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
+	pub, err := outboxkafka.NewPublisher(testKafka.Brokers(), kafkatest.Sarama(), kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	return pub

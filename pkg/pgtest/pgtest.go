@@ -32,7 +32,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
 )
 
 // pgUser is the superuser of throwaway clusters (initdb -U).
@@ -306,4 +305,3 @@ func (p *Server) dropRegistered() error {
 	}
 	return errors.Join(errs...)
 }
-

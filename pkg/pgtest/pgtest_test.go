@@ -100,4 +100,3 @@ func TestPostgres(t *testing.T) {
 	must(t, conn.QueryRow(ctx, "SELECT count(*) FROM durable").Scan(&n))
 	equal(t, 1, n)
 }
-
