@@ -58,8 +58,12 @@ func (q *Queue[T]) Waiting() int { return len(q.ch) }
 // Done counts an item out.
 func (q *Queue[T]) Done() { q.inflight.Add(-1) }
 
-// Run calls fn with one batch at a time, for as long as the process lives;
-// run it on as many goroutines as batches may run at once.
+// Close stops the queue: Put must not be called after it, and Run returns
+// once it has run every item already put.
+func (q *Queue[T]) Close() { close(q.ch) }
+
+// Run calls fn with one batch at a time until the queue is closed and
+// empty; run it on as many goroutines as batches may run at once.
 func (q *Queue[T]) Run(fn func(batch []T)) {
 	expect := 0 // items in flight during the last batch: what the next may wait for
 	for first := range q.ch {

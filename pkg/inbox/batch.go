@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -41,6 +40,11 @@ import (
 // If the BatchFunc fails, nothing of the batch commits and each message is
 // tried again alone, a batch of one, so a poison message fails by itself.
 //
+// Batches run only while Inbox.Run runs: it starts BatchWorkers goroutines,
+// each running one batch transaction at a time on its own connection, and
+// when its context ends it stops taking deliveries into batches (they go
+// alone), lets the batches already taken commit, and returns.
+//
 // Either way, only after the COMMIT does any of the batch's middleware calls
 // return, so every offset is still marked after its message's effects are
 // durable. A message whose handler failed continues alone, through the retry
@@ -48,41 +52,10 @@ import (
 // failed) is not retried as a batch: each of its messages is tried again
 // alone, so one message can never fail its companions twice.
 
-// BatchFunc applies msgs in tx, the inbox's transaction, and must neither
-// commit nor roll it back. Every message in msgs is new to the consumer: the
-// inbox has already recorded it and filtered out duplicates. An error fails
-// the whole batch; the inbox then calls the BatchFunc again with each message
-// alone, so the error is pinned on the message that causes it (wrap it with
-// Permanent to dead-letter that message at once). ctx carries the batch's
-// deadline; each message keeps its own context.
-type BatchFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
-
-// setHandler is one BatchFunc registered with Handler. Deliveries are only
-// batched with others of the same setHandler.
-type setHandler struct{ fn BatchFunc }
-
-// Handler returns a Watermill handler that applies each message at most once
-// per consumer, like Middleware, through fn: up to Config.BatchSize
-// deliveries that arrive together are applied by one call of fn, in one
-// transaction. With BatchSize 1, fn sees one message per transaction.
-func (in *Inbox) Handler(fn BatchFunc) message.NoPublishHandlerFunc {
-	set := &setHandler{fn: fn}
-	one := func(msg *message.Message) ([]*message.Message, error) {
-		ctx := msg.Context()
-		return nil, fn(ctx, Tx(ctx), []*message.Message{msg})
-	}
-	h := in.handler(one, set)
-	return func(msg *message.Message) error {
-		_, err := h(msg)
-		return err
-	}
-}
-
 // batchItem is one delivery waiting for a batch.
 type batchItem struct {
 	d    *delivery
-	h    message.HandlerFunc
-	set  *setHandler // nil: batched with savepoints
+	a    applier
 	done chan batchResult
 }
 
@@ -94,51 +67,78 @@ type batchResult struct {
 	fallback bool  // the batch failed as a whole: try the delivery alone
 }
 
-// batcher feeds deliveries to BatchWorkers goroutines, each running one
-// batch transaction at a time on its own connection (internal/gather).
+// batcher feeds deliveries to the workers Run starts (pkg/gather). queue is
+// nil while Run is not running; mu keeps a Put from meeting a closed queue.
 type batcher struct {
-	once  sync.Once
+	mu    sync.RWMutex
 	queue *gather.Queue[*batchItem]
 }
 
-// viaBatch runs the first attempt of d in a batch. It returns like attempt.
-func (in *Inbox) viaBatch(d *delivery, h message.HandlerFunc, set *setHandler) (out []*message.Message, herr, err error) {
-	in.batch.once.Do(func() {
-		in.batch.queue = gather.New[*batchItem](in.cfg.BatchSize, in.cfg.BatchSize*in.cfg.BatchWorkers, in.cfg.BatchLinger)
-		for range in.cfg.BatchWorkers {
-			go in.batch.queue.Run(in.runItems)
-		}
-	})
-	item := &batchItem{d: d, h: h, set: set, done: make(chan batchResult, 1)}
-	in.batch.queue.Put(context.Background(), item)
+// startBatches starts BatchWorkers batch workers and returns the function
+// that stops them: it stops taking deliveries into batches and returns once
+// the workers have run every batch already taken.
+func (in *Inbox) startBatches() (stop func()) {
+	q := gather.New[*batchItem](in.cfg.BatchSize, in.cfg.BatchSize*in.cfg.BatchWorkers, in.cfg.BatchLinger)
+	var workers sync.WaitGroup
+	for range in.cfg.BatchWorkers {
+		workers.Go(func() { q.Run(in.runItems) })
+	}
+	in.batch.mu.Lock()
+	in.batch.queue = q
+	in.batch.mu.Unlock()
+	return func() {
+		in.batch.mu.Lock() // waits for Puts under way: the workers keep taking
+		in.batch.queue = nil
+		q.Close()
+		in.batch.mu.Unlock()
+		workers.Wait()
+	}
+}
+
+// firstAttempt runs the first attempt of d in a batch when batches run
+// (BatchSize > 1 and Run running), alone otherwise. It returns like attempt.
+func (in *Inbox) firstAttempt(d *delivery, a applier) (herr, err error) {
+	if in.cfg.BatchSize < 2 {
+		return in.attempt(d, a)
+	}
+	item := &batchItem{d: d, a: a, done: make(chan batchResult, 1)}
+	in.batch.mu.RLock()
+	q := in.batch.queue
+	if q != nil {
+		q.Put(context.Background(), item)
+	}
+	in.batch.mu.RUnlock()
+	if q == nil {
+		return in.attempt(d, a)
+	}
 	res := <-item.done
-	in.batch.queue.Done()
+	q.Done()
 	switch {
 	case res.fallback:
-		return in.attempt(d, h)
+		return in.attempt(d, a)
 	case res.herr != nil:
-		return nil, res.herr, nil
+		return res.herr, nil
 	case res.outcome == Applied:
 		in.settle(d, Applied, "")
 	default:
 		in.settleSeen(d, res.outcome, res.reason)
 	}
-	return nil, nil, nil
+	return nil, nil
 }
 
-// runItems runs one batch of deliveries, as one transaction per kind of
-// handler, and hands each delivery its result.
+// runItems runs one batch of deliveries, as one transaction per applier,
+// and hands each delivery its result.
 func (in *Inbox) runItems(items []*batchItem) {
-	groups := map[*setHandler][]*batchItem{}
+	groups := map[applier][]*batchItem{}
 	for _, it := range items {
-		groups[it.set] = append(groups[it.set], it)
+		groups[it.a] = append(groups[it.a], it)
 	}
-	for set, group := range groups {
+	for a, group := range groups {
 		var results []batchResult
-		if set == nil {
-			results = in.runBatch(group)
+		if a.setBased() {
+			results = in.runSetBatchSplitting(a, group)
 		} else {
-			results = in.runSetBatchSplitting(set, group)
+			results = in.runSavepoints(a, group)
 		}
 		for i, it := range group {
 			it.done <- results[i]
@@ -182,8 +182,8 @@ func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, t
 // they still commit in batches. A batch of one that fails, or a batch that
 // failed for another reason (the database, the commit), sends its items to
 // be tried alone, where retries and dead letters are counted.
-func (in *Inbox) runSetBatchSplitting(set *setHandler, items []*batchItem) []batchResult {
-	results, err := in.runSetBatch(set, items)
+func (in *Inbox) runSetBatchSplitting(a applier, items []*batchItem) []batchResult {
+	results, err := in.runSetBatch(a, items)
 	var failed handlerFailed
 	if len(items) < 2 || !errors.As(err, &failed) {
 		return results
@@ -191,18 +191,12 @@ func (in *Inbox) runSetBatchSplitting(set *setHandler, items []*batchItem) []bat
 	in.cfg.Logger.Debug("Inbox batch failed in the handler; splitting it in two", watermill.LogFields{
 		"consumer": in.cfg.Consumer, "messages": len(items), "err": failed.Error()})
 	half := len(items) / 2
-	return append(in.runSetBatchSplitting(set, items[:half]), in.runSetBatchSplitting(set, items[half:])...)
+	return append(in.runSetBatchSplitting(a, items[:half]), in.runSetBatchSplitting(a, items[half:])...)
 }
 
-// handlerFailed is a set-based batch's error when its BatchFunc failed it.
-type handlerFailed struct{ err error }
-
-func (h handlerFailed) Error() string { return h.err.Error() }
-func (h handlerFailed) Unwrap() error { return h.err }
-
-// runSetBatch runs items through set's BatchFunc in one transaction and
+// runSetBatch runs items through a set-based applier in one transaction and
 // returns a result for each, and the batch's error if it failed.
-func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) ([]batchResult, error) {
+func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, error) {
 	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
 		if in.cfg.DisableDedupe {
@@ -210,8 +204,12 @@ func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) ([]batchResult
 				fresh = append(fresh, i)
 			}
 		} else {
+			ds := make([]*delivery, len(items))
+			for i, it := range items {
+				ds[i] = it.d
+			}
 			var err error
-			if fresh, err = in.insertRows(ctx, tx, items); err != nil {
+			if fresh, err = in.insertRows(ctx, tx, ds, rowProcessed); err != nil {
 				return err
 			}
 			for i, it := range items {
@@ -235,7 +233,7 @@ func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) ([]batchResult
 		for j, i := range fresh {
 			msgs[j] = items[i].d.msg
 		}
-		if err := callBatch(ctx, set.fn, tx, msgs); err != nil {
+		if err := a.apply(ctx, tx, msgs); err != nil {
 			return handlerFailed{err} // split, down to the message it belongs to
 		}
 		for _, i := range fresh {
@@ -245,70 +243,16 @@ func (in *Inbox) runSetBatch(set *setHandler, items []*batchItem) ([]batchResult
 	})
 }
 
-// insertRows inserts the inbox rows of items in one statement and returns the
-// indexes of the items whose row it inserted: the others were seen before.
-// Rows go in in id order, so two batches that share ids wait for each other
-// instead of deadlocking. When one id comes twice in the batch, its first
-// delivery is the fresh one.
-func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, items []*batchItem) ([]int, error) {
-	order := make([]int, len(items))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(items[a].d.id, items[b].d.id) })
-	ids := make([]string, len(items))
-	sums := make([][]byte, len(items))
-	topics := make([]string, len(items))
-	parts := make([]*int32, len(items))
-	offsets := make([]*int64, len(items))
-	for j, i := range order {
-		ids[j], sums[j], topics[j] = items[i].d.id, items[i].d.sum[:], items[i].d.topic
-		parts[j], offsets[j] = items[i].d.part, items[i].d.offset
-	}
-	rows, err := tx.Query(ctx, `
-		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset)
-		SELECT $1, u.id, u.sum, u.topic, u.part, u.off
-		FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, sum, topic, part, off)
-		ON CONFLICT DO NOTHING
-		RETURNING message_id`, in.cfg.Consumer, ids, sums, topics, parts, offsets)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
-	}
-	var fresh []int
-	for _, i := range order {
-		if k := slices.Index(inserted, items[i].d.id); k >= 0 {
-			inserted = slices.Delete(inserted, k, k+1) // a second delivery of the id is not fresh
-			fresh = append(fresh, i)
-		}
-	}
-	slices.Sort(fresh)
-	return fresh, nil
-}
-
-// callBatch runs fn and turns a panic into an error.
-func callBatch(ctx context.Context, fn BatchFunc, tx pgx.Tx, msgs []*message.Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
-	}()
-	return fn(ctx, tx, msgs)
-}
-
-// runBatch runs items in one transaction, a savepoint each, and returns a
-// result for each.
-func (in *Inbox) runBatch(items []*batchItem) []batchResult {
+// runSavepoints runs items through a per-message applier in one
+// transaction, a savepoint each, and returns a result for each.
+func (in *Inbox) runSavepoints(a applier, items []*batchItem) []batchResult {
 	results, _ := in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		deadline, _ := ctx.Deadline()
 		for i, it := range items {
 			// Each message keeps its own context (its trace span, its values),
 			// without its cancellation, within the batch's deadline.
 			ictx, cancel := context.WithDeadline(context.WithoutCancel(it.d.msg.Context()), deadline)
-			res, err := in.batchOne(ictx, tx, it)
+			res, err := in.savepoint(ictx, tx, a, it.d)
 			cancel()
 			if err != nil {
 				return err // the transaction is gone: everyone alone
@@ -323,23 +267,19 @@ func (in *Inbox) runBatch(items []*batchItem) []batchResult {
 	return results
 }
 
-// batchOne runs one delivery inside the batch transaction, in a savepoint.
+// savepoint runs one delivery inside the batch transaction, in a savepoint.
 // An error means the batch transaction itself is no longer usable.
-func (in *Inbox) batchOne(ctx context.Context, tx pgx.Tx, it *batchItem) (batchResult, error) {
-	d := it.d
+func (in *Inbox) savepoint(ctx context.Context, tx pgx.Tx, a applier, d *delivery) (batchResult, error) {
 	sp, err := tx.Begin(ctx) // SAVEPOINT
 	if err != nil {
 		return batchResult{}, err
 	}
 	if !in.cfg.DisableDedupe {
-		tag, err := sp.Exec(ctx, `
-			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset)
-			VALUES ($1, $2, $3, $4, $5, $6)
-			ON CONFLICT DO NOTHING`, in.cfg.Consumer, d.id, d.sum[:], d.topic, d.part, d.offset)
+		fresh, err := in.insertRows(ctx, sp, []*delivery{d}, rowProcessed)
 		if err != nil {
-			return batchResult{}, fmt.Errorf("inbox: inserting inbox row: %w", err)
+			return batchResult{}, err
 		}
-		if tag.RowsAffected() == 0 {
+		if len(fresh) == 0 {
 			o, reason, err := in.classifySeen(ctx, sp, d, "")
 			if err != nil {
 				return batchResult{}, err
@@ -351,11 +291,7 @@ func (in *Inbox) batchOne(ctx context.Context, tx pgx.Tx, it *batchItem) (batchR
 		}
 		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
 	}
-	out, herr := callHandler(it.h, d.msg, context.WithValue(ctx, txKey{}, sp))
-	if herr == nil && len(out) > 0 {
-		herr = Permanent(errors.New("the handler returned messages; write them with outbox.PublishTx on the inbox transaction instead"))
-	}
-	if herr != nil {
+	if herr := a.apply(ctx, sp, []*message.Message{d.msg}); herr != nil {
 		if tx.Conn().IsClosed() {
 			return batchResult{}, herr
 		}

@@ -36,15 +36,16 @@ type Config struct {
 	CheckID func(id string) error
 
 	// MaxAttempts is how many times a failing handler runs before its message
-	// is dead-lettered. Defaults to 5.
+	// is dead-lettered. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
 	// RetryBackoff is the wait after the first failed attempt; it doubles after
-	// each further one, up to MaxRetryBackoff. Defaults to 100ms.
+	// each further one, up to MaxRetryBackoff. Defaults to DefaultRetryBackoff.
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps the wait between attempts. Defaults to 5s.
+	// MaxRetryBackoff caps the wait between attempts. Defaults to
+	// DefaultMaxRetryBackoff.
 	MaxRetryBackoff time.Duration
 	// MaxPayloadBytes is the largest payload handed to the handler; a larger
-	// one is quarantined unread. Defaults to 1 MiB.
+	// one is quarantined unread. Defaults to DefaultMaxPayloadBytes.
 	MaxPayloadBytes int
 	// DeadLetterTopic is the topic dead letters are published to, through the
 	// outbox, in the transaction that records them. Defaults to Consumer+".dlq".
@@ -55,11 +56,11 @@ type Config struct {
 	// be applied again, so Retention must cover RedeliveryHorizon, and how
 	// long Kafka can hand a message out again (inboxkafka.CheckRetention reads
 	// that from the cluster: with Kafka's default topic configs, up to 14 days
-	// and 5 minutes). Defaults to 15 days.
+	// and 5 minutes). Defaults to DefaultRetention.
 	Retention time.Duration
 	// RedeliveryHorizon is the longest time after a first delivery that the
 	// same message can arrive again: the topic's retention, offset replays,
-	// a relay that republishes a batch. Defaults to 3 days.
+	// a relay that republishes a batch. Defaults to DefaultRedeliveryHorizon.
 	RedeliveryHorizon time.Duration
 	// LogStart, when set, makes the sweep keep every row whose message
 	// Kafka could still hand out: a row read from Kafka is deleted only past
@@ -78,14 +79,18 @@ type Config struct {
 	// delivery). The inbox row records them, for LogStart.
 	Position func(*message.Message) (partition int32, offset int64, ok bool)
 	// RetentionBatch is how many rows one sweep statement deletes.
-	// Defaults to 5000.
+	// Defaults to DefaultRetentionBatch.
 	RetentionBatch int
+	// RetentionInterval is how often Inbox.Run sweeps. Defaults to
+	// DefaultRetentionInterval.
+	RetentionInterval time.Duration
 
 	// BatchSize is how many deliveries that arrive together may share one
 	// transaction (see batch.go): behind Handler, one call of the BatchFunc
 	// for them all, so they share statements as well as the commit; behind
 	// Middleware, a savepoint each, so they share the commit (one WAL flush).
-	// 1 gives every delivery a transaction of its own. Defaults to 1.
+	// 1 gives every delivery a transaction of its own. Batches run only while
+	// Inbox.Run runs. Defaults to 1.
 	BatchSize int
 	// BatchLinger is how long a busy consumer's batch may wait for more
 	// deliveries once it has taken those already waiting. A consumer
@@ -99,13 +104,13 @@ type Config struct {
 	// often. 0 turns it off. Defaults to 0.
 	BatchLinger time.Duration
 	// BatchWorkers is how many batch transactions run at once, each on its
-	// own connection. Defaults to 2.
+	// own connection. Defaults to DefaultBatchWorkers.
 	BatchWorkers int
 
 	// TxTimeout bounds one attempt (begin, handler, commit). The attempt does
 	// not inherit the cancellation of the message context: a router shutting
 	// down lets it finish instead of tearing down a commit whose outcome would
-	// then be unknown. Defaults to 30s.
+	// then be unknown. Defaults to DefaultTxTimeout.
 	TxTimeout time.Duration
 
 	// OnOutcome, when set, is called after each delivery is settled, for
@@ -120,72 +125,80 @@ type Config struct {
 	DisableDedupe bool
 }
 
-// DefaultRetention is Config.Retention's default: it covers Kafka's default
-// topic configs (retention.ms and segment.ms of 7 days each) with a day to
-// spare.
-const DefaultRetention = 15 * 24 * time.Hour
+// The defaults of Config's zero fields.
+const (
+	DefaultMaxAttempts       = 5
+	DefaultRetryBackoff      = 100 * time.Millisecond
+	DefaultMaxRetryBackoff   = 5 * time.Second
+	DefaultMaxPayloadBytes   = 1 << 20
+	DefaultRedeliveryHorizon = 3 * 24 * time.Hour
+	// DefaultRetention covers Kafka's default topic configs (retention.ms
+	// and segment.ms of 7 days each) with a day to spare.
+	DefaultRetention         = 15 * 24 * time.Hour
+	DefaultRetentionBatch    = 5000
+	DefaultRetentionInterval = time.Minute
+	DefaultBatchWorkers      = 2
+	DefaultTxTimeout         = 30 * time.Second
+)
 
+// setDefaults fills the zero fields. Negative values are left for Validate
+// to refuse.
 func (c *Config) setDefaults() {
 	if c.MessageID == nil {
 		c.MessageID = FromUUID
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = 100 * time.Millisecond
-	}
-	if c.MaxRetryBackoff == 0 {
-		c.MaxRetryBackoff = 5 * time.Second
-	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 1 << 20
-	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = c.Consumer + ".dlq"
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.RedeliveryHorizon == 0 {
-		c.RedeliveryHorizon = 3 * 24 * time.Hour
-	}
-	if c.RetentionBatch == 0 {
-		c.RetentionBatch = 5000
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1
-	}
-	if c.BatchWorkers == 0 {
-		c.BatchWorkers = 2
-	}
-	if c.TxTimeout == 0 {
-		c.TxTimeout = 30 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	orDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	orDefault(&c.RetryBackoff, DefaultRetryBackoff)
+	orDefault(&c.MaxRetryBackoff, DefaultMaxRetryBackoff)
+	orDefault(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	orDefault(&c.Retention, DefaultRetention)
+	orDefault(&c.RedeliveryHorizon, DefaultRedeliveryHorizon)
+	orDefault(&c.RetentionBatch, DefaultRetentionBatch)
+	orDefault(&c.RetentionInterval, DefaultRetentionInterval)
+	orDefault(&c.BatchSize, 1)
+	orDefault(&c.BatchWorkers, DefaultBatchWorkers)
+	orDefault(&c.TxTimeout, DefaultTxTimeout)
 }
 
-// Validate reports the first invalid field.
+// orDefault sets *v to def when it is zero.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v == 0 {
+		*v = def
+	}
+}
+
+// Validate reports the first invalid field. New calls it after filling in
+// the defaults of zero fields, so zero is valid wherever a default exists.
 func (c Config) Validate() error {
 	switch {
 	case c.Pool == nil:
 		return errors.New("inbox: Config.Pool is required")
 	case c.Consumer == "":
 		return errors.New("inbox: Config.Consumer is required")
-	case c.MaxAttempts < 1:
-		return errors.New("inbox: Config.MaxAttempts must be at least 1")
-	case c.MaxPayloadBytes < 1:
-		return errors.New("inbox: Config.MaxPayloadBytes must be positive")
-	case c.BatchSize < 1:
-		return errors.New("inbox: Config.BatchSize must be at least 1")
-	case c.BatchWorkers < 1:
-		return errors.New("inbox: Config.BatchWorkers must be at least 1")
+	case c.MaxAttempts < 0:
+		return errors.New("inbox: Config.MaxAttempts must not be negative (0: the default)")
+	case c.RetryBackoff < 0 || c.MaxRetryBackoff < 0:
+		return errors.New("inbox: Config.RetryBackoff and Config.MaxRetryBackoff must not be negative (0: the default)")
+	case c.MaxPayloadBytes < 0:
+		return errors.New("inbox: Config.MaxPayloadBytes must not be negative (0: the default)")
+	case c.BatchSize < 0:
+		return errors.New("inbox: Config.BatchSize must not be negative (0 or 1: no batches)")
+	case c.BatchWorkers < 0:
+		return errors.New("inbox: Config.BatchWorkers must not be negative (0: the default)")
 	case c.BatchLinger < 0:
 		return errors.New("inbox: Config.BatchLinger must not be negative")
-	case c.RetentionBatch < 1:
-		return errors.New("inbox: Config.RetentionBatch must be positive")
+	case c.RetentionBatch < 0:
+		return errors.New("inbox: Config.RetentionBatch must not be negative (0: the default)")
+	case c.RetentionInterval < 0:
+		return errors.New("inbox: Config.RetentionInterval must not be negative (0: the default)")
+	case c.TxTimeout < 0:
+		return errors.New("inbox: Config.TxTimeout must not be negative (0: the default)")
 	case c.LogStart != nil && c.Position == nil:
 		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
 	case c.Retention < c.RedeliveryHorizon:

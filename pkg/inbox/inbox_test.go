@@ -62,7 +62,24 @@ func (b *testBundle) newInbox(t *testing.T, cfg inbox.Config) *inbox.Inbox {
 	cfg.OnOutcome = b.events.record
 	in, err := inbox.New(cfg)
 	require.NoError(t, err)
+	if cfg.BatchSize > 1 {
+		runInbox(t, in) // batches run only while Run runs
+	}
 	return in
+}
+
+// runInbox runs in.Run until the test ends, and checks that it returned nil
+// once its context ended.
+func runInbox(t *testing.T, in *inbox.Inbox) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	require.Eventually(t, in.Running, 10*time.Second, time.Millisecond, "Run did not start")
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 }
 
 // scalar runs a one-value query.
@@ -787,6 +804,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"RetentionBelowHorizon", inbox.Config{Pool: pool, Consumer: "c", Retention: 24 * time.Hour, RedeliveryHorizon: 48 * time.Hour},
 			[]string{"Config.Retention", "Config.RedeliveryHorizon", "24h0m0s", "48h0m0s"}},
 		{"RetentionEqualsHorizon", inbox.Config{Pool: pool, Consumer: "c", Retention: time.Hour, RedeliveryHorizon: time.Hour}, nil},
+		{"NegativeRetentionInterval", inbox.Config{Pool: pool, Consumer: "c", RetentionInterval: -time.Second}, []string{"Config.RetentionInterval"}},
+		{"NegativeTxTimeout", inbox.Config{Pool: pool, Consumer: "c", TxTimeout: -time.Second}, []string{"Config.TxTimeout"}},
 		{"LogStartWithoutPosition", inbox.Config{Pool: pool, Consumer: "c",
 			LogStart: func(context.Context) (inbox.LogStart, error) { return nil, nil }}, []string{"Config.LogStart", "Config.Position"}},
 	}
@@ -990,4 +1009,31 @@ func committedOffsets(t *testing.T, admin sarama.ClusterAdmin, group, topic stri
 		}
 	}
 	return sum
+}
+
+// TestMigrateCreatesTheDeadLetterPath: dead letters are published through
+// the outbox, so inbox.Migrate alone must leave a database where a poison
+// message is dead-lettered, not one where the dead letter fails for want of
+// outbox_messages and the message comes back forever.
+func TestMigrateCreatesTheDeadLetterPath(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	name, url, err := createDatabase(ctx)
+	require.NoError(t, err)
+	pg.DropWhenDone(t, name)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, inbox.Migrate(ctx, pool)) // and nothing else
+
+	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: consumer})
+	require.NoError(t, err)
+	poison := func(*message.Message) ([]*message.Message, error) {
+		return nil, inbox.Permanent(errors.New("unreadable"))
+	}
+	require.NoError(t, deliver(ctx, in.Middleware(poison), newID(), []byte(`{}`)))
+	require.Equal(t, int64(1), in.Stats().DeadLettered)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1`, consumer+".dlq").Scan(&n))
+	require.Equal(t, 1, n, "the dead letter waits in the outbox")
 }

@@ -203,13 +203,14 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, relay, pool, publisher, wlog) })
 	g.Go(func() error {
-		// No row is swept before Kafka's retention is known to be covered;
-		// a retention it outlasts stops the service.
+		// The inbox's batch transactions and its retention sweep. No row is
+		// swept before Kafka's retention is known to be covered (a retention
+		// it outlasts stops the service); until then deliveries are applied
+		// one transaction each.
 		if err := checkRetention(gctx, cfg, svc.Topic, log); err != nil || gctx.Err() != nil {
 			return err
 		}
-		ibx.RunRetention(gctx, time.Minute)
-		return nil
+		return ibx.Run(gctx)
 	})
 	g.Go(func() error {
 		<-gctx.Done()

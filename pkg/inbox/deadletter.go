@@ -1,0 +1,178 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// quarantineInvalid records a message that cannot be deduplicated or read.
+func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		return in.insertQuarantine(ctx, tx, d, "invalid", reason, nil)
+	})
+	if err != nil {
+		return err
+	}
+	in.cfg.Logger.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
+	in.settle(d, Invalid, reason)
+	return nil
+}
+
+// maxIDBytes bounds a message id: it is a key of btree indexes, whose entries
+// Postgres caps at about 2.7 kB. A longer id is quarantined as invalid.
+const maxIDBytes = 1024
+
+// pgText returns s as a Postgres text or jsonb value can hold it: invalid
+// UTF-8 and NUL bytes become U+FFFD. Message ids, metadata and handler errors
+// come from producers and handlers; a value the database refuses would fail
+// the delivery on every redelivery and block the partition.
+func pgText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
+	md := make(map[string]string, len(d.msg.Metadata))
+	for k, v := range d.msg.Metadata {
+		md[pgText(k)] = pgText(v)
+	}
+	meta, err := json.Marshal(md)
+	if err != nil {
+		return fmt.Errorf("inbox: encoding metadata: %w", err)
+	}
+	onConflict := "ON CONFLICT (consumer, kind, message_id, payload_sha256) WHERE kind <> 'dead_letter' DO NOTHING"
+	if kind == "dead_letter" {
+		onConflict = ""
+	}
+	_, err = tx.Exec(ctx, `
+		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) `+onConflict,
+		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta)
+	if err != nil {
+		return fmt.Errorf("inbox: recording %s: %w", kind, err)
+	}
+	return nil
+}
+
+// recordAttempt counts a failed attempt in its own transaction (the handler's
+// was rolled back) and returns the total, which survives restarts.
+func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	var n int
+	err := in.cfg.Pool.QueryRow(ctx, `
+		INSERT INTO inbox_attempts (consumer, message_id, attempts, last_error)
+		VALUES ($1, $2, 1, $3)
+		ON CONFLICT (consumer, message_id) DO UPDATE
+		SET attempts = inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
+		RETURNING attempts`, in.cfg.Consumer, d.id, pgText(herr.Error())).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
+	}
+	in.cfg.Logger.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
+	return n, nil
+}
+
+// deadLetter records the message as finished-but-not-applied and publishes
+// it to the dead-letter topic through the outbox, all in one transaction.
+func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	d.attempts = attempts
+	var settled Outcome
+	var seenReason string
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		if !in.cfg.DisableDedupe {
+			fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowDeadLettered)
+			if err != nil {
+				return err
+			}
+			if len(fresh) == 0 {
+				// Another delivery of the id finished first: often one that
+				// waited on this delivery's row and was applied once this
+				// one's failed attempt rolled back. Its payload may be
+				// another, so this one is settled against its row like any
+				// redelivery, never taken for a duplicate unseen.
+				settled, seenReason, err = in.classifySeen(ctx, tx, d, reason)
+				return err
+			}
+		}
+		settled = DeadLettered
+		if err := in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
+			return fmt.Errorf("inbox: clearing attempts: %w", err)
+		}
+		return outbox.PublishTx(ctx, tx, in.cfg.DeadLetterTopic, deadLetterMessage(d, in.cfg.Consumer, attempts, reason))
+	})
+	if err != nil {
+		return err
+	}
+	if settled != DeadLettered {
+		in.settleSeen(d, settled, seenReason)
+		return nil
+	}
+	in.cfg.Logger.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
+	in.settle(d, DeadLettered, reason)
+	return nil
+}
+
+// PayloadOmittedMetadata is set on a dead letter whose payload (or whose
+// original metadata too) was left out because, with the dead letter's
+// headers, it would pass the producer's limit: the row would be one no
+// broker takes. It says what was left out; inbox_quarantine keeps all of it.
+const PayloadOmittedMetadata = "dead_letter_payload_omitted"
+
+// deadLetterRoom is what the dead letter leaves for the metadata PublishTx
+// adds (the write time and a trace context take ~150 bytes).
+const deadLetterRoom = 1024
+
+// deadLetterMessage is the message published to the dead-letter topic: the
+// original payload and metadata, plus the dead_letter_* headers. When that
+// would not fit outbox.DefaultMaxMessageBytes, the payload is left out, and
+// then the original metadata, and PayloadOmittedMetadata says so.
+func deadLetterMessage(d *delivery, consumer string, attempts int, reason string) *message.Message {
+	headers := message.Metadata{
+		"dead_letter_reason":     pgText(reason),
+		"dead_letter_consumer":   consumer,
+		"dead_letter_message_id": d.id,
+		"dead_letter_topic":      d.topic,
+		"dead_letter_attempts":   fmt.Sprint(attempts),
+	}
+	build := func(payload []byte, original message.Metadata) *message.Message {
+		dlq := message.NewMessage(uuid.Must(uuid.NewV7()).String(), payload)
+		for k, v := range original {
+			dlq.Metadata.Set(pgText(k), pgText(v))
+		}
+		for k, v := range headers {
+			dlq.Metadata.Set(k, v)
+		}
+		return dlq
+	}
+	fits := func(m *message.Message) bool {
+		return outbox.RecordBytes(m)+deadLetterRoom <= outbox.DefaultMaxMessageBytes
+	}
+	if dlq := build(d.msg.Payload, d.msg.Metadata); fits(dlq) {
+		return dlq
+	}
+	kept := "inbox_quarantine keeps it (inboxctl show)"
+	headers[PayloadOmittedMetadata] = fmt.Sprintf("payload of %d bytes left out: too large for a dead letter; %s", len(d.msg.Payload), kept)
+	if dlq := build(nil, d.msg.Metadata); fits(dlq) {
+		return dlq
+	}
+	headers[PayloadOmittedMetadata] = fmt.Sprintf("payload of %d bytes and %d metadata entries left out: too large for a dead letter; %s",
+		len(d.msg.Payload), len(d.msg.Metadata), kept)
+	return build(nil, nil)
+}

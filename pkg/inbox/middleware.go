@@ -1,0 +1,270 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
+)
+
+// One delivery's path through the inbox, in the order a reader meets it:
+//
+//	middleware.go  Middleware / Handler → deliver: checks the message, then
+//	               the retry loop (attempt, or the first attempt in a batch)
+//	attempt.go     attempt: one transaction: insertRows, applier.apply, commit;
+//	               a copy already recorded → classifySeen (duplicate, conflict)
+//	batch.go       the same steps for deliveries that share a transaction
+//	deadletter.go  a failed attempt counted; a dead letter; a quarantine
+//	outcome.go     settle: the outcome counted, traced and reported
+//
+// Middleware and Handler differ only in their applier: a Watermill handler
+// run per message, or a BatchFunc that takes every new message of a batch.
+
+// Middleware returns h wrapped so that each message is applied at most once
+// per consumer, and never acknowledged before its effects are committed:
+//
+//  1. begin a transaction; INSERT the inbox row ON CONFLICT DO NOTHING;
+//  2. if the row existed: same payload → skip (duplicate); other payload →
+//     quarantine (conflict). Either way the message is acknowledged;
+//  3. otherwise run h with the transaction in the message context, commit,
+//     and only then return, so the router acknowledges and watermill-kafka
+//     marks the offset after the commit;
+//  4. if h fails, roll back, count the attempt in its own transaction, back
+//     off and try again; after MaxAttempts (or at once for Permanent errors)
+//     record a dead letter and publish it through the outbox, in one
+//     transaction, and acknowledge, so a poison message never blocks its
+//     partition.
+//
+// An error is returned to the router only when the database is unreachable:
+// the message is then redelivered, which the inbox makes harmless.
+func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return in.deliver(&perMessage{h: h})
+}
+
+// BatchFunc applies msgs in tx, the inbox's transaction, and must neither
+// commit nor roll it back. Every message in msgs is new to the consumer: the
+// inbox has already recorded it and filtered out duplicates. An error fails
+// the whole batch; the inbox then calls the BatchFunc again with each message
+// alone, so the error is pinned on the message that causes it (wrap it with
+// Permanent to dead-letter that message at once). ctx carries the batch's
+// deadline; each message keeps its own context.
+type BatchFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
+
+// Handler returns a Watermill handler that applies each message at most once
+// per consumer, like [Inbox.Middleware], through fn: up to Config.BatchSize
+// deliveries that arrive together are applied by one call of fn, in one
+// transaction (while [Inbox.Run] runs). With BatchSize 1, fn sees one message
+// per transaction.
+func (in *Inbox) Handler(fn BatchFunc) message.NoPublishHandlerFunc {
+	deliver := in.deliver(&perBatch{fn: fn})
+	return func(msg *message.Message) error {
+		_, err := deliver(msg)
+		return err
+	}
+}
+
+// applier applies messages new to the consumer in the inbox's transaction,
+// and must neither commit nor roll it back. An error fails every message of
+// the call.
+type applier interface {
+	apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
+	// setBased reports whether one call may take several messages; a
+	// per-message applier gets a savepoint per message in a batch.
+	setBased() bool
+}
+
+// perMessage is Middleware's applier: the Watermill handler, one message at
+// a time, with the transaction in the message's context (TxFromContext).
+type perMessage struct{ h message.HandlerFunc }
+
+func (p *perMessage) setBased() bool { return false }
+
+func (p *perMessage) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	for _, msg := range msgs {
+		out, err := callHandler(p.h, msg, context.WithValue(ctx, txKey{}, tx))
+		if err == nil && len(out) > 0 {
+			// The router would publish these after the commit, outside the
+			// transaction: lost if the process dies in between, since the
+			// redelivery is then a duplicate. Refuse them loudly.
+			err = Permanent(errors.New("the handler returned messages; write them with outbox.PublishTx on the inbox transaction instead"))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// perBatch is Handler's applier: a BatchFunc, given every new message at once.
+type perBatch struct{ fn BatchFunc }
+
+func (p *perBatch) setBased() bool { return true }
+
+func (p *perBatch) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return p.fn(ctx, tx, msgs)
+}
+
+// deliver is the handler Middleware and Handler return: it reads the
+// delivery (quarantining what cannot be deduplicated), then runs attempts
+// until one commits, the message is dead-lettered, or the database fails.
+func (in *Inbox) deliver(a applier) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		span := in.startSpan(msg) // tracing.go: one span per delivery, child of the producer's trace
+		defer span.End()
+		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
+		d, reason := in.read(msg)
+		if reason != "" {
+			return nil, in.quarantineInvalid(d, reason) // deadletter.go
+		}
+
+		transientFailures := 0
+		for {
+			var herr, err error
+			if d.attempts == 0 && transientFailures == 0 {
+				herr, err = in.firstAttempt(d, a) // batch.go: in a batch while Run runs
+			} else {
+				herr, err = in.attempt(d, a) // attempt.go
+			}
+			var te transientError
+			if errors.As(err, &te) {
+				// The database failed under the handler. Wait and try again
+				// without counting an attempt; but a failure that keeps
+				// coming back for this one message (a handler that always
+				// times out) is the message's, and counts after a while, so
+				// it cannot block its partition forever.
+				if transientFailures++; transientFailures < maxTransientFailures {
+					if !ctxtime.Sleep(msg.Context(), in.backoff(transientFailures)) {
+						return nil, err
+					}
+					continue
+				}
+				transientFailures, herr, err = 0, te.err, nil
+			}
+			if err != nil {
+				return nil, err // database trouble: let the broker redeliver
+			}
+			if herr == nil {
+				failpoint.Hit(failpoint.AfterCommitBeforeAck, d.id)
+				return nil, nil
+			}
+			if IsPermanent(herr) {
+				return nil, in.deadLetter(d, d.attempts+1, "permanent error: "+herr.Error())
+			}
+			attempts, err := in.recordAttempt(d, herr)
+			if err != nil {
+				return nil, err
+			}
+			d.attempts = attempts
+			if attempts >= in.cfg.MaxAttempts {
+				return nil, in.deadLetter(d, attempts, fmt.Sprintf("failed %d attempts, last: %v", attempts, herr))
+			}
+			in.settle(d, Retried, herr.Error())
+			if !ctxtime.Sleep(msg.Context(), in.backoff(attempts)) {
+				return nil, fmt.Errorf("inbox: shutting down while retrying: %w", herr)
+			}
+		}
+	}
+}
+
+// read returns the delivery of msg, and why it must be quarantined unread
+// ("" when it can go on): an id the inbox cannot key on or that is not in
+// the issued format, or a payload over the limit.
+func (in *Inbox) read(msg *message.Message) (*delivery, string) {
+	d := &delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: time.Now(), sum: sha256.Sum256(msg.Payload)}
+	if in.cfg.Position != nil {
+		if p, o, ok := in.cfg.Position(msg); ok {
+			d.part, d.offset = &p, &o
+		}
+	}
+	id, err := in.cfg.MessageID(msg)
+	switch {
+	case err != nil:
+		return d, fmt.Sprintf("reading message id: %v", err)
+	case id == "":
+		return d, "message has no id"
+	case len(id) > maxIDBytes:
+		return d, fmt.Sprintf("message id of %d bytes exceeds the %d-byte limit", len(id), maxIDBytes)
+	case id != pgText(id):
+		return d, fmt.Sprintf("message id %q is not valid UTF-8 text", id)
+	}
+	d.id = id
+	if in.cfg.CheckID != nil {
+		if err := in.cfg.CheckID(id); err != nil {
+			return d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err)
+		}
+	}
+	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
+		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
+	}
+	return d, ""
+}
+
+// delivery is one message on its way through the middleware.
+type delivery struct {
+	msg      *message.Message
+	id       string
+	topic    string
+	part     *int32 // where its log holds it (Config.Position), nil when unknown
+	offset   *int64
+	sum      [32]byte
+	attempts int // failed attempts recorded so far by this process
+	start    time.Time
+}
+
+func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(d.msg.Context()), in.cfg.TxTimeout)
+}
+
+func (in *Inbox) backoff(attempts int) time.Duration {
+	b := in.cfg.RetryBackoff
+	for i := 1; i < attempts && b < in.cfg.MaxRetryBackoff; i++ {
+		b *= 2
+	}
+	return min(b, in.cfg.MaxRetryBackoff)
+}
+
+type txKey struct{}
+
+// TxFromContext returns the transaction the inbox opened for the message
+// being handled. The handler does its domain writes and its outbox writes on
+// it, and must neither commit nor roll it back.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+// Tx is TxFromContext for handlers that run only behind the middleware. It
+// panics when there is no transaction, which is a wiring error.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		panic("inbox: no transaction in context; is the handler wrapped by Inbox.Middleware?")
+	}
+	return tx
+}
+
+// callHandler runs h with ctx as the message context, restores the original
+// context afterwards, and turns a panic into an error.
+func callHandler(h message.HandlerFunc, msg *message.Message, ctx context.Context) (out []*message.Message, err error) {
+	orig := msg.Context()
+	msg.SetContext(ctx)
+	defer func() {
+		msg.SetContext(orig)
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(msg)
+}

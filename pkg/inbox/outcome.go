@@ -1,0 +1,88 @@
+package inbox
+
+import (
+	"errors"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// Outcome is how a delivery was settled.
+type Outcome string
+
+// The outcomes of a delivery.
+const (
+	Applied      Outcome = "applied"       // handler ran and its transaction committed
+	Duplicate    Outcome = "duplicate"     // already applied with the same payload: handler skipped
+	Conflict     Outcome = "conflict"      // id already applied with another payload: quarantined
+	Invalid      Outcome = "invalid"       // no id, or payload too large: quarantined
+	DeadLettered Outcome = "dead_lettered" // handler failed permanently or MaxAttempts times
+	Retried      Outcome = "retried"       // handler failed; the message will be tried again
+)
+
+// Event describes one settled delivery, or one failed attempt (Retried).
+type Event struct {
+	Consumer  string
+	MessageID string
+	Outcome   Outcome
+	Attempt   int           // attempts so far, for Retried and DeadLettered
+	Reason    string        // why it was quarantined, dead-lettered or retried
+	Duration  time.Duration // from delivery to settlement
+}
+
+// Stats counts outcomes since the Inbox was created.
+type Stats struct {
+	Applied, Duplicates, Conflicts, Invalid, DeadLettered, Retries int64
+}
+
+// Stats returns the outcome counters.
+func (in *Inbox) Stats() Stats {
+	return Stats{
+		Applied:      in.stats[0].Load(),
+		Duplicates:   in.stats[1].Load(),
+		Conflicts:    in.stats[2].Load(),
+		Invalid:      in.stats[3].Load(),
+		DeadLettered: in.stats[4].Load(),
+		Retries:      in.stats[5].Load(),
+	}
+}
+
+func outcomeIndex(o Outcome) int {
+	switch o {
+	case Applied:
+		return 0
+	case Duplicate:
+		return 1
+	case Conflict:
+		return 2
+	case Invalid:
+		return 3
+	case DeadLettered:
+		return 4
+	default:
+		return 5
+	}
+}
+
+func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
+	in.stats[outcomeIndex(o)].Add(1)
+	traceOutcome(d.msg.Context(), o, d.attempts, reason) // tracing.go
+	if in.cfg.OnOutcome != nil {
+		in.cfg.OnOutcome(Event{
+			Consumer: in.cfg.Consumer, MessageID: d.id, Outcome: o,
+			Attempt: d.attempts, Reason: reason, Duration: time.Since(d.start),
+		})
+	}
+}
+
+// settleSeen settles a committed duplicate or conflict.
+func (in *Inbox) settleSeen(d *delivery, o Outcome, reason string) {
+	if o == Conflict {
+		in.cfg.Logger.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
+	}
+	in.settle(d, o, reason)
+}
+
+func (in *Inbox) fields(d *delivery) watermill.LogFields {
+	return watermill.LogFields{"consumer": in.cfg.Consumer, "message_id": d.id, "topic": d.topic}
+}
