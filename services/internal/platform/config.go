@@ -15,7 +15,10 @@ import (
 )
 
 // Config is read from the environment; each field's env tag names its
-// variable and its default tag gives the value used when it is unset.
+// variable and its default tag gives the value used when it is unset. A
+// setting pkg/inbox or pkg/outbox has a default for is 0 by default here,
+// and 0 means the library's default (inbox.DefaultMaxAttempts, …): the
+// defaults are written once, in the library.
 type Config struct {
 	DatabaseURL  string   `env:"DATABASE_URL" required:"true"`
 	KafkaBrokers []string `env:"KAFKA_BROKERS" required:"true"`
@@ -36,8 +39,8 @@ type Config struct {
 	// for this long, so chaos runs, which kill members every second, lower it.
 	KafkaRebalanceTimeout time.Duration `env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
 
-	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"5"`
-	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"100ms"`
+	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"0"`   // 0: inbox.DefaultMaxAttempts
+	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"0s"` // 0: inbox.DefaultRetryBackoff
 	// Deliveries that arrive together, up to this many, are applied by one
 	// call of the service's Apply in one transaction (pkg/inbox
 	// Config.BatchSize). 1: a transaction per message, the textbook shape.
@@ -53,12 +56,13 @@ type Config struct {
 	APIBatchSize    int           `env:"API_BATCH_SIZE" default:"64"`
 	APIBatchWorkers int           `env:"API_BATCH_WORKERS" default:"1"`
 	APIBatchLinger  time.Duration `env:"API_BATCH_LINGER" default:"0s"`
-	// Larger payloads are quarantined unread.
-	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"1048576"`
+	// Larger payloads are quarantined unread. 0: inbox.DefaultMaxPayloadBytes.
+	InboxMaxPayloadBytes int `env:"INBOX_MAX_PAYLOAD_BYTES" default:"0"`
 	// How long an inbox row is kept (pkg/inbox Config.Retention). At start
 	// the service reads its topic's retention from Kafka and refuses to run
-	// with a shorter one (inboxkafka.CheckRetention): 360h covers Kafka's defaults.
-	InboxRetention time.Duration `env:"INBOX_RETENTION" default:"360h"`
+	// with a shorter one (inboxkafka.CheckRetention). 0: inbox.DefaultRetention
+	// (15 days), which covers Kafka's defaults.
+	InboxRetention time.Duration `env:"INBOX_RETENTION" default:"0s"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's
 	// control run sets it, to prove the harness catches double-applies.
 	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`
@@ -74,9 +78,9 @@ type Config struct {
 	// watermill-kafka's one-at-a-time Publisher) or "textbook" (the
 	// benchmark's baseline, internal/textbook).
 	RelayDriver       string        `env:"RELAY_DRIVER" default:"batch"`
-	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"500"`
-	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"250ms"`
-	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"1h"`
+	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"0"`     // 0: outbox.DefaultBatchSize
+	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"0s"` // 0: outbox.DefaultPollInterval
+	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"0s"`     // 0: outbox.DefaultRetention
 
 	// Tracing (tracing.go): "otlp" exports OpenTelemetry spans, "off"
 	// records none; unset means otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set.

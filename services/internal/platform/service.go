@@ -266,7 +266,7 @@ func checkRetention(ctx context.Context, cfg Config, topic string, log *slog.Log
 			return fmt.Errorf("INBOX_RETENTION: %w", err)
 		case err == nil:
 			horizon, _, _ := k.Horizon()
-			log.Info("inbox retention covers Kafka's", "inbox_retention", cfg.InboxRetention.String(),
+			log.Info("inbox retention covers Kafka's", "inbox_retention", retention.String(),
 				"kafka_horizon", horizon.String(), "offsets_retention", k.OffsetsRetention.String())
 			return nil
 		}

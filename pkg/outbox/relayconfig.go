@@ -1,0 +1,160 @@
+package outbox
+
+import (
+	"errors"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Pool is the database that holds outbox_messages. Required.
+	Pool *pgxpool.Pool
+	// Publisher receives the rows, for example a watermill-kafka Publisher
+	// built with kafka.NewWithPartitioningMarshaler(outbox.PartitionKey).
+	// Publish must return only after the broker acknowledged every message.
+	// Required.
+	Publisher message.Publisher
+
+	// BatchSize is how many rows one transaction claims and publishes.
+	// Defaults to DefaultBatchSize.
+	BatchSize int
+	// PollInterval is how often the relay looks for rows when nothing woke
+	// it. A commit's notification wakes it within milliseconds; the poll
+	// covers a lost listener connection and the rare row whose producer did
+	// not notify because another one was notifying at that moment (see
+	// PublishTx) and that committed after the relay's follow-up polls.
+	// Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// Parallel lets several relay replicas publish at the same moment
+	// (each claims rows with SKIP LOCKED). It raises throughput but gives up
+	// per-key order across replicas. Defaults to false: replicas take turns
+	// through an advisory lock, and a standby takes over within PollInterval
+	// when the active one dies.
+	Parallel bool
+	// ErrorBackoff is how long the relay waits after a failed batch before it
+	// tries again; it doubles with each failure in a row, up to
+	// MaxErrorBackoff, and starts over after a batch succeeds. Defaults to
+	// DefaultErrorBackoff.
+	ErrorBackoff time.Duration
+	// MaxErrorBackoff caps the wait between failed batches. Defaults to
+	// DefaultMaxErrorBackoff (or ErrorBackoff, if that is longer).
+	MaxErrorBackoff time.Duration
+	// MaxMessageBytes is the largest message, measured by RecordBytes, the
+	// relay sends; a larger row is parked (see Parked) without a send. Keep
+	// it equal to the publisher's limit (Sarama's Producer.MaxMessageBytes)
+	// and to the Writer's. Defaults to DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// IsPermanent tells a refusal of a message itself (the broker will never
+	// take it) from a transient failure, for the errors Publisher returns.
+	// When a batch fails permanently, the relay publishes its rows one by
+	// one and parks those refused. Defaults to IsPermanent.
+	IsPermanent func(error) bool
+	// BatchTimeout bounds one claim-publish-mark transaction. A batch in
+	// flight when Run's context ends is finished, within this bound, so a
+	// graceful shutdown does not republish it. It is also the fence: a
+	// relay whose transaction sits idle longer than BatchTimeout + 1s (a
+	// paused process, a publish that never returns) has its session ended by
+	// Postgres, so a standby takes the lead and the rows. Defaults to
+	// DefaultBatchTimeout.
+	BatchTimeout time.Duration
+
+	// Retention is how long published rows are kept before the retention job
+	// deletes them. Defaults to DefaultRetention.
+	Retention time.Duration
+	// RetentionInterval is how often the retention job runs. Defaults to
+	// DefaultRetentionInterval.
+	RetentionInterval time.Duration
+	// RetentionBatch is how many rows one DELETE removes. Defaults to
+	// DefaultRetentionBatch.
+	RetentionBatch int
+
+	// Logger defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// The defaults of RelayConfig's zero fields.
+const (
+	DefaultBatchSize         = 500
+	DefaultPollInterval      = 250 * time.Millisecond
+	DefaultErrorBackoff      = 200 * time.Millisecond
+	DefaultMaxErrorBackoff   = 10 * time.Second
+	DefaultBatchTimeout      = 30 * time.Second
+	DefaultRetention         = time.Hour
+	DefaultRetentionInterval = time.Minute
+	DefaultRetentionBatch    = 5000
+)
+
+// setDefaults fills the zero fields. Negative values are left for Validate
+// to refuse.
+func (c *RelayConfig) setDefaults() {
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.ErrorBackoff == 0 {
+		c.ErrorBackoff = DefaultErrorBackoff
+	}
+	if c.MaxErrorBackoff == 0 {
+		c.MaxErrorBackoff = max(DefaultMaxErrorBackoff, c.ErrorBackoff)
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.IsPermanent == nil {
+		c.IsPermanent = IsPermanent
+	}
+	if c.BatchTimeout == 0 {
+		c.BatchTimeout = DefaultBatchTimeout
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = DefaultRetentionInterval
+	}
+	if c.RetentionBatch == 0 {
+		c.RetentionBatch = DefaultRetentionBatch
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate reports the first invalid field. NewRelay calls it after filling
+// in the defaults of zero fields, so zero is valid wherever a default exists.
+func (c RelayConfig) Validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("outbox: RelayConfig.Pool is required")
+	case c.Publisher == nil:
+		return errors.New("outbox: RelayConfig.Publisher is required")
+	case c.BatchSize < 0:
+		return errors.New("outbox: RelayConfig.BatchSize must not be negative (0: the default)")
+	case c.PollInterval < 0 || c.PollInterval > 0 && c.PollInterval < time.Millisecond:
+		return errors.New("outbox: RelayConfig.PollInterval must be at least 1ms (0: the default)")
+	case c.Retention < 0:
+		return errors.New("outbox: RelayConfig.Retention must not be negative (0: the default)")
+	// Negative values below slip past setDefaults: a negative
+	// RetentionInterval panics in time.NewTicker inside Run, a negative
+	// BatchTimeout fails every batch, a negative RetentionBatch every DELETE.
+	case c.ErrorBackoff < 0:
+		return errors.New("outbox: RelayConfig.ErrorBackoff must not be negative (0: the default)")
+	case c.MaxErrorBackoff != 0 && c.MaxErrorBackoff < c.ErrorBackoff:
+		return errors.New("outbox: RelayConfig.MaxErrorBackoff must not be below RelayConfig.ErrorBackoff")
+	case c.MaxMessageBytes < 0:
+		return errors.New("outbox: RelayConfig.MaxMessageBytes must not be negative (0: the default)")
+	case c.BatchTimeout < 0:
+		return errors.New("outbox: RelayConfig.BatchTimeout must not be negative (0: the default)")
+	case c.RetentionInterval < 0:
+		return errors.New("outbox: RelayConfig.RetentionInterval must not be negative (0: the default)")
+	case c.RetentionBatch < 0:
+		return errors.New("outbox: RelayConfig.RetentionBatch must not be negative (0: the default)")
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
+)
+
+// Retention: published rows are deleted Retention after they were
+// published, in batches.
+
+// retain deletes published rows older than Retention, in batches.
+func (r *Relay) retain(ctx context.Context) {
+	ctxtime.Every(ctx, r.cfg.RetentionInterval, func() {
+		if _, err := r.DeletePublished(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("Outbox retention failed", err, nil)
+		}
+	})
+}
+
+// DeletePublished removes rows published more than Retention ago, at most
+// RetentionBatch per statement, and returns how many it removed.
+func (r *Relay) DeletePublished(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := r.cfg.Pool.Exec(ctx, `
+			DELETE FROM outbox_messages
+			WHERE id IN (
+				SELECT id FROM outbox_messages
+				WHERE published_at < now() - $1::interval
+				ORDER BY published_at
+				LIMIT $2)`, planEachTime, r.cfg.Retention, r.cfg.RetentionBatch)
+		if err != nil {
+			return total, fmt.Errorf("outbox retention: %w", err)
+		}
+		total += tag.RowsAffected()
+		r.stats.deleted.Add(tag.RowsAffected())
+		if tag.RowsAffected() < int64(r.cfg.RetentionBatch) {
+			return total, nil
+		}
+	}
+}
