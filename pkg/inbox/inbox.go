@@ -39,8 +39,8 @@ type Inbox struct {
 	cfg      Config
 	spanName string // "inbox <consumer>"
 	batch    batcher
-	running  atomic.Bool // Run was called and has not returned
-	ready    atomic.Bool // and its batch workers take deliveries
+	running  atomic.Bool     // Run was called and has not returned
+	ready    atomic.Bool     // and its batch workers take deliveries
 	stats    [6]atomic.Int64 // indexed by outcomeIndex
 }
 

@@ -1,13 +1,16 @@
 package inbox_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -106,4 +109,127 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 			require.Empty(t, remaining())
 		})
 	}
+}
+
+// consumeThroughKafka runs a Watermill router that consumes topic as group
+// through in's middleware into b's handler, until the test ends, and returns
+// a publisher onto Kafka.
+func consumeThroughKafka(t *testing.T, b *testBundle, in *inbox.Inbox, topic, group string) message.Publisher {
+	t.Helper()
+	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
+	logger := watermill.NopLogger{}
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: kfk.Brokers(), Unmarshaler: marshaler, OverwriteSaramaConfig: kafkatest.Sarama(), ConsumerGroup: group,
+	}, logger)
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	require.NoError(t, err)
+	router.AddConsumerHandler("apply", topic, sub, func(msg *message.Message) error {
+		_, err := b.handler.handle(msg)
+		return err
+	}).AddMiddleware(in.Middleware)
+
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, router.Close())
+		require.NoError(t, <-runErr)
+	})
+	select {
+	case <-router.Running():
+	case <-b.ctx.Done():
+		t.Fatal("router did not start")
+	}
+
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: kfk.Brokers(), Marshaler: marshaler, OverwriteSaramaConfig: kafkatest.Sarama(),
+	}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+func TestRouterWithKafka(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond})
+	poisonErr := errors.New("poison pill")
+	b.handler.hook = func(msg *message.Message, _ int) error {
+		if bytes.Equal(msg.Payload, []byte("poison")) {
+			return poisonErr
+		}
+		return nil
+	}
+
+	suffix := watermill.NewShortUUID()
+	topic, group := "inbox-test-"+suffix, "inbox-test-"+suffix
+	require.NoError(t, kfk.CreateTopics(b.ctx, 3, topic))
+	pub := consumeThroughKafka(t, b, in, topic, group)
+
+	// Poison first, then a good message with the same key: same partition,
+	// so the good one waits behind the poison until the inbox settles it.
+	poison := outbox.NewMessage("order-1", []byte("poison"))
+	good := outbox.NewMessage("order-1", []byte("good"))
+	// One message published twice, as a relay that died before marking its
+	// batch would.
+	twice := outbox.NewMessage("order-2", []byte("twice"))
+	again := message.NewMessage(twice.UUID, twice.Payload)
+	again.Metadata.Set(outbox.KeyMetadata, twice.Metadata.Get(outbox.KeyMetadata))
+	start := time.Now()
+	require.NoError(t, pub.Publish(topic, poison, good, twice, again))
+
+	status := func(id string) string {
+		var s string
+		err := b.pool.QueryRow(b.ctx, `SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, consumer, id).Scan(&s)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			require.NoError(t, err)
+		}
+		return s
+	}
+	eventually(t, func() bool { return status(good.UUID) == "processed" }, 20*time.Second, "the good message to be applied")
+	eventually(t, func() bool {
+		return scalar[int](t, b, `SELECT coalesce(sum(duplicates), 0) FROM inbox_messages WHERE message_id = $1`, twice.UUID) == 1
+	}, 20*time.Second, "the second copy to be suppressed")
+	t.Logf("settled %v after publishing", time.Since(start))
+
+	require.Equal(t, "dead_lettered", status(poison.UUID))
+	require.Equal(t, 3, b.handler.callsFor(poison.UUID), "poison runs: MaxAttempts, then acknowledged")
+	require.Equal(t, 0, appliedRows(t, b, consumer, poison.UUID))
+	require.Equal(t, []inbox.Outcome{inbox.Retried, inbox.Retried, inbox.DeadLettered}, b.events.outcomes(poison.UUID))
+	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE kind = 'dead_letter' AND message_id = $1`, poison.UUID))
+	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM outbox_messages WHERE topic = $1`, consumer+".dlq"))
+
+	require.Equal(t, 1, appliedRows(t, b, consumer, good.UUID))
+	require.Equal(t, 1, appliedRows(t, b, consumer, twice.UUID))
+	require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate}, b.events.outcomes(twice.UUID))
+	require.Equal(t, topic, scalar[string](t, b, `SELECT topic FROM inbox_messages WHERE message_id = $1`, good.UUID))
+
+	// In partition order: the poison was settled before the good message ran.
+	var settled []string
+	for _, e := range b.events.all() {
+		if e.Outcome != inbox.Retried && (e.MessageID == poison.UUID || e.MessageID == good.UUID) {
+			settled = append(settled, string(e.Outcome))
+		}
+	}
+	require.Equal(t, []string{"dead_lettered", "applied"}, settled)
+
+	// Every delivery was acknowledged, the poison included: the group's
+	// committed offsets reach the end of the topic.
+	admin, err := sarama.NewClusterAdmin(kfk.Brokers(), kafkatest.Sarama())
+	require.NoError(t, err)
+	defer admin.Close()
+	eventually(t, func() bool { return committedOffsets(t, admin, group, topic) == 4 }, 10*time.Second, "offsets of all four messages to be committed")
+}
+
+// committedOffsets sums the offsets group has committed on topic's partitions.
+func committedOffsets(t *testing.T, admin sarama.ClusterAdmin, group, topic string) int64 {
+	t.Helper()
+	resp, err := admin.ListConsumerGroupOffsets(group, nil) // nil: every partition
+	require.NoError(t, err)
+	var sum int64
+	for _, block := range resp.Blocks[topic] {
+		if block.Offset > 0 {
+			sum += block.Offset
+		}
+	}
+	return sum
 }

@@ -51,10 +51,12 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // BatchFunc applies msgs in tx, the inbox's transaction, and must neither
 // commit nor roll it back. Every message in msgs is new to the consumer: the
 // inbox has already recorded it and filtered out duplicates. An error fails
-// the whole batch; the inbox then calls the BatchFunc again with each message
-// alone, so the error is pinned on the message that causes it (wrap it with
-// Permanent to dead-letter that message at once). ctx carries the batch's
-// deadline; each message keeps its own context.
+// the whole batch, and nothing of it commits; the inbox then splits the batch
+// in halves and calls the BatchFunc again with each, down to the message that
+// causes the error, so its companions still commit in batches and the error
+// is pinned on that message: it is retried alone and, after MaxAttempts,
+// dead-lettered (wrap the error with Permanent to dead-letter it at once).
+// ctx carries the batch's deadline; each message keeps its own context.
 type BatchFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 
 // Handler returns a Watermill handler that applies each message at most once

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -31,30 +30,34 @@ func newKeyedMessage(key string, seq int) *message.Message {
 	return outbox.NewMessage(key, raw)
 }
 
+// relayBundle is what a relay test needs: a database of its own, the real
+// watermill-kafka publisher, a topic of its own and what reached it.
+type relayBundle struct {
+	pool  *pgxpool.Pool
+	pub   message.Publisher
+	topic string
+	sink  *sink // everything that reached topic
+}
+
+func setupRelay(t *testing.T) (context.Context, *relayBundle) {
+	t.Helper()
+	topic := newTopic(t)
+	return t.Context(), &relayBundle{
+		pool:  newPool(t),
+		pub:   newPublisher(t),
+		topic: topic,
+		sink:  newSink(t, topic),
+	}
+}
+
+// TestRelay: one relay publishes every committed row, in per-key order,
+// wakes on commits, backs off from a failing publisher and shuts down cleanly.
 func TestRelay(t *testing.T) {
 	t.Parallel()
 
-	type testBundle struct {
-		pool  *pgxpool.Pool
-		pub   message.Publisher // the real watermill-kafka publisher
-		topic string
-		sink  *sink // everything that reached topic
-	}
-
-	setup := func(t *testing.T) (context.Context, *testBundle) {
-		t.Helper()
-		topic := newTopic(t)
-		return t.Context(), &testBundle{
-			pool:  newPool(t),
-			pub:   newPublisher(t),
-			topic: topic,
-			sink:  newSink(t, topic),
-		}
-	}
-
 	t.Run("PublishesCommittedRows", func(t *testing.T) {
 		t.Parallel()
-		ctx, bundle := setup(t)
+		ctx, bundle := setupRelay(t)
 		other := newTopic(t)
 		otherSink := newSink(t, other)
 
@@ -137,216 +140,10 @@ func TestRelay(t *testing.T) {
 	// Three replicas share the database, each with its own Kafka producer,
 	// while eight producers commit concurrently: nothing is lost, every row
 	// ends marked, and no row is marked twice.
-	t.Run("Replicas", func(t *testing.T) {
-		t.Parallel()
-		for _, parallel := range []bool{false, true} {
-			name := map[bool]string{false: "Ordered", true: "Parallel"}[parallel]
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				ctx, bundle := setup(t)
 
-				relays := make([]*outbox.Relay, 3)
-				for i := range relays {
-					relays[i] = newRelay(t, outbox.RelayConfig{
-						Pool:      bundle.pool,
-						Publisher: newPublisher(t),
-						BatchSize: 50,
-						Parallel:  parallel,
-					})
-					startRelay(t, relays[i])
-				}
-
-				const producers, txPerProducer, msgsPerTx, keysPerProducer = 8, 33, 4, 5
-				written := make([][]string, producers)
-				var g errgroup.Group
-				for p := range producers {
-					g.Go(func() error {
-						seq := map[string]int{}
-						for i := range txPerProducer {
-							var msgs []*message.Message
-							for j := range msgsPerTx {
-								key := fmt.Sprintf("p%d-k%d", p, (msgsPerTx*i+j)%keysPerProducer)
-								msgs = append(msgs, newKeyedMessage(key, seq[key]))
-								seq[key]++
-							}
-							err := pgx.BeginFunc(ctx, bundle.pool, func(tx pgx.Tx) error {
-								return outbox.PublishTx(ctx, tx, bundle.topic, msgs...)
-							})
-							if err != nil {
-								return err
-							}
-							written[p] = append(written[p], ids(msgs)...)
-						}
-						return nil
-					})
-				}
-				require.NoError(t, g.Wait())
-				var want []string
-				for _, w := range written {
-					want = append(want, w...)
-				}
-				require.Len(t, want, producers*txPerProducer*msgsPerTx)
-
-				bundle.sink.WaitFor(t, want)
-				stats := func() (published int64, perRelay []int64) {
-					for _, r := range relays {
-						s := r.Stats()
-						require.Zero(t, s.Errors)
-						published += s.Published
-						perRelay = append(perRelay, s.Published)
-					}
-					return published, perRelay
-				}
-				eventually(t, waitTimeout, func() bool { n, _ := stats(); return n >= int64(len(want)) },
-					"rows still unmarked after their messages reached Kafka")
-				published, perRelay := stats()
-				require.Equal(t, int64(len(want)), published, "a row was marked by two relays")
-				require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
-				require.Equal(t, len(want), countRows(t, bundle.pool, "true"))
-				records := bundle.sink.Records()
-				t.Logf("%d rows, %d records, published per relay %v", len(want), len(records), perRelay)
-
-				if parallel {
-					return // SKIP LOCKED replicas promise no order
-				}
-				// Advisory-lock mode: the first arrival of each key's
-				// messages follows the order in which they were committed.
-				seen := map[string]bool{}
-				lastSeq := map[string]int{}
-				for _, r := range records {
-					if seen[messageID(r)] {
-						continue // a duplicate; only first arrivals count
-					}
-					seen[messageID(r)] = true
-					var p payload
-					require.NoError(t, json.Unmarshal(r.Value, &p))
-					require.Equal(t, p.Key, string(r.Key))
-					if last, ok := lastSeq[p.Key]; ok {
-						require.Equal(t, last+1, p.Seq, "key %s: message %d arrived after %d", p.Key, p.Seq, last)
-					} else {
-						require.Zero(t, p.Seq, "key %s: message %d arrived first", p.Key, p.Seq)
-					}
-					lastSeq[p.Key] = p.Seq
-				}
-				require.Len(t, lastSeq, producers*keysPerProducer)
-			})
-		}
-	})
-
-	// Advisory-lock mode: the active relay's connection dies mid-batch (its
-	// backend is terminated while it waits on the broker). Its transaction
-	// aborts, which frees the lock and the rows, and the standby publishes
-	// them within its PollInterval.
-	t.Run("StandbyTakesOver", func(t *testing.T) {
-		t.Parallel()
-		ctx, bundle := setup(t)
-		gate := newGatedPublisher(bundle.pub)
-		active := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: gate, PollInterval: time.Hour})
-
-		// The standby is another process in production: give it its own
-		// pool, named, and count its finished attempts (each RelayOnce
-		// releases one connection; the listener's is never released).
-		cfg := bundle.pool.Config()
-		cfg.ConnConfig.RuntimeParams["application_name"] = "standby"
-		var attempts atomic.Int64
-		cfg.AfterRelease = func(*pgx.Conn) bool { attempts.Add(1); return true }
-		standbyPool, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(standbyPool.Close)
-		const pollInterval = 200 * time.Millisecond
-		standby := newRelay(t, outbox.RelayConfig{Pool: standbyPool, Publisher: newPublisher(t), PollInterval: pollInterval})
-
-		var msgs []*message.Message
-		for i := range 5 {
-			msgs = append(msgs, newKeyedMessage("k", i))
-		}
-		publishCommitted(t, bundle.pool, bundle.topic, msgs...)
-		startRelay(t, active)
-		t.Cleanup(gate.Release)
-		gate.WaitEntered(t) // active holds the relay lock and the rows
-		startRelay(t, standby)
-
-		// Let the standby go idle first: its listener is up and it has made
-		// two more attempts since (the listener's one wake-up and polls), so
-		// after the kill only its poll can bring it back.
-		eventually(t, waitTimeout, func() bool {
-			var listening bool
-			require.NoError(t, bundle.pool.QueryRow(ctx, `
-				SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-				WHERE datname = current_database() AND application_name = 'standby'
-				  AND state = 'idle' AND query = $1)`, "LISTEN "+outbox.NotifyChannel).Scan(&listening))
-			return listening
-		}, "the standby never listened")
-		since := attempts.Load()
-		eventually(t, waitTimeout, func() bool { return attempts.Load() >= since+2 })
-		require.Zero(t, standby.Stats().Published, "the standby published while the active relay held the lock")
-
-		// Any advisory lock in this fresh database is the relay's.
-		var killed int
-		require.NoError(t, bundle.pool.QueryRow(ctx, `
-			SELECT count(pg_terminate_backend(pid)) FROM pg_locks
-			WHERE locktype = 'advisory' AND granted
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&killed))
-		require.Equal(t, 1, killed, "want exactly one relay holding the lock")
-
-		start := time.Now()
-		eventually(t, pollInterval+5*time.Second, func() bool { return standby.Stats().Published == int64(len(msgs)) },
-			"the standby did not take over the dead relay's rows")
-		t.Logf("standby took over after %v", time.Since(start))
-		bundle.sink.WaitFor(t, ids(msgs))
-
-		// The dead relay's publish now goes through (duplicates, which the
-		// inbox absorbs), but it cannot mark rows on a dead connection.
-		gate.Release()
-		eventually(t, waitTimeout, func() bool { return active.Stats().Errors >= 1 })
-		require.Zero(t, active.Stats().Published)
-		require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
-	})
-
-	// A relay that stops in the middle of a batch (a paused process, a
-	// publish that never returns) loses the lead without anyone killing
-	// it: Postgres ends its transaction past BatchTimeout, which frees the
-	// relay lock and the rows for the standby, and the stopped relay can
-	// never commit its marks. Before, the standby waited for as long as the
-	// stopped relay did.
-	t.Run("StoppedRelayIsFenced", func(t *testing.T) {
-		t.Parallel()
-		ctx, bundle := setup(t)
-		gate := newGatedPublisher(bundle.pub)
-		const batchTimeout = time.Second
-		stopped := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: gate, PollInterval: time.Hour, BatchTimeout: batchTimeout})
-		standbyPool, err := pgxpool.NewWithConfig(ctx, bundle.pool.Config())
-		require.NoError(t, err)
-		t.Cleanup(standbyPool.Close)
-		standby := newRelay(t, outbox.RelayConfig{Pool: standbyPool, Publisher: newPublisher(t), PollInterval: 100 * time.Millisecond})
-
-		var msgs []*message.Message
-		for i := range 5 {
-			msgs = append(msgs, newKeyedMessage("k", i))
-		}
-		publishCommitted(t, bundle.pool, bundle.topic, msgs...)
-		startRelay(t, stopped)
-		t.Cleanup(gate.Release)
-		gate.WaitEntered(t) // the stopped relay holds the lock and the rows
-		startRelay(t, standby)
-
-		start := time.Now()
-		eventually(t, batchTimeout+10*time.Second, func() bool { return standby.Stats().Published == int64(len(msgs)) },
-			"the standby never took over from the stopped relay")
-		t.Logf("standby took over after %v", time.Since(start))
-		bundle.sink.WaitFor(t, ids(msgs))
-
-		gate.Release() // its publish goes through (duplicates), its mark cannot
-		eventually(t, waitTimeout, func() bool { return stopped.Stats().Errors >= 1 })
-		require.Zero(t, stopped.Stats().Published)
-		require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
-	})
-
-	// With an hour between polls, only the NOTIFY that PublishTx queues can
-	// wake an idle relay within seconds.
 	t.Run("WakesOnCommit", func(t *testing.T) {
 		t.Parallel()
-		_, bundle := setup(t)
+		_, bundle := setupRelay(t)
 		relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub, PollInterval: time.Hour})
 
 		first := outbox.NewMessage("k", []byte("0"))
@@ -372,9 +169,10 @@ func TestRelay(t *testing.T) {
 	// A row whose producer did not notify (PublishTx skips the notification
 	// while another producer holds it) is found by the poll, which first
 	// asks whether any row waits at all.
+
 	t.Run("PollFindsRowWithoutNotification", func(t *testing.T) {
 		t.Parallel()
-		ctx, bundle := setup(t)
+		ctx, bundle := setupRelay(t)
 		relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub, PollInterval: 50 * time.Millisecond})
 		startRelay(t, relay)
 		publishCommitted(t, bundle.pool, bundle.topic, outbox.NewMessage("k", []byte("notified")))
@@ -392,9 +190,10 @@ func TestRelay(t *testing.T) {
 
 	// An open transaction that wrote a row does not hold back rows committed
 	// after it, and its own row goes out once it commits.
+
 	t.Run("LongTransactionDoesNotStall", func(t *testing.T) {
 		t.Parallel()
-		ctx, bundle := setup(t)
+		ctx, bundle := setupRelay(t)
 		relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub})
 		startRelay(t, relay)
 
@@ -430,7 +229,7 @@ func TestRelay(t *testing.T) {
 		// out once it recovers.
 		t.Run("BeforeSend", func(t *testing.T) {
 			t.Parallel()
-			_, bundle := setup(t)
+			_, bundle := setupRelay(t)
 			pub := &faultyPublisher{Publisher: bundle.pub}
 			pub.down.Store(true)
 			relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: pub, ErrorBackoff: 10 * time.Millisecond})
@@ -462,7 +261,7 @@ func TestRelay(t *testing.T) {
 		// same message ids, never a gap.
 		t.Run("AckLost", func(t *testing.T) {
 			t.Parallel()
-			_, bundle := setup(t)
+			_, bundle := setupRelay(t)
 			const lostAcks = 2
 			pub := &faultyPublisher{Publisher: bundle.pub}
 			pub.loseAcks.Store(lostAcks)
@@ -486,96 +285,12 @@ func TestRelay(t *testing.T) {
 		})
 	})
 
-	t.Run("Retention", func(t *testing.T) {
-		t.Parallel()
-
-		t.Run("DeletePublished", func(t *testing.T) {
-			t.Parallel()
-			ctx, bundle := setup(t)
-			relay := newRelay(t, outbox.RelayConfig{
-				Pool: bundle.pool, Publisher: bundle.pub, Retention: time.Hour, RetentionBatch: 2,
-			})
-
-			// Log each DELETE statement's rows, oldest first, to see the batches.
-			_, err := bundle.pool.Exec(ctx, `
-				CREATE TABLE delete_log (stmt serial PRIMARY KEY, keys text[]);
-				CREATE FUNCTION log_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-				BEGIN
-					INSERT INTO delete_log (keys)
-					SELECT array_agg(partition_key ORDER BY published_at) FROM old_rows;
-					RETURN NULL;
-				END $$;
-				CREATE TRIGGER log_delete AFTER DELETE ON outbox_messages
-				REFERENCING OLD TABLE AS old_rows
-				FOR EACH STATEMENT EXECUTE FUNCTION log_delete();`)
-			require.NoError(t, err)
-
-			// age: how long ago the row was published; "" for a pending row.
-			rows := []struct{ key, age string }{
-				{"old-5h", "5 hours"}, {"old-4h", "4 hours"}, {"old-3h", "3 hours"},
-				{"old-2h", "2 hours"}, {"old-61m", "61 minutes"},
-				{"recent-59m", "59 minutes"}, {"recent-1m", "1 minute"},
-				{"pending", ""},
-			}
-			for _, r := range rows {
-				publishCommitted(t, bundle.pool, bundle.topic, outbox.NewMessage(r.key, nil))
-				_, err := bundle.pool.Exec(ctx, `
-					UPDATE outbox_messages
-					SET created_at = now() - interval '6 hours',
-					    published_at = now() - nullif($2, '')::interval
-					WHERE partition_key = $1`, r.key, r.age)
-				require.NoError(t, err)
-			}
-
-			deleted, err := relay.DeletePublished(ctx)
-			require.NoError(t, err)
-			require.Equal(t, int64(5), deleted)
-			require.Equal(t, int64(5), relay.Stats().Deleted)
-
-			left, err := bundle.pool.Query(ctx, `SELECT partition_key FROM outbox_messages ORDER BY id`)
-			require.NoError(t, err)
-			leftKeys, err := pgx.CollectRows(left, pgx.RowTo[string])
-			require.NoError(t, err)
-			require.Equal(t, []string{"recent-59m", "recent-1m", "pending"}, leftKeys)
-
-			logged, err := bundle.pool.Query(ctx, `SELECT keys FROM delete_log WHERE keys IS NOT NULL ORDER BY stmt`)
-			require.NoError(t, err)
-			batches, err := pgx.CollectRows(logged, pgx.RowTo[[]string])
-			require.NoError(t, err)
-			require.Equal(t, [][]string{{"old-5h", "old-4h"}, {"old-3h", "old-2h"}, {"old-61m"}}, batches,
-				"want batches of RetentionBatch rows, oldest first")
-
-			deleted, err = relay.DeletePublished(ctx)
-			require.NoError(t, err)
-			require.Zero(t, deleted)
-		})
-
-		t.Run("RunDeletes", func(t *testing.T) {
-			t.Parallel()
-			ctx, bundle := setup(t)
-			relay := newRelay(t, outbox.RelayConfig{
-				Pool: bundle.pool, Publisher: bundle.pub, RetentionInterval: 20 * time.Millisecond,
-			})
-			startRelay(t, relay)
-
-			msgs := []*message.Message{outbox.NewMessage("a", nil), outbox.NewMessage("b", nil), outbox.NewMessage("c", nil)}
-			publishCommitted(t, bundle.pool, bundle.topic, msgs...)
-			eventually(t, waitTimeout, func() bool { return relay.Stats().Published == 3 })
-			require.Equal(t, 3, countRows(t, bundle.pool, "true"), "rows younger than Retention were deleted")
-
-			_, err := bundle.pool.Exec(ctx, `UPDATE outbox_messages SET published_at = published_at - interval '2 hours'`)
-			require.NoError(t, err)
-			eventually(t, waitTimeout, func() bool { return relay.Stats().Deleted == 3 }, "the retention job did not run")
-			require.Zero(t, countRows(t, bundle.pool, "true"))
-		})
-	})
-
 	t.Run("Shutdown", func(t *testing.T) {
 		t.Parallel()
 
 		t.Run("Idle", func(t *testing.T) {
 			t.Parallel()
-			_, bundle := setup(t)
+			_, bundle := setupRelay(t)
 			relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub, PollInterval: time.Hour})
 			run := startRelay(t, relay)
 			publishCommitted(t, bundle.pool, bundle.topic, outbox.NewMessage("k", nil))
@@ -588,7 +303,7 @@ func TestRelay(t *testing.T) {
 
 		t.Run("DuringErrorBackoff", func(t *testing.T) {
 			t.Parallel()
-			_, bundle := setup(t)
+			_, bundle := setupRelay(t)
 			pub := &faultyPublisher{Publisher: bundle.pub}
 			pub.down.Store(true)
 			relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: pub, ErrorBackoff: time.Hour})
@@ -603,7 +318,7 @@ func TestRelay(t *testing.T) {
 		// not abandoned to be published again.
 		t.Run("FinishesBatchInFlight", func(t *testing.T) {
 			t.Parallel()
-			_, bundle := setup(t)
+			_, bundle := setupRelay(t)
 			pub := newGatedPublisher(bundle.pub)
 			relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: pub, PollInterval: time.Hour})
 			msgs := []*message.Message{outbox.NewMessage("a", nil), outbox.NewMessage("b", nil), outbox.NewMessage("c", nil)}
@@ -622,48 +337,6 @@ func TestRelay(t *testing.T) {
 			bundle.sink.WaitFor(t, ids(msgs))
 		})
 	})
-}
-
-func TestNewRelay(t *testing.T) {
-	t.Parallel()
-
-	pool, err := pgxpool.New(t.Context(), testPG.URL("postgres")) // never connects: no query is run
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	pub := newPublisher(t)
-
-	tests := []struct {
-		name    string
-		cfg     outbox.RelayConfig
-		wantErr string
-	}{
-		{"NoPool", outbox.RelayConfig{Publisher: pub}, "RelayConfig.Pool"},
-		{"NoPublisher", outbox.RelayConfig{Pool: pool}, "RelayConfig.Publisher"},
-		{"NegativeBatchSize", outbox.RelayConfig{Pool: pool, Publisher: pub, BatchSize: -1}, "RelayConfig.BatchSize"},
-		{"PollIntervalTooShort", outbox.RelayConfig{Pool: pool, Publisher: pub, PollInterval: time.Microsecond}, "RelayConfig.PollInterval"},
-		{"NegativeRetention", outbox.RelayConfig{Pool: pool, Publisher: pub, Retention: -time.Second}, "RelayConfig.Retention"},
-		{"NegativeErrorBackoff", outbox.RelayConfig{Pool: pool, Publisher: pub, ErrorBackoff: -time.Second}, "RelayConfig.ErrorBackoff"},
-		{"NegativeBatchTimeout", outbox.RelayConfig{Pool: pool, Publisher: pub, BatchTimeout: -time.Second}, "RelayConfig.BatchTimeout"},
-		{"NegativeRetentionInterval", outbox.RelayConfig{Pool: pool, Publisher: pub, RetentionInterval: -time.Second}, "RelayConfig.RetentionInterval"},
-		{"NegativeRetentionBatch", outbox.RelayConfig{Pool: pool, Publisher: pub, RetentionBatch: -1}, "RelayConfig.RetentionBatch"},
-		{"MaxErrorBackoffBelowErrorBackoff", outbox.RelayConfig{Pool: pool, Publisher: pub, ErrorBackoff: time.Second, MaxErrorBackoff: time.Millisecond}, "RelayConfig.MaxErrorBackoff"},
-		{"NegativeMaxMessageBytes", outbox.RelayConfig{Pool: pool, Publisher: pub, MaxMessageBytes: -1}, "RelayConfig.MaxMessageBytes"},
-		{"Defaults", outbox.RelayConfig{Pool: pool, Publisher: pub}, ""},
-		{"LongErrorBackoffRaisesTheDefaultCap", outbox.RelayConfig{Pool: pool, Publisher: pub, ErrorBackoff: time.Hour}, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			relay, err := outbox.NewRelay(tt.cfg)
-			if tt.wantErr == "" {
-				require.NoError(t, err)
-				require.NotNil(t, relay)
-				return
-			}
-			require.ErrorContains(t, err, tt.wantErr)
-			require.Nil(t, relay)
-		})
-	}
 }
 
 var errBrokerDown = errors.New("injected: broker unavailable")

@@ -56,9 +56,12 @@ type Stats struct {
 	Relay    outbox.RelayStats `json:"relay"`
 }
 
-// Run starts the service and blocks until ctx ends, then shuts down in
-// order: stop taking HTTP requests, let in-flight messages commit, stop the
-// relay after its batch, close the pool.
+// Run starts the service and blocks until ctx ends. Then every part stops
+// at once, each finishing what it started: the HTTP server stops taking
+// requests and lets those in flight answer (up to 10s), the router waits for
+// the messages in flight to commit, the relay finishes its batch, the inbox's
+// Run lets its batch transactions commit. The pool is closed only after all
+// of them returned.
 func Run(ctx context.Context, cfg Config, svc Service) error {
 	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
 	if err := failpoint.FromEnv(); err != nil { // a no-op unless built with -tags failpoint

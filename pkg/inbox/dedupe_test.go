@@ -1,0 +1,62 @@
+package inbox_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+)
+
+// TestMiddlewareDedupeScope: deduplication is per consumer, and with
+// DisableDedupe (the chaos harness's control run) every delivery applies.
+func TestMiddlewareDedupeScope(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DedupeIsPerConsumer", func(t *testing.T) {
+		t.Parallel()
+		billing, b := setup(t, inbox.Config{Consumer: "billing"})
+		shipping := b.newInbox(t, inbox.Config{Consumer: "shipping"})
+		shippingHandler := &applier{consumer: "shipping"}
+		id, payload := newID(), []byte(`{"order":1}`)
+
+		for range 2 {
+			require.NoError(t, deliver(b.ctx, billing.Middleware(b.handler.handle), id, payload))
+			require.NoError(t, deliver(b.ctx, shipping.Middleware(shippingHandler.handle), id, payload))
+		}
+
+		require.Equal(t, 1, appliedRows(t, b, "billing", id))
+		require.Equal(t, 1, appliedRows(t, b, "shipping", id))
+		require.Equal(t, inbox.Stats{Applied: 1, Duplicates: 1}, billing.Stats())
+		require.Equal(t, inbox.Stats{Applied: 1, Duplicates: 1}, shipping.Stats())
+		require.Equal(t, 2, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE message_id = $1`, id))
+	})
+
+	// The control runs: without the inbox row the same deliveries are applied
+	// more than once. They show that the tests above can fail.
+	t.Run("DisableDedupeAppliesConcurrentDeliveriesEach", func(t *testing.T) {
+		t.Parallel()
+		in, b := setup(t, inbox.Config{DisableDedupe: true})
+		b.handler.hook = holdUntilContended(t, b, 9)
+		id := newID()
+
+		deliverConcurrently(t, b.ctx, in.Middleware(b.handler.handle), id, []byte(`{"amount":100}`), 10)
+
+		require.Equal(t, 10, appliedRows(t, b, consumer, id))
+		require.Equal(t, int64(10), in.Stats().Applied)
+		require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_messages`))
+	})
+
+	t.Run("DisableDedupeAppliesRedeliveryTwice", func(t *testing.T) {
+		t.Parallel()
+		in, b := setup(t, inbox.Config{DisableDedupe: true})
+		mw := in.Middleware(b.handler.handle)
+		id, payload := newID(), []byte(`{"amount":100}`)
+
+		require.NoError(t, deliver(b.ctx, mw, id, payload))
+		require.NoError(t, deliver(b.ctx, mw, id, payload))
+
+		require.Equal(t, 2, appliedRows(t, b, consumer, id))
+		require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Applied}, b.events.outcomes(id))
+	})
+}
