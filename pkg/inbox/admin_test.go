@@ -120,7 +120,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	// goes out again, and the inbox suppresses it.
 	_, err = b.pool.Exec(b.ctx, `UPDATE outbox_messages SET published_at = NULL WHERE topic = $1 AND message_id = $2`, topic, poison.UUID)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `SELECT pg_notify($1, '')`, outbox.NotifyChannel)
+	_, err = b.pool.Exec(b.ctx, `SELECT pg_notify($1, '')`, outbox.NotifyChannel("public"))
 	require.NoError(t, err)
 	eventually(t, func() bool {
 		return scalar[int](t, b, `SELECT duplicates FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, consumer, poison.UUID) == 1

@@ -147,3 +147,43 @@ func TestMigrateCreatesTheDeadLetterPath(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1`, consumer+".dlq").Scan(&n))
 	require.Equal(t, 1, n, "the dead letter waits in the outbox")
 }
+
+// TestSchemasAreSeparateInboxes: an inbox lives in the schema its pool's
+// search_path names, its dead letters in that schema's outbox: two schemas
+// of one database deduplicate apart, and neither sees the other's rows.
+func TestSchemasAreSeparateInboxes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	name, url, err := createDatabase(ctx)
+	require.NoError(t, err)
+	pg.DropWhenDone(t, name)
+	inSchema := func(schema string) (*pgxpool.Pool, message.HandlerFunc) {
+		cfg, err := pgxpool.ParseConfig(url)
+		require.NoError(t, err)
+		cfg.ConnConfig.RuntimeParams["search_path"] = schema
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		_, err = pool.Exec(ctx, "CREATE SCHEMA "+schema+"; "+domainSchema)
+		require.NoError(t, err)
+		require.NoError(t, inbox.Migrate(ctx, pool))
+		in, err := inbox.New(inbox.Config{Pool: pool, Consumer: consumer})
+		require.NoError(t, err)
+		return pool, in.Middleware((&applier{consumer: consumer}).handle)
+	}
+	poolA, a := inSchema("a")
+	poolB, b := inSchema("b")
+	id := newID()
+	for range 2 {
+		require.NoError(t, deliver(ctx, a, id, []byte(`{}`)))
+		require.NoError(t, deliver(ctx, b, id, []byte(`{}`)))
+	}
+	for _, pool := range []*pgxpool.Pool{poolA, poolB} {
+		var applied, rows int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM applied), (SELECT count(*) FROM inbox_messages)`).Scan(&applied, &rows))
+		require.Equal(t, []int{1, 1}, []int{applied, rows}, "each schema applied the message once")
+	}
+	var tables int
+	require.NoError(t, poolA.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables))
+	require.Zero(t, tables, "nothing was created outside the schemas")
+}

@@ -18,7 +18,7 @@ import (
 
 // claim locks and marks the next batch of rows, in id order.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]pending, error) {
-	args := []any{planEachTime, r.cfg.BatchSize, relayLockKey}
+	args := []any{planEachTime, r.cfg.BatchSize, relayLockSpace}
 	claim := claimSQL
 	if r.cfg.Parallel {
 		claim, args = claimParallelSQL, args[:2]
@@ -51,7 +51,8 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]pending, error) {
 }
 
 // claimSQL locks and marks the lowest sendable ids, up to $1, if this relay
-// is the leader: the advisory lock $2, taken once per statement (an
+// is the leader of its schema's outbox: the advisory lock ($2, a hash of the
+// schema; see relayLockSpace), taken once per statement (an
 // uncorrelated subquery is evaluated once, before any row is read), makes
 // replicas take turns, so rows leave in id order and one key's messages keep
 // their order. A replica that is not the leader claims nothing.
@@ -59,7 +60,7 @@ const claimSQL = `
 	UPDATE outbox_messages SET published_at = now()
 	WHERE id = ANY(ARRAY(
 		SELECT id FROM outbox_messages m
-		WHERE ` + sendable + ` AND (SELECT pg_try_advisory_xact_lock($2))
+		WHERE ` + sendable + ` AND (SELECT pg_try_advisory_xact_lock($2, hashtext(current_schema())))
 		ORDER BY id
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))

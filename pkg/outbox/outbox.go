@@ -3,8 +3,10 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"crypto/md5"
 	"embed"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,17 +26,31 @@ import (
 // lands on the same Kafka partition, in order.
 const KeyMetadata = "partition_key"
 
-// NotifyChannel is the Postgres channel PublishTx notifies on commit, so a
-// listening relay wakes up at once instead of waiting for its next poll.
-const NotifyChannel = "outbox_messages"
+// One schema, one outbox. The outbox's tables live in the schema the pool's
+// connections resolve first (their search_path: give the pool
+// search_path=<schema> to keep several outboxes, or yours apart from a
+// neighbour's, in one database; create the schema first), and so do its
+// notification channel and advisory locks: both are derived from that
+// schema's name (current_schema()), so relays and producers of two schemas
+// never take each other's lead, wait on each other's keys or wake each
+// other. The locks are two-part keys whose first half is one of the spaces
+// below and whose second a hash of the schema (and of topic and key), so
+// they cannot collide with one-part locks, nor with two-part ones of other
+// first halves.
+const (
+	relayLockSpace  = 7_412_002 // the relay's lead (claimSQL)
+	notifyLockSpace = 7_412_003 // the producer that notifies (PublishTx)
+	keyLockSpace    = 7_412_004 // one partition key's writers (PublishTx)
+)
 
-// notifyLockKey gates the notification: see PublishTx.
-const notifyLockKey = 7_412_003
-
-// keyLockSpace is the first half of the two-part advisory lock PublishTx
-// takes per partition key (the second is a hash of topic and key). Two-part
-// advisory locks never collide with one-part ones like the two above.
-const keyLockSpace = 7_412_004
+// NotifyChannel is the Postgres channel PublishTx notifies on commit in
+// schema, so a listening relay of that schema wakes up at once instead of
+// waiting for its next poll: "outbox_" and the MD5 of the schema's name
+// (a channel name has at most 63 bytes; a schema name may have as many).
+func NotifyChannel(schema string) string {
+	sum := md5.Sum([]byte(schema))
+	return "outbox_" + hex.EncodeToString(sum[:])
+}
 
 //go:embed migrations/*.sql
 var migrations embed.FS
@@ -189,17 +205,18 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 	// the ids are taken only once every lock is held.
 	_, err := tx.Exec(ctx, `
 		WITH locked AS MATERIALIZED (
-			SELECT count(pg_advisory_xact_lock($8, h)) AS n
-			FROM (SELECT DISTINCT hashtext($1 || E'\n' || k) AS h
-			      FROM unnest($3::text[]) AS k WHERE k <> '' AND NOT $9 ORDER BY 1) AS keys
+			SELECT count(pg_advisory_xact_lock($7, h)) AS n
+			FROM (SELECT DISTINCT hashtext(current_schema() || E'\n' || $1 || E'\n' || k) AS h
+			      FROM unnest($3::text[]) AS k WHERE k <> '' AND NOT $8 ORDER BY 1) AS keys
 		), rows AS (
 			INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
 			SELECT m.id, $1, m.key, m.payload, m.meta
 			FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) AS m(id, key, payload, meta)
 			WHERE (SELECT n FROM locked) >= 0
 		)
-		SELECT CASE WHEN pg_try_advisory_xact_lock($7) THEN pg_notify($6, '') END`,
-		topic, ids, keys, payloads, metas, NotifyChannel, notifyLockKey, keyLockSpace, w.Unordered)
+		SELECT CASE WHEN pg_try_advisory_xact_lock($6, hashtext(current_schema()))
+			THEN pg_notify('outbox_' || md5(current_schema()), '') END`,
+		topic, ids, keys, payloads, metas, notifyLockSpace, keyLockSpace, w.Unordered)
 	if err != nil {
 		return fmt.Errorf("outbox: inserting %d rows: %w", len(msgs), err)
 	}

@@ -22,10 +22,6 @@ const (
 	relayFollowUpInterval = 5 * time.Millisecond
 )
 
-// relayLockKey is the advisory lock that makes one relay at a time the
-// publisher, so rows leave in id order and one key's messages keep their order.
-const relayLockKey = 7_412_002
-
 // RelayStats counts what a Relay did since it started.
 type RelayStats struct {
 	Published int64 // messages the broker acknowledged and the relay marked
@@ -230,9 +226,9 @@ func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
 	return res, res.err
 }
 
-// listen holds a connection that LISTENs on NotifyChannel and turns each
-// notification into a wake-up. A lost connection is re-established; the poll
-// covers the gap.
+// listen holds a connection that LISTENs on its schema's NotifyChannel and
+// turns each notification into a wake-up. A lost connection is
+// re-established; the poll covers the gap.
 func (r *Relay) listen(ctx context.Context) {
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx)
@@ -253,7 +249,11 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	}
 	// A LISTENing session must not go back to the pool.
 	defer func() { conn.Hijack().Close(context.Background()) }() //nolint:errcheck
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+	var schema string
+	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel(schema)}.Sanitize()); err != nil {
 		return err
 	}
 	r.poke() // rows committed while nobody listened

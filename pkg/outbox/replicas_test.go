@@ -159,7 +159,7 @@ func TestRelayReplicas(t *testing.T) {
 			require.NoError(t, bundle.pool.QueryRow(ctx, `
 				SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 				WHERE datname = current_database() AND application_name = 'standby'
-				  AND state = 'idle' AND query = $1)`, "LISTEN "+outbox.NotifyChannel).Scan(&listening))
+				  AND state = 'idle' AND query = $1)`, "LISTEN "+pgx.Identifier{outbox.NotifyChannel("public")}.Sanitize()).Scan(&listening))
 			return listening
 		}, "the standby never listened")
 		since := attempts.Load()

@@ -233,7 +233,7 @@ func (p *pair) republishOrderPaid(t *testing.T, id string) {
 	tag, err := p.ordersPool.Exec(p.ctx, `UPDATE outbox_messages SET published_at = NULL WHERE partition_key = $1`, id)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
-	_, err = p.ordersPool.Exec(p.ctx, `SELECT pg_notify($1, '')`, outbox.NotifyChannel)
+	_, err = p.ordersPool.Exec(p.ctx, `SELECT pg_notify($1, '')`, outbox.NotifyChannel("public"))
 	require.NoError(t, err)
 }
 
