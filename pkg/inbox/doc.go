@@ -3,10 +3,10 @@
 //
 // # The guarantee
 //
-// Inbox.Middleware wraps a Watermill handler. For every delivery it opens one
+// [Inbox.Middleware] wraps a Watermill handler. For every delivery it opens one
 // pgx transaction, inserts (consumer, message_id, payload_sha256) into
 // inbox_messages with ON CONFLICT DO NOTHING, runs the handler with that
-// transaction in the message context (TxFromContext), and commits. The
+// transaction in the message context ([TxFromContext]), and commits. The
 // handler's domain writes, its outbox writes and the inbox row commit or roll
 // back together. The middleware returns only after the commit, so the router
 // acknowledges, and watermill-kafka marks the Kafka offset, only after it.
@@ -29,20 +29,25 @@
 // another payload waits on its row, whichever settles second is the
 // conflict. A handler that keeps failing is retried with backoff, its attempts
 // counted in the database; after MaxAttempts (or at once, for errors wrapped
-// with Permanent) the message is dead-lettered: recorded with its reason in
+// with [Permanent]) the message is dead-lettered: recorded with its reason in
 // inbox_quarantine and published to the dead-letter topic through the
 // outbox, in one transaction; then it is acknowledged, so one poison message
-// never blocks its partition.
+// never blocks its partition. [ListQuarantine] shows what was quarantined;
+// [Redrive] writes a dead letter back to its topic once the handler is
+// fixed, and [Discard] closes one for good.
 //
 // # Batches
 //
-// Inbox.Handler is the same guarantee for a handler that takes many messages
-// at once (a BatchFunc). The router runs one delivery per partition at a
+// [Inbox.Handler] is the same guarantee for a handler that takes many messages
+// at once (a [BatchFunc]). The router runs one delivery per partition at a
 // time, so a consumer with many partitions has many in flight; with
-// Config.BatchSize > 1, those that arrive together are inserted into
+// [Config.BatchSize] > 1, those that arrive together are inserted into
 // inbox_messages by one statement, the ones not seen before are handed to one
 // call of the BatchFunc, and all of it commits in one transaction. Every
-// delivery of the batch returns only after that commit. The BatchFunc writes
+// delivery of the batch returns only after that commit. Batches form only
+// while [Inbox.Run] runs (beside the router: it runs the batch transactions
+// and the retention sweep); a delivery that arrives while it does not is
+// applied alone, correctly but unbatched. The BatchFunc writes
 // set-based (one UPDATE … FROM unnest for the batch), so a batch costs a few
 // statements and one WAL flush however many messages it holds. If the
 // BatchFunc fails, nothing of the batch commits and each half is tried again

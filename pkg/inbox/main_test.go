@@ -2,8 +2,10 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,6 +43,21 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer kfk.Close()
+	// The examples find their database and broker the way a reader's program
+	// would, in DATABASE_URL and KAFKA_BROKERS: one database for them all
+	// (each example keeps to tables, consumers and topics of its own). Set
+	// only now: pgtest.Start and kafkatest.Start read the same variables.
+	name := fmt.Sprintf("inbox_examples_%d", os.Getpid())
+	url, err := pg.CreateDatabase(ctx, name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "inbox tests:", err)
+		return 1
+	}
+	pg.DropAtStop(name)
+	if err := errors.Join(os.Setenv("DATABASE_URL", url), os.Setenv("KAFKA_BROKERS", strings.Join(kfk.Brokers(), ","))); err != nil {
+		fmt.Fprintln(os.Stderr, "inbox tests:", err)
+		return 1
+	}
 	return m.Run()
 }
 
@@ -81,16 +98,4 @@ func newTestDB(t *testing.T, ctx context.Context) *pgxpool.Pool {
 	_, err = pool.Exec(ctx, domainSchema)
 	require.NoError(t, err)
 	return pool
-}
-
-// exampleDatabaseURL is for examples, which cannot take a *testing.T: it
-// returns the URL of a fresh, empty database on the package's Postgres,
-// dropped when the package's tests stop.
-func exampleDatabaseURL() string {
-	name, url, err := createDatabase(context.Background())
-	if err != nil {
-		panic(err)
-	}
-	pg.DropAtStop(name)
-	return url
 }

@@ -3,11 +3,12 @@
 //
 // # The guarantee
 //
-// PublishTx writes messages as rows of outbox_messages inside the caller's
+// [PublishTx] writes messages as rows of outbox_messages inside the caller's
 // pgx.Tx. If the transaction commits, every message is published to the
-// broker at least once; if it rolls back, none is. A Relay publishes rows
-// in id order and waits for the broker to acknowledge them before it commits
-// the transaction that claimed them and marked them published. So:
+// broker at least once; if it rolls back, none is. A [Relay] ([Relay.Run])
+// publishes rows in id order and waits for the broker to acknowledge them
+// before it commits the transaction that claimed them and marked them
+// published. So:
 //
 //   - a relay killed at any point (after claiming, after publishing, before
 //     the mark commits) leaves its rows unmarked; they are published again by
@@ -31,10 +32,10 @@
 // max.message.bytes, or an invalid record) must not stop the outbox: a
 // relay that gets a permanent refusal for a batch (IsPermanent) sends its
 // rows again one at a time, publishes the good ones, and parks the refused
-// one with its reason (Parked, cmd/outboxctl); a row over the relay's
+// one with its reason ([Parked], cmd/outboxctl); a row over the relay's
 // MaxMessageBytes is parked without a send. The per-key rule: the later
 // rows of a parked row's topic and partition key are not sent until the row
-// is retried (Retry) or dropped (Drop), so a key's messages never overtake
+// is retried ([Retry]) or dropped ([Drop]), so a key's messages never overtake
 // each other; every other key goes on. Transient failures (the broker down,
 // a timeout) park nothing: the batch is retried after ErrorBackoff, doubled
 // for each failure in a row up to MaxErrorBackoff.
@@ -42,7 +43,7 @@
 // # The order promised
 //
 // For one topic and non-empty partition key, with one relay leading (the
-// default; not with RelayConfig.Parallel): the first time each message
+// default; not with [RelayConfig.Parallel]): the first time each message
 // reaches Kafka, it comes after every message of that key whose
 // transaction committed before its own, and before every one committed
 // after. In other words, consumers see a key's messages in commit order; the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -66,6 +67,21 @@ func runTests(m *testing.M) int {
 	}
 	defer k.Close()
 	testPG, testKafka = pg, k
+	// The examples find their database and broker the way a reader's program
+	// would, in DATABASE_URL and KAFKA_BROKERS: one database for them all
+	// (each example keeps to tables and topics of its own). Set only now:
+	// pgtest.Start and kafkatest.Start read the same variables.
+	name := fmt.Sprintf("outbox_examples_%d_%s", os.Getpid(), randomSuffix())
+	url, err := pg.CreateDatabase(ctx, name)
+	if err != nil {
+		log.Print(err)
+		return 1
+	}
+	pg.DropAtStop(name)
+	if err := errors.Join(os.Setenv("DATABASE_URL", url), os.Setenv("KAFKA_BROKERS", strings.Join(k.Brokers(), ","))); err != nil {
+		log.Print(err)
+		return 1
+	}
 	return m.Run()
 }
 
