@@ -66,6 +66,11 @@
 //     not commit it.
 //   - Consumer names the deduplication scope: one name per logical consumer,
 //     shared by its replicas.
+//   - Run ([Inbox.Run]) beside the router, for its batch transactions and
+//     its retention sweep.
+//   - The tables live in the schema the pool's search_path resolves first
+//     (see pkg/outbox, "One schema, one outbox"); Migrate creates the
+//     inbox's there, and the outbox table its dead letters go through.
 //   - Retention must cover the RedeliveryHorizon: a message redelivered after
 //     its inbox row was swept is applied again. Validate refuses a shorter
 //     Retention. How late Kafka can redeliver is Kafka's to say, not yours:

@@ -100,6 +100,24 @@
 // RelayConfig.Parallel to let replicas publish at once with SKIP LOCKED,
 // giving up cross-replica ordering.
 //
+// # One schema, one outbox
+//
+// The tables (outbox_messages, outbox_dropped, and schema_migrations where
+// Migrate records them) live in the schema the pool's connections resolve
+// first: the default search_path puts them in public. To keep them apart
+// from your own tables, or to run several outboxes in one database, create a
+// schema and give the pool search_path=<schema> (in the connection string,
+// or pgxpool.Config's ConnConfig.RuntimeParams). The relay's lead, the
+// producers' per-key locks and the NOTIFY channel ([NotifyChannel]) are
+// derived from that schema's name, so two schemas' relays never take each
+// other's lead or wake each other. The advisory locks are two-part keys:
+// first halves 7412002 (the relay's lead), 7412003 (the producer that
+// notifies) and 7412004 (a partition key's writers), second halves hashes of
+// the schema (and topic and key); a program of yours whose own two-part
+// advisory locks use those first halves would share them. Behind PgBouncer
+// in transaction mode, set search_path as a startup parameter it tracks, or
+// keep the default schema.
+//
 // # Retention
 //
 // Published rows stay for RelayConfig.Retention (for inspection), and the
