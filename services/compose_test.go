@@ -37,6 +37,12 @@ const (
 // set, so every ${VAR:-default} takes its default: what a user gets.
 func load(t *testing.T, files ...string) *types.Project {
 	t.Helper()
+	return loadProfiles(t, nil, files...)
+}
+
+// loadProfiles is load with the given profiles enabled ("*": all).
+func loadProfiles(t *testing.T, profiles []string, files ...string) *types.Project {
+	t.Helper()
 	details := types.ConfigDetails{WorkingDir: "..", Environment: types.Mapping{}}
 	for _, f := range files {
 		abs, err := filepath.Abs(f)
@@ -47,6 +53,7 @@ func load(t *testing.T, files ...string) *types.Project {
 	}
 	p, err := loader.LoadWithContext(context.Background(), details, func(o *loader.Options) {
 		o.SetProjectName("outbox-inbox", true)
+		o.Profiles = profiles
 	})
 	if err != nil {
 		t.Fatalf("loading %v: %v", files, err)
@@ -117,7 +124,10 @@ func pinned(image string) string {
 // pulls, directly or as a base image of a build, has a versioned tag, and
 // the compose defaults are the Dockerfiles' own defaults.
 func TestComposeImagesArePinned(t *testing.T) {
-	p := load(t, composeFile)
+	p := loadProfiles(t, []string{"*"}, composeFile) // the observe profile's images too
+	if _, err := p.GetService("grafana"); err != nil {
+		t.Fatalf("the observe profile was not loaded: %v", err)
+	}
 	dockerfileArgs := map[string]map[string]string{}
 	for _, s := range p.Services {
 		if s.Build == nil {

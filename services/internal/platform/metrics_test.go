@@ -5,6 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -99,4 +103,62 @@ func TestOutboxBacklogMetrics(t *testing.T) {
 	require.Equal(t, -1.0, metric(t, text, metricPendingRows), text)
 	require.Equal(t, 1.0, metric(t, text, metricPendingQueryErrors))
 	require.Positive(t, metric(t, text, "go_goroutines"))
+}
+
+// metricName matches a PromQL metric name of this project's (recording
+// rules, with a colon, are names of their own and not matched).
+var metricName = regexp.MustCompile(`\b(?:inbox|outbox)_[a-z0-9_]+\b|\bup\b`)
+
+// TestRulesUseExportedMetrics: every metric the alerting rules
+// (deploy/prometheus/alerts.yml) and the Grafana dashboard
+// (deploy/grafana/dashboards/outbox-inbox.json) use is served by a running
+// service's GET /metrics, after one order went through: a renamed metric
+// would leave an alert that can never fire.
+func TestRulesUseExportedMetrics(t *testing.T) {
+	t.Parallel()
+	p := setup(t)
+	id := uuid.NewString()
+	p.pay(t, id)
+	eventually(t, p.ctx, func() bool { return p.status(t, id) == "reserved" }, "order "+id+" to be reserved")
+	served := scrape(t, p.ordersAddr) + scrape(t, p.invAddr)
+
+	for _, file := range []string{"../../../deploy/prometheus/alerts.yml", "../../../deploy/grafana/dashboards/outbox-inbox.json"} {
+		raw, err := os.ReadFile(file)
+		require.NoError(t, err)
+		names := usedMetrics(string(raw))
+		require.GreaterOrEqual(t, len(names), 5, "%s: found only %v", file, names)
+		for _, name := range names {
+			if name == "up" {
+				continue // Prometheus's own, per scrape target
+			}
+			require.Truef(t, serves(served, name), "%s uses %s, which no service serves", file, name)
+		}
+	}
+	require.False(t, serves(served, "outbox_renamed_rows"), "the check must see a metric no service serves")
+}
+
+// usedMetrics returns the distinct metric names of this project's in text,
+// PromQL in YAML or JSON.
+func usedMetrics(text string) []string {
+	var names []string
+	for _, m := range metricName.FindAllStringIndex(text, -1) {
+		name := text[m[0]:m[1]]
+		if m[1] < len(text) && text[m[1]] == ':' || m[0] > 0 && text[m[0]-1] == ':' {
+			continue // part of a recording rule's name
+		}
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// serves reports whether the /metrics text has a sample of name.
+func serves(text, name string) bool {
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, "{") || strings.HasPrefix(rest, " ")) {
+			return true
+		}
+	}
+	return false
 }
