@@ -83,7 +83,10 @@ func (q *Queue[T]) gather(first T, expect int) []T {
 	batch := []T{first}
 	for len(batch) < q.max {
 		select {
-		case it := <-q.ch:
+		case it, ok := <-q.ch:
+			if !ok {
+				return batch // closed and drained: a closed channel hands out zero values
+			}
 			batch = append(batch, it)
 			continue
 		default:
@@ -98,7 +101,10 @@ func (q *Queue[T]) gather(first T, expect int) []T {
 	defer timer.Stop()
 	for len(batch) < expect {
 		select {
-		case it := <-q.ch:
+		case it, ok := <-q.ch:
+			if !ok {
+				return batch
+			}
 			batch = append(batch, it)
 		case <-timer.C:
 			return batch

@@ -82,3 +82,29 @@ func TestPutGivesUp(t *testing.T) {
 	require.Equal(t, int64(1), q.inflight.Load())
 	require.Equal(t, 1, q.Waiting())
 }
+
+// TestCloseRunsWhatWasPut: after Close, Run hands out every item put before
+// it, in batches of those items only (a closed channel's zero values are no
+// items), and returns; a waiting linger ends too.
+func TestCloseRunsWhatWasPut(t *testing.T) {
+	for _, linger := range []time.Duration{0, time.Hour} {
+		q := New[*int](8, 8, linger)
+		var got []*int
+		items := []*int{new(int), new(int), new(int)}
+		for _, it := range items {
+			require.True(t, q.Put(context.Background(), it))
+		}
+		q.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			q.Run(func(batch []*int) { got = append(got, batch...) })
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("linger %v: Run did not return after Close", linger)
+		}
+		require.Equal(t, items, got, "linger %v: Run must hand out exactly the items put", linger)
+	}
+}

@@ -85,9 +85,16 @@ func TestRun(t *testing.T) {
 	release := sync.OnceFunc(func() { close(gate) })
 	mu.Unlock()
 	t.Cleanup(release) // a failed check below must not leave deliveries waiting
+	// One batch is held in the handler; behind it, with the one worker
+	// busy, three more deliveries wait in the queue when Run's context
+	// ends: they must still be run, as batches of their own, not dropped
+	// and not padded out.
 	held := make(chan int, 1)
-	go func() { held <- deliverAll(4) }()
+	go func() { held <- deliverAll(1) }()
 	<-entered // the batch is in the handler
+	queued := make(chan int, 1)
+	go func() { queued <- deliverAll(3) }()
+	time.Sleep(200 * time.Millisecond) // for them to reach the queue (nothing reports it)
 	stop()
 	select {
 	case err := <-runErr:
@@ -101,6 +108,7 @@ func TestRun(t *testing.T) {
 	require.NoError(t, <-runErr)
 	require.False(t, in.Running())
 	<-held // every delivery of the held batch was answered, applied
+	<-queued
 	require.Equal(t, 8, deliverAll(8), "after Run returned: one transaction per delivery")
 
 	// The sweep: a row past Retention goes within a few intervals.
