@@ -126,19 +126,25 @@ func (in *Inbox) firstAttempt(d *delivery, a applier) (herr, err error) {
 	return nil, nil
 }
 
-// runItems runs one batch of deliveries, as one transaction per applier,
-// and hands each delivery its result.
+// runItems runs one batch of deliveries and hands each delivery its result:
+// the deliveries of every per-message applier (every Middleware) together,
+// a savepoint each, and those of each set-based applier (each Handler) in
+// a transaction of their own, one call of its BatchFunc.
 func (in *Inbox) runItems(items []*batchItem) {
-	groups := map[applier][]*batchItem{}
+	groups := map[applier][]*batchItem{} // nil: every per-message applier's
 	for _, it := range items {
-		groups[it.a] = append(groups[it.a], it)
+		var key applier
+		if it.a.setBased() {
+			key = it.a
+		}
+		groups[key] = append(groups[key], it)
 	}
 	for a, group := range groups {
 		var results []batchResult
-		if a.setBased() {
-			results = in.runSetBatchSplitting(a, group)
+		if a == nil {
+			results = in.runSavepoints(group)
 		} else {
-			results = in.runSavepoints(a, group)
+			results = in.runSetBatchSplitting(a, group)
 		}
 		for i, it := range group {
 			it.done <- results[i]
@@ -243,16 +249,16 @@ func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, erro
 	})
 }
 
-// runSavepoints runs items through a per-message applier in one
-// transaction, a savepoint each, and returns a result for each.
-func (in *Inbox) runSavepoints(a applier, items []*batchItem) []batchResult {
+// runSavepoints runs items, each through its own per-message applier, in
+// one transaction, a savepoint each, and returns a result for each.
+func (in *Inbox) runSavepoints(items []*batchItem) []batchResult {
 	results, _ := in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		deadline, _ := ctx.Deadline()
 		for i, it := range items {
 			// Each message keeps its own context (its trace span, its values),
 			// without its cancellation, within the batch's deadline.
 			ictx, cancel := context.WithDeadline(context.WithoutCancel(it.d.msg.Context()), deadline)
-			res, err := in.savepoint(ictx, tx, a, it.d)
+			res, err := in.savepoint(ictx, tx, it.a, it.d)
 			cancel()
 			if err != nil {
 				return err // the transaction is gone: everyone alone

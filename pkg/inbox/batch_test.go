@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -239,4 +240,50 @@ func TestBatchLinger(t *testing.T) {
 	// The first batches form while the partitions start at different
 	// moments; from the first busy batch on, every batch is full.
 	require.GreaterOrEqual(t, full, perPartition-2, "batches did not hold a message of every partition: %v", sizes)
+}
+
+// TestBatchesAcrossHandlers: deliveries of two Middleware-wrapped handlers
+// of one inbox share batch transactions (a savepoint each), as deliveries of
+// one handler do; and a BatchFunc finds the transaction in its context
+// (TxFromContext), alone and in a batch.
+func TestBatchesAcrossHandlers(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{BatchSize: 16, BatchWorkers: 1, BatchLinger: 50 * time.Millisecond})
+	record := func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		_, err := inbox.Tx(ctx).Exec(ctx, `INSERT INTO applied (consumer, message_id, n) VALUES ($1, $2, txid_current()::int)`, msg.Metadata.Get("handler"), msg.UUID)
+		return nil, err
+	}
+	handlers := map[string]message.HandlerFunc{"a": in.Middleware(record), "b": in.Middleware(record)}
+	shared := func() bool { // one round: 8 deliveries through each handler at once
+		var wg sync.WaitGroup
+		for name, h := range handlers {
+			for range 8 {
+				wg.Go(func() {
+					msg := message.NewMessage(newID(), []byte(`{}`))
+					msg.Metadata.Set("handler", name)
+					msg.SetContext(b.ctx)
+					if _, err := h(msg); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		return scalar[int](t, b, `SELECT count(*) FROM (SELECT n FROM applied GROUP BY n HAVING count(DISTINCT consumer) = 2) AS both_handlers`) > 0
+	}
+	require.Eventually(t, shared, 20*time.Second, time.Millisecond, "no transaction ever held deliveries of both handlers")
+
+	for _, size := range []int{1, 8} {
+		other := b.newInbox(t, inbox.Config{Consumer: fmt.Sprintf("ctx-%d", size), BatchSize: size})
+		h := other.Handler(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+			if got, ok := inbox.TxFromContext(ctx); !ok || got != tx {
+				return fmt.Errorf("BatchFunc's context holds no transaction (%v) or another one", ok)
+			}
+			return nil
+		})
+		msg := message.NewMessage(newID(), []byte(`{}`))
+		msg.SetContext(b.ctx)
+		require.NoError(t, h(msg), "BatchSize %d", size)
+	}
 }

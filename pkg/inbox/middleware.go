@@ -56,7 +56,8 @@ func (in *Inbox) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // causes the error, so its companions still commit in batches and the error
 // is pinned on that message: it is retried alone and, after MaxAttempts,
 // dead-lettered (wrap the error with Permanent to dead-letter it at once).
-// ctx carries the batch's deadline; each message keeps its own context.
+// ctx carries the batch's deadline and the transaction (TxFromContext);
+// each message keeps its own context.
 type BatchFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 
 // Handler returns a Watermill handler that applies each message at most once
@@ -115,7 +116,7 @@ func (p *perBatch) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message
 			err = fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
-	return p.fn(ctx, tx, msgs)
+	return p.fn(context.WithValue(ctx, txKey{}, tx), tx, msgs) // TxFromContext(ctx) works here too
 }
 
 // deliver is the handler Middleware and Handler return: it reads the
