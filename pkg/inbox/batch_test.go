@@ -275,15 +275,17 @@ func TestBatchesAcrossHandlers(t *testing.T) {
 	require.Eventually(t, shared, 20*time.Second, time.Millisecond, "no transaction ever held deliveries of both handlers")
 
 	for _, size := range []int{1, 8} {
-		other := b.newInbox(t, inbox.Config{Consumer: fmt.Sprintf("ctx-%d", size), BatchSize: size})
+		other := b.newInbox(t, inbox.Config{Consumer: fmt.Sprintf("ctx-%d", size), BatchSize: size, MaxAttempts: 1})
 		h := other.Handler(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 			if got, ok := inbox.TxFromContext(ctx); !ok || got != tx {
-				return fmt.Errorf("BatchFunc's context holds no transaction (%v) or another one", ok)
+				return inbox.Permanent(fmt.Errorf("BatchFunc's context holds no transaction (%v) or another one", ok))
 			}
 			return nil
 		})
 		msg := message.NewMessage(newID(), []byte(`{}`))
 		msg.SetContext(b.ctx)
 		require.NoError(t, h(msg), "BatchSize %d", size)
+		// A failing BatchFunc is retried and dead-lettered, not returned.
+		require.Equal(t, inbox.Stats{Applied: 1}, other.Stats(), "BatchSize %d: the BatchFunc did not apply", size)
 	}
 }
