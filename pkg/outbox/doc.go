@@ -118,6 +118,13 @@
 // in transaction mode, set search_path as a startup parameter it tracks, or
 // keep the default schema.
 //
+// Upgrading from a version whose relay took a one-part lock (7412002) and
+// whose producers notified on the channel outbox_messages: old and new
+// binaries take different locks, so while both run two relays can lead at
+// once and one key's rows can leave out of order. Stop every old relay
+// before the first new one starts (producers may be rolled: their old
+// notifications only go unheard, and the relay's poll finds the rows).
+//
 // # Retention
 //
 // Published rows stay for RelayConfig.Retention (for inspection), and the

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -38,12 +39,14 @@ import (
 // message against its topic's max.message.bytes (read through the admin API,
 // kept for TopicLimitTTL) and refuses the whole batch, sending nothing, when
 // one does not fit; the relay then finds and parks that one. The check counts
-// a record's largest possible overhead, so a message within ~40 bytes of the
-// limit is refused though Kafka might have taken it. What it cannot see: a
+// a record's largest possible overhead, uncompressed, so a message within
+// ~40 bytes of the limit, or one that compression would bring under it, is
+// refused though Kafka might have taken it. What it cannot see: a
 // batch of messages that each fit but together exceed a topic limit lowered
 // below Producer.MaxMessageBytes (keep Producer.MaxMessageBytes at or under
 // your topics' max.message.bytes), a limit changed within the TTL, and any
-// topic whose configs cannot be read (then nothing is checked).
+// topic whose configs cannot be read (then nothing is checked, and
+// WithLogger's logger says so).
 //
 // watermill-kafka's own Publisher sends messages one at a time, waiting for
 // each acknowledgement; both satisfy message.Publisher, and the relay works
@@ -53,6 +56,7 @@ type Publisher struct {
 	producer  sarama.SyncProducer
 	admin     sarama.ClusterAdmin
 	marshaler kafka.Marshaler
+	logger    watermill.LoggerAdapter
 
 	mu     sync.Mutex
 	limits map[string]topicLimit
@@ -72,13 +76,21 @@ type topicLimit struct {
 	read  time.Time
 }
 
+// Option configures a Publisher.
+type Option func(*Publisher)
+
+// WithLogger makes the publisher log what it cannot do: read a topic's
+// max.message.bytes (the size check is then off for that topic until the
+// next read). Defaults to watermill.NopLogger.
+func WithLogger(l watermill.LoggerAdapter) Option { return func(p *Publisher) { p.logger = l } }
+
 // NewPublisher connects a batching publisher. marshaler is usually
 // kafka.NewWithPartitioningMarshaler(outbox.PartitionKey). conf is copied,
 // not changed: the copy returns successes and errors (the relay needs every
 // acknowledgement) and keeps one in-flight request per broker connection, so
 // that a retried request cannot put one key's messages out of order. A nil
 // conf is sarama.NewConfig().
-func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler) (*Publisher, error) {
+func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler, opts ...Option) (*Publisher, error) {
 	if marshaler == nil {
 		return nil, errors.New("outboxkafka: NewPublisher needs a marshaler")
 	}
@@ -104,7 +116,11 @@ func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshal
 		client.Close()   //nolint:errcheck
 		return nil, fmt.Errorf("outboxkafka: creating the admin client: %w", err)
 	}
-	return &Publisher{producer: producer, admin: admin, marshaler: marshaler, limits: map[string]topicLimit{}}, nil
+	p := &Publisher{producer: producer, admin: admin, marshaler: marshaler, logger: watermill.NopLogger{}, limits: map[string]topicLimit{}}
+	for _, opt := range opts {
+		opt(p)
+	}
+	return p, nil
 }
 
 // Publish sends msgs to topic as one batch.
@@ -152,12 +168,19 @@ func (p *Publisher) topicLimit(topic string) int {
 	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{
 		Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"max.message.bytes"},
 	})
-	if err == nil {
-		for _, e := range entries {
-			if e.Name == "max.message.bytes" {
-				l.bytes, _ = strconv.Atoi(e.Value)
-			}
+	for _, e := range entries {
+		if e.Name == "max.message.bytes" {
+			l.bytes, _ = strconv.Atoi(e.Value)
 		}
+	}
+	var unknown *sarama.DescribeConfigError
+	switch {
+	case errors.As(err, &unknown) && unknown.Err == sarama.ErrUnknownTopicOrPartition:
+		// Not created yet: the broker's default will apply, at least the
+		// producer's own default limit; the relay's MaxMessageBytes holds.
+	case err != nil || l.bytes == 0:
+		p.logger.Error("Outbox publisher cannot read the topic's max.message.bytes; its size check is off until the next read",
+			fmt.Errorf("%v (read %d)", err, l.bytes), watermill.LogFields{"topic": topic, "retry_in": TopicLimitTTL.String()})
 	}
 	p.limits[topic] = l
 	return l.bytes
@@ -174,13 +197,15 @@ func (p *Publisher) Close() error {
 
 // IsPermanent reports whether err, from this package's Publisher or from
 // watermill-kafka's, says Kafka will never take a message of the batch: an
-// error wrapped by outbox.Permanent, or Sarama's refusals of a record:
-// message too large (from Sarama itself, over Producer.MaxMessageBytes, or
-// from the broker, over the topic's max.message.bytes), record list too
+// error wrapped by outbox.Permanent, or the broker's refusals of a record:
+// message too large (over the topic's max.message.bytes), record list too
 // large, invalid record, invalid topic. Everything else (a broker down, a
 // timeout, a leader moving) is transient, and the relay retries the batch
-// after a backoff. Give it to the relay as RelayConfig.IsPermanent when the
-// relay publishes through watermill-kafka's Publisher.
+// after a backoff. (A message over Sarama's own Producer.MaxMessageBytes is
+// refused by Sarama with a ConfigurationError, transient here: the relay's
+// MaxMessageBytes, kept equal to it, parks such a row before any send.)
+// Give it to the relay as RelayConfig.IsPermanent when the relay publishes
+// through watermill-kafka's Publisher.
 func IsPermanent(err error) bool {
 	if outbox.IsPermanent(err) {
 		return true

@@ -21,7 +21,7 @@ func newRelayPublisher(cfg Config, service string, marshaler kafka.MarshalerUnma
 	conf.ClientID = service + "-relay"
 	switch cfg.RelayDriver {
 	case "batch":
-		return outboxkafka.NewPublisher(cfg.KafkaBrokers, conf, marshaler)
+		return outboxkafka.NewPublisher(cfg.KafkaBrokers, conf, marshaler, outboxkafka.WithLogger(log))
 	case "watermill", "textbook":
 		pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 			Brokers: cfg.KafkaBrokers, Marshaler: marshaler, OverwriteSaramaConfig: conf,
