@@ -47,6 +47,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/internal/progress"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
@@ -212,22 +213,31 @@ func run(ctx context.Context) error {
 	// machine lands on all of them alike; each round's ratios compare builds
 	// measured minutes apart.
 	byBuild := map[string][]Result{}
+	steps, step := 0, 0 // runs of a build, for the progress lines
+	for _, b := range builds {
+		if want(b.name) {
+			steps += p.Rounds
+		}
+	}
+	started := time.Now()
 	for round := 1; round <= p.Rounds; round++ {
 		for _, b := range builds {
 			if !want(b.name) {
 				continue
 			}
+			at := fmt.Sprintf("[step %d of %d%s]", step+1, steps, progress.Left(step, steps, time.Since(started)))
+			step++
 			var res Result
 			var err error
 			if b.name == "limit" {
-				say("== limit, round %d/%d (batched SQL, no Kafka, no services)", round, p.Rounds)
+				say("== %s limit, round %d/%d (batched SQL, no Kafka, no services)", at, round, p.Rounds)
 				res, err = runLimit(ctx, pg, p, round, say)
 			} else {
 				env := b.env
 				if *extraEnv != "" {
 					env = append(env, strings.Split(*extraEnv, ",")...)
 				}
-				say("== %s, round %d/%d %v", b.key(), round, p.Rounds, env)
+				say("== %s %s, round %d/%d %v", at, b.key(), round, p.Rounds, env)
 				res, err = runServices(ctx, pg, p, round, b, env, b.name != "project_dedupe_off", say)
 			}
 			if err != nil {

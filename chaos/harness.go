@@ -16,6 +16,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/internal/progress"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
@@ -285,7 +286,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		// The second control run sends no hostile message: nothing to wait for.
 		func(r check.Report) bool { return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx)) },
 		func(r check.Report) {
-			h.say("draining: %d of %d settled, outbox pending %v", r.Reserved+r.Rejected, r.OrdersPaid, r.OutboxPending)
+			deadline, _ := drainCtx.Deadline()
+			h.say("draining: %d of %d settled, outbox pending %v (deadline in %s)", r.Reserved+r.Rejected, r.OrdersPaid, r.OutboxPending,
+				time.Until(deadline).Round(time.Second))
 		})
 	if waitErr != nil {
 		h.say("drain deadline passed: judging the state as it is")
@@ -293,6 +296,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	// Settled says nothing of copies still in Kafka (a relay's last
 	// republish): wait until no delivery has been traced for 3 s, so the
 	// attribution judges copies that were handed out.
+	h.say("judging: waiting for the last traced delivery, then the checks")
 	h.waitQuiet(ctx, 3*time.Second, time.Minute)
 	stopSupervising()
 	if err := sys.StopServices(30 * time.Second); err != nil {
@@ -452,8 +456,11 @@ func joinNames(names []failpoint.Name) string {
 	return strings.Join(s, ",")
 }
 
-// progress prints a line every five seconds while the load runs.
+// progress prints a line every five seconds while the load runs: the
+// phase, orders paid of the profile's, the time left at the pace so far,
+// and the faults so far.
 func (h *harness) progress(ctx context.Context) {
+	loadStart := time.Now()
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
@@ -473,9 +480,9 @@ func (h *harness) progress(ctx context.Context) {
 			SELECT count(*) FILTER (WHERE status <> 'created'), count(*) FILTER (WHERE status IN ('reserved', 'rejected'))
 			FROM orders`).Scan(&paid, &settled)
 		cancel()
-		db := fmt.Sprintf("paid %d, settled %d", paid, settled)
+		db := fmt.Sprintf("load: paid %d of %d (%d%%)%s, settled %d", paid, h.p.Orders, 100*paid/max(1, h.p.Orders), progress.Left(paid, h.p.Orders, time.Since(loadStart)), settled)
 		if err != nil {
-			db = "database unavailable"
+			db = "load: database unavailable"
 		}
 		netFaults := ""
 		if h.net != nil {
