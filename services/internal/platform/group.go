@@ -41,7 +41,7 @@ type groupCall[In, Out any] struct {
 // NewGroup returns a Group that runs batches of up to size requests with run,
 // workers at a time, each bounded by timeout. A batch that follows a batch
 // of several may wait up to linger for the callers of the last one to come
-// back with their next requests (internal/gather); 0: it takes only those
+// back with their next requests (pkg/gather); 0: it takes only those
 // waiting. run returns one Out per In, in order. With size 1 every request
 // runs alone.
 func NewGroup[In, Out any](size, workers int, linger, timeout time.Duration, run func(ctx context.Context, ins []In) ([]Out, error)) *Group[In, Out] {
