@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -153,24 +154,17 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
-	orDefault(&c.MaxAttempts, DefaultMaxAttempts)
-	orDefault(&c.RetryBackoff, DefaultRetryBackoff)
-	orDefault(&c.MaxRetryBackoff, DefaultMaxRetryBackoff)
-	orDefault(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
-	orDefault(&c.Retention, DefaultRetention)
-	orDefault(&c.RedeliveryHorizon, DefaultRedeliveryHorizon)
-	orDefault(&c.RetentionBatch, DefaultRetentionBatch)
-	orDefault(&c.RetentionInterval, DefaultRetentionInterval)
-	orDefault(&c.BatchSize, 1)
-	orDefault(&c.BatchWorkers, DefaultBatchWorkers)
-	orDefault(&c.TxTimeout, DefaultTxTimeout)
-}
-
-// orDefault sets *v to def when it is zero.
-func orDefault[T int | time.Duration](v *T, def T) {
-	if *v == 0 {
-		*v = def
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, DefaultRetryBackoff)
+	c.MaxRetryBackoff = cmp.Or(c.MaxRetryBackoff, DefaultMaxRetryBackoff)
+	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.RedeliveryHorizon = cmp.Or(c.RedeliveryHorizon, DefaultRedeliveryHorizon)
+	c.RetentionBatch = cmp.Or(c.RetentionBatch, DefaultRetentionBatch)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, 1)
+	c.BatchWorkers = cmp.Or(c.BatchWorkers, DefaultBatchWorkers)
+	c.TxTimeout = cmp.Or(c.TxTimeout, DefaultTxTimeout)
 }
 
 // Validate reports the first invalid field. New calls it after filling in

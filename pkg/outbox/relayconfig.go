@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"errors"
 	"time"
 
@@ -91,35 +92,17 @@ const (
 // setDefaults fills the zero fields. Negative values are left for Validate
 // to refuse.
 func (c *RelayConfig) setDefaults() {
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.ErrorBackoff == 0 {
-		c.ErrorBackoff = DefaultErrorBackoff
-	}
-	if c.MaxErrorBackoff == 0 {
-		c.MaxErrorBackoff = max(DefaultMaxErrorBackoff, c.ErrorBackoff)
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = DefaultMaxMessageBytes
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.ErrorBackoff = cmp.Or(c.ErrorBackoff, DefaultErrorBackoff)
+	c.MaxErrorBackoff = cmp.Or(c.MaxErrorBackoff, max(DefaultMaxErrorBackoff, c.ErrorBackoff))
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, DefaultMaxMessageBytes)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
+	c.RetentionBatch = cmp.Or(c.RetentionBatch, DefaultRetentionBatch)
 	if c.IsPermanent == nil {
 		c.IsPermanent = IsPermanent
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.RetentionInterval == 0 {
-		c.RetentionInterval = DefaultRetentionInterval
-	}
-	if c.RetentionBatch == 0 {
-		c.RetentionBatch = DefaultRetentionBatch
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
