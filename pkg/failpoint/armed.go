@@ -236,3 +236,27 @@ func kill(n Name, subject string) {
 	syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck
 	select {}                                  // SIGKILL cannot be caught; never return into the window
 }
+
+// Once arms window n to fire on its next hit, from now on, whatever the
+// grace period, and leaves the other windows' schedules as they are. It is
+// the live demo's "crash it now" (services/internal/platform serves it in a
+// failpoint build only); the log Configure was given receives the kill line.
+func Once(n Name) error {
+	if !known(n) {
+		return fmt.Errorf("failpoint: unknown window %q (known: %v)", n, All)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	next := make(map[Name]*schedule, len(schedules)+1)
+	for k, v := range schedules {
+		next[k] = v
+	}
+	next[n] = &schedule{every: 1}
+	schedules = next
+	if rng == nil {
+		rng = rand.New(rand.NewPCG(0, uint64(os.Getpid())))
+	}
+	armedAt = time.Time{}
+	armed.Store(true)
+	return nil
+}

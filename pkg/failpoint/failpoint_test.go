@@ -141,3 +141,41 @@ func TestFromEnvRefusesMalformedValues(t *testing.T) {
 		})
 	}
 }
+
+// TestOnceFiresOnTheNextHit: Once arms a window in a running process for its
+// next hit, past a grace period, keeping the other windows' schedules.
+func TestOnceFiresOnTheNextHit(t *testing.T) {
+	if os.Getenv("FAILPOINT_CHILD") == "1" {
+		if err := FromEnv(); err != nil {
+			t.Fatal(err)
+		}
+		Hit(AfterCommitBeforeAck, "before-once") // not armed yet
+		if err := Once(AfterCommitBeforeAck); err != nil {
+			t.Fatal(err)
+		}
+		Hit(BeforeBegin, "other-window") // its every:1000 schedule is kept: no kill
+		Hit(AfterCommitBeforeAck, "the-next-one")
+		os.Exit(0) // not reached when Once works
+	}
+	if err := Once("no-such-window"); err == nil {
+		t.Fatal("Once accepted an unknown window")
+	}
+	log := filepath.Join(t.TempDir(), "fp.log")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestOnceFiresOnTheNextHit$")
+	cmd.Env = append(os.Environ(), "FAILPOINT_CHILD=1", "FAILPOINTS=before-begin=every:1000", "FAILPOINT_GRACE=1h", "FAILPOINT_LOG="+log)
+	err := cmd.Run()
+	exit, ok := err.(*exec.ExitError)
+	if !ok {
+		t.Fatalf("child exited with %v, want death by SIGKILL", err)
+	}
+	if ws, ok := exit.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child ended with %v, want SIGKILL", exit)
+	}
+	line, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(line); strings.Count(got, "fired") != 1 || !strings.Contains(got, "failpoint after-commit-before-ack fired") || !strings.Contains(got, "subject the-next-one") {
+		t.Fatalf("log %q: want one kill, at after-commit-before-ack, of the hit after Once", got)
+	}
+}

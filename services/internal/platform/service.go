@@ -180,6 +180,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
+	crashRoute(mux, log) // POST /debug/crash, in a failpoint build only
 	svc.Routes(mux, pool, cfg)
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: traceHTTP(mux), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
