@@ -14,6 +14,10 @@ help: ## List the targets
 demo: ## Run the whole system (Postgres, embedded Kafka, orders, inventory, load) and check it: ORDERS=1000; STACK_KAFKA=apache for real Kafka
 	$(GO) run ./cmd/demo -orders $(ORDERS)
 
+.PHONY: live
+live: ## The demo, kept running with the live page: the flow drawn, follow one order, "crash it now" (Ctrl-C stops it)
+	$(GO) run ./cmd/demo -orders 200 -keep -trickle 2
+
 .PHONY: test
 test: vet ## Unit and integration tests, with -race, on the self-starting stack; then the crash windows' own tests in a failpoint build
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./... ./pkg/...

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
@@ -19,40 +20,10 @@ import (
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-// scenarios says, per crash window, which service is killed and why the
-// outcome is still exactly once.
-var scenarios = map[failpoint.Name]struct {
-	victim string
-	before string // what is true at the moment of the kill
-	why    string // why nothing was applied twice
-}{
-	failpoint.BeforeBegin: {"inventory",
-		"inventory had received OrderPaid from Kafka but had not opened a transaction: nothing was written.",
-		"Kafka never saw the offset committed, so it delivered OrderPaid again to the restarted inventory. The inbox had no row for it, so it was applied now, once."},
-	failpoint.AfterInboxInsert: {"inventory",
-		"inventory had inserted the inbox row, inside a transaction that never committed.",
-		"An uncommitted insert dies with its connection: Postgres rolled it back. Kafka redelivered OrderPaid, the inbox had no row, and it was applied once."},
-	failpoint.AfterHandlerBeforeCommit: {"inventory",
-		"inventory had reserved the stock and written InventoryReserved to its outbox, all in one uncommitted transaction.",
-		"The reservation, the outbox row and the inbox row were one transaction: all rolled back together. The redelivery applied them, once."},
-	failpoint.AfterCommitBeforeAck: {"inventory",
-		"inventory had COMMITTED the inbox row, the reservation and the InventoryReserved outbox row, but Kafka's committed offset was still before the message.",
-		"Kafka redelivered OrderPaid, as at-least-once delivery must. The inbox INSERT hit the committed row (ON CONFLICT DO NOTHING, zero rows), the payload hash matched, so the handler was skipped and the message acknowledged: a suppressed duplicate, not a second reservation."},
-	failpoint.AfterClaimBeforePublish: {"orders",
-		"the orders relay had locked the OrderPaid row (FOR UPDATE SKIP LOCKED) but sent nothing to Kafka.",
-		"The relay's transaction died with its connection, so the lock went with it and the row stayed unpublished. The restarted relay claimed and published it: inventory received it once."},
-	failpoint.AfterPublishBeforeMark: {"orders",
-		"Kafka had acknowledged OrderPaid, but the orders relay had not marked the row published.",
-		"The restarted relay found the row unmarked and published it again: Kafka now holds two copies with the same message id. Inventory's inbox applied the first and suppressed the second."},
-	failpoint.AfterCommitBeforeResponse: {"orders",
-		"orders had COMMITTED status=paid and the OrderPaid outbox row, but the client got no HTTP answer.",
-		"The client retried the payment. The order was no longer 'created', so the UPDATE matched nothing and no second OrderPaid was written: the status transition is the idempotency key."},
-}
-
 // runScenario runs one order through the system with one kill at window w,
 // and narrates what happened.
 func runScenario(ctx context.Context, w failpoint.Name) error {
-	sc, ok := scenarios[w]
+	sc, ok := crashnow.Scenarios[w]
 	if !ok {
 		var names []string
 		for _, n := range failpoint.All {
@@ -74,14 +45,14 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	}
 	fpLog := filepath.Join(work, "failpoints.log")
 	armed := false
-	fmt.Printf("scenario %s: one order, one SIGKILL of %s at that window (logs in %s)\n", w, sc.victim, work)
+	fmt.Printf("scenario %s: one order, one SIGKILL of %s at that window (logs in %s)\n", w, sc.Victim, work)
 	sys, err := system.Start(ctx, system.Options{
 		Work: work,
 		Env: []string{"KAFKA_SESSION_TIMEOUT=1s", "KAFKA_REBALANCE_TIMEOUT=3s", "KAFKA_COMMIT_INTERVAL=200ms", "RELAY_POLL_INTERVAL=100ms",
 			"FAILPOINT_LOG=" + fpLog},
 		Kafka: stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
 		EnvHook: func(p *procs.Proc) []string {
-			if p.Service != sc.victim || armed {
+			if p.Service != sc.Victim || armed {
 				return nil // restarted incarnations run unarmed
 			}
 			armed = true
@@ -93,12 +64,12 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	}
 	defer sys.Stop()
 	orders, inventory := sys.Pools["orders"], sys.Pools["inventory"]
-	victim := sys.Procs[sc.victim][0]
+	victim := sys.Procs[sc.Victim][0]
 	stock := map[string]int{"sku-01": 10}
 	if err := sys.Client.SeedStock(ctx, stock); err != nil {
 		return err
 	}
-	fmt.Printf("   the stack is up: orders and inventory run as OS processes; %s is armed to SIGKILL itself at %s\n", sc.victim, w)
+	fmt.Printf("   the stack is up: orders and inventory run as OS processes; %s is armed to SIGKILL itself at %s\n", sc.Victim, w)
 
 	order, err := sys.Client.CreateOrder(ctx, []events.Line{{SKU: "sku-01", Quantity: 2}})
 	if err != nil {
@@ -121,13 +92,13 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 		return errors.New("the window was never reached")
 	}
 	line, subject := lastKill(fpLog)
-	say("%s was killed: %s", sc.victim, line)
-	note("At that moment %s", sc.before)
+	say("%s was killed: %s", sc.Victim, line)
+	note("At that moment %s", sc.Before)
 	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
 		return err
 	}
 
-	say("A supervisor restarts %s (unarmed this time), as an orchestrator would.", sc.victim)
+	say("A supervisor restarts %s (unarmed this time), as an orchestrator would.", sc.Victim)
 	time.Sleep(200 * time.Millisecond)
 	if err := victim.Start(); err != nil {
 		return err
@@ -137,7 +108,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	if err := victim.WaitReady(readyCtx); err != nil {
 		return err
 	}
-	note("%s is back (pid %d). It rejoins its Kafka consumer group; partitions are reassigned.", sc.victim, victim.Pid())
+	note("%s is back (pid %d). It rejoins its Kafka consumer group; partitions are reassigned.", sc.Victim, victim.Pid())
 	if err := <-payErr; err != nil {
 		return fmt.Errorf("paying: %w", err)
 	}
@@ -156,7 +127,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
 		return err
 	}
-	say("Why nothing was applied twice: %s", sc.why)
+	say("Why nothing was applied twice: %s", sc.Why)
 	fmt.Println()
 	for _, inv := range report.Invariants {
 		status := "PASS"

@@ -1,4 +1,5 @@
-// Command dashboard serves a live page of the example system: orders by
+// Command dashboard serves a live page of the example system: the flow drawn
+// from outbox to Kafka to inbox and back, one order's journey, orders by
 // status, each service's outbox backlog and oldest pending row, duplicates
 // suppressed, quarantined and dead-lettered messages with their reasons, and
 // the kills and invariants of a chaos run. It reads the two services'
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +39,8 @@ func run(ctx context.Context, args []string) error {
 	ordersURL := fs.String("orders-db", os.Getenv("ORDERS_DATABASE_URL"), "the orders service's database (ORDERS_DATABASE_URL)")
 	inventoryURL := fs.String("inventory-db", os.Getenv("INVENTORY_DATABASE_URL"), "the inventory service's database (INVENTORY_DATABASE_URL)")
 	chaos := fs.String("chaos-status", os.Getenv("CHAOS_STATUS"), "a chaos run's JSON status or report file (CHAOS_STATUS); optional")
+	brokers := fs.String("kafka", os.Getenv("KAFKA_BROKERS"), "Kafka brokers, comma-separated, for the topics' partitions on the picture (KAFKA_BROKERS); optional")
+	traceURL := fs.String("trace-url", os.Getenv("DASHBOARD_TRACE_URL"), "a tracing UI's trace page, {trace_id} replaced, linked from a followed order (DASHBOARD_TRACE_URL); optional")
 	interval := fs.Duration("interval", time.Second, "how often the page updates")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -57,6 +61,7 @@ func run(ctx context.Context, args []string) error {
 
 	url, err := dashboard.Start(ctx, *addr, dashboard.Options{
 		Orders: orders, Inventory: inventory, ChaosStatus: *chaos, Interval: *interval,
+		Brokers: splitList(*brokers), TraceURL: *traceURL,
 	})
 	if err != nil {
 		return err
@@ -64,6 +69,16 @@ func run(ctx context.Context, args []string) error {
 	fmt.Println("dashboard:", url)
 	<-ctx.Done()
 	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
 
 func envOr(key, def string) string {

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
@@ -52,6 +54,7 @@ type options struct {
 	deadline    time.Duration
 	seed        uint64
 	keep        bool
+	trickle     float64
 	dashboard   string
 }
 
@@ -61,7 +64,8 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.concurrency, "concurrency", 16, "concurrent clients")
 	flag.DurationVar(&o.deadline, "deadline", 2*time.Minute, "how long paid orders may take to settle")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seeds the order contents")
-	flag.BoolVar(&o.keep, "keep", false, "keep the stack running after the check, until interrupted")
+	flag.BoolVar(&o.keep, "keep", false, "keep the stack running after the check, until interrupted; the live page then offers \"crash it now\"")
+	flag.Float64Var(&o.trickle, "trickle", 0, "orders per second to keep paying while -keep holds the stack (0: none)")
 	flag.StringVar(&o.dashboard, "dashboard", "127.0.0.1:8090", "address of the live page (cmd/dashboard)")
 	flag.Parse()
 
@@ -72,13 +76,23 @@ func run(ctx context.Context) error {
 		}
 		return runExternal(ctx, o, ext) // external.go: services already running (docker-compose.yml)
 	}
-	sys, err := system.Start(ctx, system.Options{Log: say})
+	work, err := os.MkdirTemp("", "outbox-demo-")
+	if err != nil {
+		return err
+	}
+	// The services are failpoint builds (internal/procs): with a log and a
+	// trace line at every delivery, the live page can teach the crash
+	// windows (internal/crashnow) once the check below is done.
+	fpLog := filepath.Join(work, "failpoints.log")
+	sys, err := system.Start(ctx, system.Options{Work: work, Log: say, Env: crashnow.Env(fpLog)})
 	if err != nil {
 		return err
 	}
 	defer sys.Stop()
 	say("logs in %s", sys.Work)
-	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"]}
+	lab := crashnow.New(ctx, sys, fpLog)
+	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"],
+		Brokers: sys.Kafka.Brokers(), Crash: lab, TraceURL: os.Getenv("DASHBOARD_TRACE_URL")}
 	dash, err := dashboard.Start(ctx, o.dashboard, dopts)
 	if err != nil { // the port is taken: any free one will do
 		if dash, err = dashboard.Start(ctx, "127.0.0.1:0", dopts); err != nil {
@@ -130,7 +144,14 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("not settled within %s: the replayed message was not suppressed (duplicates: %d)", o.deadline, report.DuplicatesSuppressed)
 	}
 	if o.keep {
+		if err := lab.Enable(ctx); err != nil {
+			return err
+		}
 		say("stack kept running: orders http://%s, inventory http://%s; Ctrl-C to stop", sys.Procs["orders"][0].Addr, sys.Procs["inventory"][0].Addr)
+		say("live page: %s : follow an order, or pick a crash window and press \"crash it now\"", dash)
+		if o.trickle > 0 {
+			go trickle(ctx, sys, lab, o.trickle)
+		}
 		<-ctx.Done()
 	}
 	say("stopping services gracefully")
@@ -139,6 +160,31 @@ func run(ctx context.Context) error {
 	}
 	say("PASS")
 	return nil
+}
+
+// trickle pays orders at rate per second until ctx ends, so the live page
+// has something moving; it holds back while a crash lesson runs, so the
+// lesson's own order is the one that meets the window.
+func trickle(ctx context.Context, sys *system.System, lab *crashnow.Lab, rate float64) {
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if lab.Busy() {
+			continue
+		}
+		o, err := sys.Client.CreateOrder(ctx, []events.Line{{SKU: crashnow.SKU, Quantity: 1}})
+		if err == nil {
+			_, err = sys.Client.Pay(ctx, o.ID)
+		}
+		if err != nil && ctx.Err() == nil {
+			say("trickle: %v", err)
+		}
+	}
 }
 
 // replayOne publishes an already-published OrderPaid again, with its id,

@@ -31,7 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-//go:embed page.html
+//go:embed page.html flow.js
 var pageFS embed.FS
 
 // Options configures a Server.
@@ -41,6 +41,15 @@ type Options struct {
 	// ChaosStatus is a JSON file a chaos run writes (chaos -status), or its
 	// final -report; empty or missing: no chaos section.
 	ChaosStatus string
+	// Brokers, when set, are the Kafka brokers the page reads the topics'
+	// partitions from: end offsets and the consumer groups' committed ones.
+	Brokers []string
+	// Crash, when set, adds "crash it now" to the page: the live demo's
+	// lesson (internal/crashnow). cmd/dashboard never sets it.
+	Crash Crasher
+	// TraceURL, when set, links a journey's trace id to a tracing UI:
+	// "{trace_id}" is replaced ("http://localhost:16686/trace/{trace_id}").
+	TraceURL string
 	// Interval is how often the live page updates. Defaults to 1s.
 	Interval time.Duration
 	// QueryTimeout bounds one snapshot's queries per database, so a database
@@ -51,8 +60,9 @@ type Options struct {
 
 // Server serves the page.
 type Server struct {
-	opts Options
-	tmpl *template.Template
+	opts  Options
+	tmpl  *template.Template
+	kafka *offsets // nil without Options.Brokers
 }
 
 // New checks opts and returns a Server.
@@ -79,7 +89,11 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: parsing template: %w", err)
 	}
-	return &Server{opts: opts, tmpl: tmpl}, nil
+	s := &Server{opts: opts, tmpl: tmpl}
+	if len(opts.Brokers) > 0 {
+		s.kafka = &offsets{brokers: opts.Brokers}
+	}
+	return s, nil
 }
 
 // Snapshot is what the page shows at one moment.
@@ -89,6 +103,7 @@ type Snapshot struct {
 	OrdersTotal int            `json:"orders_total"`
 	Services    []Service      `json:"services"`
 	Quarantine  []Quarantined  `json:"quarantine"` // open rows of both services, newest first
+	Flow        Flow           `json:"flow"`
 	Chaos       *ChaosStatus   `json:"chaos,omitempty"`
 	Errors      []string       `json:"errors,omitempty"`
 }
@@ -152,6 +167,9 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 		snap.Quarantine = append(snap.Quarantine, q...)
 	}
 	sort.Slice(snap.Quarantine, func(i, j int) bool { return snap.Quarantine[i].AgeS < snap.Quarantine[j].AgeS })
+	var flowErrs []string
+	snap.Flow, flowErrs = s.readFlow(ctx)
+	snap.Errors = append(snap.Errors, flowErrs...)
 	if s.opts.ChaosStatus != "" {
 		c, err := readChaos(s.opts.ChaosStatus)
 		if err != nil {
@@ -309,6 +327,11 @@ func (s *Server) Handler() http.Handler {
 		json.NewEncoder(w).Encode(s.Snapshot(r.Context())) //nolint:errcheck
 	})
 	mux.HandleFunc("GET /events", s.events)
+	mux.HandleFunc("GET /flow.js", func(w http.ResponseWriter, r *http.Request) {
+		http.ServeFileFS(w, r, pageFS, "flow.js")
+	})
+	s.journeyRoutes(mux) // journey.go
+	s.crashRoutes(mux)   // crash.go
 	// healthz answers 200 once both databases answer a query, for a
 	// container's healthcheck; the page itself shows errors instead.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -338,7 +361,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	defer tick.Stop()
 	for {
 		var buf bytes.Buffer
-		if err := s.tmpl.ExecuteTemplate(&buf, "live", s.view(s.Snapshot(r.Context()))); err != nil {
+		snap := s.Snapshot(r.Context())
+		if err := s.tmpl.ExecuteTemplate(&buf, "live", s.view(snap)); err != nil {
 			return
 		}
 		var ev strings.Builder
@@ -347,6 +371,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			ev.WriteString("data: " + line + "\n")
 		}
 		ev.WriteString("\n")
+		// The picture is drawn by the page's script from the data.
+		picture, err := json.Marshal(s.picture(snap))
+		if err != nil {
+			return
+		}
+		ev.WriteString("event: flow\ndata: " + string(picture) + "\n\n")
 		if _, err := w.Write([]byte(ev.String())); err != nil {
 			return
 		}
@@ -377,6 +407,9 @@ func Start(ctx context.Context, addr string, opts Options) (string, error) {
 	go func() {
 		<-ctx.Done()
 		srv.Close() //nolint:errcheck
+		if s.kafka != nil {
+			s.kafka.close()
+		}
 	}()
 	host, port, _ := net.SplitHostPort(ln.Addr().String())
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -317,4 +318,47 @@ func TestHealthzWithoutDatabase(t *testing.T) {
 	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), "database")
+}
+
+// lessonStub is a Crasher that records what it was asked.
+type lessonStub struct{ asked []string }
+
+func (l *lessonStub) Windows() []dashboard.CrashWindow {
+	return []dashboard.CrashWindow{{Name: "after-commit-before-ack", Victim: "inventory"}}
+}
+func (l *lessonStub) Crash(w string) error      { l.asked = append(l.asked, w); return dashboard.ErrLessonRunning }
+func (l *lessonStub) Lesson() *dashboard.Lesson { return nil }
+
+// TestBadRequestsRefused: a journey of something that is not an order id,
+// and a crash at a window the demo does not offer, are refused with a
+// reason, before any database or process is touched; without a Crasher
+// (cmd/dashboard) there is no crash route at all.
+func TestBadRequestsRefused(t *testing.T) {
+	down, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	stub := &lessonStub{}
+	serve := func(crash dashboard.Crasher, method, target, body string) *httptest.ResponseRecorder {
+		srv, err := dashboard.New(dashboard.Options{Orders: down, Inventory: down, Crash: crash})
+		require.NoError(t, err)
+		req := httptest.NewRequest(method, target, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	for _, id := range []string{"", "42", "x' OR 1=1 --", strings.Repeat("a", 5000)} {
+		rec := serve(nil, http.MethodGet, "/journey.json?order="+url.QueryEscape(id), "")
+		require.Equal(t, http.StatusBadRequest, rec.Code, "order %q: %s", id, rec.Body)
+		require.Contains(t, rec.Body.String(), "is not an order id")
+	}
+	rec := serve(stub, http.MethodPost, "/crash", "window=rm+-rf")
+	require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `unknown crash window \"rm -rf\"`)
+	require.Empty(t, stub.asked, "an unknown window never reaches the Crasher")
+	rec = serve(stub, http.MethodPost, "/crash", "window=after-commit-before-ack")
+	require.Equal(t, http.StatusConflict, rec.Code, "a lesson already running: %s", rec.Body)
+	require.Equal(t, []string{"after-commit-before-ack"}, stub.asked)
+	rec = serve(nil, http.MethodPost, "/crash", "window=after-commit-before-ack")
+	require.Equal(t, http.StatusNotFound, rec.Code, "no Crasher, no route: %s", rec.Body)
 }
