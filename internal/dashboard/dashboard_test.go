@@ -326,7 +326,10 @@ type lessonStub struct{ asked []string }
 func (l *lessonStub) Windows() []dashboard.CrashWindow {
 	return []dashboard.CrashWindow{{Name: "after-commit-before-ack", Victim: "inventory"}}
 }
-func (l *lessonStub) Crash(w string) error      { l.asked = append(l.asked, w); return dashboard.ErrLessonRunning }
+func (l *lessonStub) Crash(w string) error {
+	l.asked = append(l.asked, w)
+	return dashboard.ErrLessonRunning
+}
 func (l *lessonStub) Lesson() *dashboard.Lesson { return nil }
 
 // TestBadRequestsRefused: a journey of something that is not an order id,
