@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -217,4 +218,120 @@ func TestHoldKey(t *testing.T) {
 			require.Equal(t, 0, scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_parked`))
 		})
 	}
+}
+
+// TestHoldKeyRelease: a discard releases the key in order too; a parked
+// message that fails when released holds the key again, with the rest still
+// parked behind it; and a key released is held again by its next poison.
+func TestHoldKeyRelease(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DiscardReleasesInOrder", func(t *testing.T) {
+		t.Parallel()
+		h := setupHold(t, inbox.HoldKey, false)
+		k1 := h.publish(t, "K", "poison 1")
+		h.await(t, "dead_lettered", k1)
+		k2, k3 := h.publish(t, "K", "2"), h.publish(t, "K", "3")
+		h.await(t, "parked", k2, k3)
+
+		qid := quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1)
+		_, err := inbox.Discard(h.ctx, h.pool, qid, "alice", "superseded by a manual correction")
+		require.NoError(t, err)
+		h.await(t, "processed", k2, k3)
+
+		require.Equal(t, []string{k2, k3}, h.order(k1, k2, k3))
+		require.Equal(t, 0, appliedRows(t, h.testBundle, consumer, k1), "a discarded message is never applied")
+		require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, k2))
+		require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, k3))
+		// k2 went back through the outbox in k1's place, and says why.
+		require.Equal(t, "1", scalar[string](t, h.testBundle, `SELECT count(*)::text FROM outbox_messages
+			WHERE topic = $1 AND message_id = $2 AND metadata->>$3 = $4`, h.topic, k2, inbox.ReleaseOfMetadata, strconv.FormatInt(qid, 10)))
+		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone")
+	})
+
+	t.Run("ReleasedMessageFailsHoldsAgain", func(t *testing.T) {
+		t.Parallel()
+		h := setupHold(t, inbox.HoldKey, false)
+		k1 := h.publish(t, "K", "poison 1")
+		h.await(t, "dead_lettered", k1)
+		k2, k3 := h.publish(t, "K", "poison 2"), h.publish(t, "K", "3")
+		h.await(t, "parked", k2, k3)
+
+		h.fix(k1)
+		_, err := inbox.Redrive(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
+		require.NoError(t, err)
+		h.await(t, "processed", k1)
+		h.await(t, "dead_lettered", k2) // released, it failed: the key is held again
+		held, err := inbox.Held(h.ctx, h.pool, consumer)
+		require.NoError(t, err)
+		require.Len(t, held, 1)
+		require.Equal(t, k2, held[0].Holder)
+		require.Equal(t, "held", held[0].State)
+		require.Equal(t, 1, held[0].Parked, "k3 still waits")
+		require.Equal(t, "parked", h.status(t, k3))
+		k4 := h.publish(t, "K", "4")
+		h.await(t, "parked", k4)
+
+		h.fix(k2)
+		_, err = inbox.Redrive(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k2), "alice")
+		require.NoError(t, err)
+		h.await(t, "processed", k2, k3, k4)
+		require.Equal(t, []string{k1, k2, k3, k4}, h.order(k1, k2, k3, k4))
+		for _, id := range []string{k1, k2, k3, k4} {
+			require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, id), id)
+		}
+		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone")
+
+		// Released, the key is held again by its next poison.
+		k5 := h.publish(t, "K", "poison 5")
+		h.await(t, "dead_lettered", k5)
+		held, err = inbox.Held(h.ctx, h.pool, consumer)
+		require.NoError(t, err)
+		require.Len(t, held, 1)
+		require.Equal(t, k5, held[0].Holder)
+	})
+}
+
+// TestHoldKeyParking: a parked message's redelivery is suppressed like any
+// duplicate (not parked twice, not applied), and one with another payload is
+// a conflict; messages of other keys, or of none, are applied.
+func TestHoldKeyParking(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{OnDeadLetter: inbox.HoldKey})
+	b.handler.hook = func(msg *message.Message, _ int) error {
+		if strings.HasPrefix(string(msg.Payload), "poison") {
+			return inbox.Permanent(errors.New("cannot apply " + string(msg.Payload)))
+		}
+		return nil
+	}
+	mw := in.Middleware(b.handler.handle)
+	send := func(id, key, payload string) {
+		t.Helper()
+		msg := message.NewMessage(id, []byte(payload))
+		msg.Metadata.Set(outbox.KeyMetadata, key)
+		msg.SetContext(b.ctx)
+		_, err := mw(msg)
+		require.NoError(t, err)
+	}
+	k1, k2, l1, none := newID(), newID(), newID(), newID()
+
+	send(k1, "K", "poison 1")
+	send(k2, "K", "2")
+	send(l1, "L", "1")
+	send(none, "", "keyless")
+	require.Equal(t, []inbox.Outcome{inbox.DeadLettered}, b.events.outcomes(k1))
+	require.Equal(t, []inbox.Outcome{inbox.Parked}, b.events.outcomes(k2))
+	require.Equal(t, []inbox.Outcome{inbox.Applied}, b.events.outcomes(l1))
+	require.Equal(t, []inbox.Outcome{inbox.Applied}, b.events.outcomes(none))
+
+	send(k2, "K", "2") // redelivered
+	require.Equal(t, []inbox.Outcome{inbox.Parked, inbox.Duplicate}, b.events.outcomes(k2))
+	send(k2, "K", "2, forged")
+	require.Equal(t, inbox.Conflict, b.events.last(t).Outcome)
+	require.Contains(t, b.events.last(t).Reason, "already parked")
+
+	require.Equal(t, 0, b.handler.callsFor(k2), "a parked message is not applied")
+	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_parked WHERE message_id = $1`, k2), "parked once")
+	require.Equal(t, 1, scalar[int](t, b, `SELECT duplicates FROM inbox_messages WHERE message_id = $1`, k2))
+	require.Equal(t, int64(1), in.Stats().Parked)
 }
