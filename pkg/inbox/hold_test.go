@@ -294,7 +294,8 @@ func TestHoldKeyRelease(t *testing.T) {
 
 // TestHoldKeyParking: a parked message's redelivery is suppressed like any
 // duplicate (not parked twice, not applied), and one with another payload is
-// a conflict; messages of other keys, or of none, are applied.
+// a conflict; messages of other keys, or of none, are applied; a release
+// that died half-way is finished by the next delivery of the key.
 func TestHoldKeyParking(t *testing.T) {
 	t.Parallel()
 	in, b := setup(t, inbox.Config{OnDeadLetter: inbox.HoldKey})
@@ -334,4 +335,29 @@ func TestHoldKeyParking(t *testing.T) {
 	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_parked WHERE message_id = $1`, k2), "parked once")
 	require.Equal(t, 1, scalar[int](t, b, `SELECT duplicates FROM inbox_messages WHERE message_id = $1`, k2))
 	require.Equal(t, int64(1), in.Stats().Parked)
+
+	// A release that died half-way (the holder applied, its delivery not
+	// acknowledged): the holder comes back, a duplicate, and finishes it.
+	k3 := newID()
+	send(k3, "K", "3")
+	_, err := b.pool.Exec(b.ctx, `UPDATE inbox_messages SET status = 'processed' WHERE message_id = $1`, k1)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE inbox_held_keys SET state = 'released'`)
+	require.NoError(t, err)
+	send(k1, "K", "poison 1")
+	require.Equal(t, inbox.Duplicate, b.events.outcomes(k1)[1])
+	var applied []string
+	for _, e := range b.events.all() {
+		if e.Outcome == inbox.Applied && (e.MessageID == k2 || e.MessageID == k3) {
+			applied = append(applied, e.MessageID)
+		}
+	}
+	require.Equal(t, []string{k2, k3}, applied, "the parked messages, in order")
+	require.Equal(t, 1, appliedRows(t, b, consumer, k2))
+	require.Equal(t, 1, appliedRows(t, b, consumer, k3))
+	require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_held_keys`))
+	require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_parked`))
+	k4 := newID()
+	send(k4, "K", "4")
+	require.Equal(t, []inbox.Outcome{inbox.Applied}, b.events.outcomes(k4), "the key flows again")
 }
