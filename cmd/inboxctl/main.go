@@ -6,7 +6,11 @@
 //	inboxctl show ID
 //	inboxctl redrive [-by WHO] ID | -all [-consumer NAME]
 //	inboxctl discard -by WHO -why WHY ID
+//	inboxctl held [-consumer NAME]
 //
+// held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
+// HoldKey): the dead letter each waits for and the messages parked behind
+// it; redriving or discarding that dead letter releases them in order.
 // redrive writes a dead letter back to its topic through the consumer's
 // outbox, under its original id, in the transaction that marks it redriven
 // (see inbox.Redrive): fix the handler first, then redrive. discard closes a
@@ -50,6 +54,7 @@ const usage = `usage:
   inboxctl redrive [-by WHO] ID
   inboxctl redrive [-by WHO] -all [-consumer NAME]
   inboxctl discard -by WHO -why WHY ID
+  inboxctl held [-consumer NAME]
 DATABASE_URL names the consumer's database.`
 
 // errUsage is returned for a command line that does not parse.
@@ -69,7 +74,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	switch cmd {
-	case "list", "show", "redrive", "discard":
+	case "list", "show", "redrive", "discard", "held":
 	case "help", "-h", "-help", "--help":
 		fmt.Fprintln(out, usage)
 		return nil
@@ -103,6 +108,12 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		printList(out, list)
+	case "held":
+		list, err := inbox.Held(ctx, pool, *consumer)
+		if err != nil {
+			return err
+		}
+		printHeld(out, list)
 	case "show":
 		q, err := inbox.GetQuarantined(ctx, pool, id)
 		if err != nil {
@@ -151,9 +162,9 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 // idArg reads the one ID argument show, redrive and discard need.
 func idArg(cmd string, rest []string, all bool) (int64, error) {
 	switch {
-	case cmd == "list":
+	case cmd == "list" || cmd == "held":
 		if len(rest) > 0 {
-			return 0, fmt.Errorf("list takes no arguments, got %q\n%s", rest, usage)
+			return 0, fmt.Errorf("%s takes no arguments, got %q\n%s", cmd, rest, usage)
 		}
 		return 0, nil
 	case cmd == "redrive" && all:
@@ -185,6 +196,27 @@ func printList(out io.Writer, list []inbox.Quarantined) {
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", q.ID, q.Consumer, q.Kind, q.MessageID, q.Attempts,
 			time.Since(q.CreatedAt).Round(time.Second), state, opctl.Clip(q.Reason, 100))
+	}
+	w.Flush()
+}
+
+func printHeld(out io.Writer, list []inbox.HeldKey) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "no key held")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONSUMER\tTOPIC\tKEY\tSTATE\tDEAD LETTER\tHOLDER\tPARKED\tOLDEST PARKED\tHELD FOR")
+	for _, h := range list {
+		dl, oldest := "-", "-"
+		if h.DeadLetter != 0 {
+			dl = fmt.Sprint(h.DeadLetter)
+		}
+		if h.OldestParked != nil {
+			oldest = time.Since(*h.OldestParked).Round(time.Second).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", h.Consumer, h.Topic, opctl.Clip(h.Key, 40), h.State, dl, h.Holder,
+			h.Parked, oldest, time.Since(h.HeldAt).Round(time.Second))
 	}
 	w.Flush()
 }

@@ -57,7 +57,10 @@ type testBundle struct {
 	topic string
 }
 
-func setup(t *testing.T) *testBundle {
+func setup(t *testing.T) *testBundle { return setupPolicy(t, inbox.SkipKey) }
+
+// setupPolicy is setup with the consumer's Config.OnDeadLetter.
+func setupPolicy(t *testing.T, policy inbox.DeadLetterPolicy) *testBundle {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -83,7 +86,7 @@ func setup(t *testing.T) *testBundle {
 	}, watermill.NopLogger{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.pub.Close() })
-	in, err := inbox.New(inbox.Config{Pool: b.pool, Consumer: "billing"})
+	in, err := inbox.New(inbox.Config{Pool: b.pool, Consumer: "billing", OnDeadLetter: policy})
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -184,6 +187,39 @@ func TestInboxctl(t *testing.T) {
 	require.Contains(t, out, "discarded by carol")
 }
 
+// TestInboxctlHeld: held lists a held key with its dead letter and what is
+// parked behind it; discarding the dead letter releases it.
+func TestInboxctlHeld(t *testing.T) {
+	t.Parallel()
+	b := setupPolicy(t, inbox.HoldKey)
+	out, err := b.ctl("held")
+	require.NoError(t, err)
+	require.Equal(t, "no key held\n", out)
+
+	first, firstMsg := b.deadLetter(t, "bad: forty-two")
+	parked := outbox.NewMessage("account-1", []byte("good: 7"))
+	require.NoError(t, b.pub.Publish(b.topic, parked))
+	var status string
+	for status != "parked" {
+		require.NoError(t, b.ctx.Err(), "the message behind the dead letter was not parked")
+		_ = b.pool.QueryRow(b.ctx, `SELECT status FROM inbox_messages WHERE message_id = $1`, parked.UUID).Scan(&status)
+		time.Sleep(20 * time.Millisecond) // polling a condition
+	}
+
+	out, err = b.ctl("held", "-consumer", "billing")
+	require.NoError(t, err)
+	require.Contains(t, out, "DEAD LETTER")
+	require.Regexp(t, `billing\s+`+b.topic+`\s+account-1\s+held\s+`+fmt.Sprint(first)+`\s+`+firstMsg+`\s+1\s`, out)
+	require.Equal(t, 2, strings.Count(out, "\n"), "a header and one key:\n%s", out)
+
+	_, err = b.ctl("discard", "-by", "carol", "-why", "test data", fmt.Sprint(first))
+	require.NoError(t, err)
+	out, err = b.ctl("held")
+	require.NoError(t, err)
+	require.Contains(t, out, "redriven", "the parked message was written back in the dead letter's place:\n%s", out)
+	require.Contains(t, out, parked.UUID)
+}
+
 func TestInboxctlUsage(t *testing.T) {
 	t.Parallel()
 	b := &testBundle{ctx: t.Context(), url: ""}
@@ -197,6 +233,7 @@ func TestInboxctlUsage(t *testing.T) {
 		{[]string{"show", "x"}, "is not a number"},
 		{[]string{"redrive", "-all", "7"}, "not both"},
 		{[]string{"list", "7"}, "list takes no arguments"},
+		{[]string{"held", "7"}, "held takes no arguments"},
 		{[]string{"list", "-nope"}, "flag provided but not defined"},
 	} {
 		_, err := b.ctl(tc.args...)

@@ -33,6 +33,10 @@ const (
 const (
 	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
 	RedriveByMetadata = "inbox_redrive_by" // who redrove it
+	// ReleaseOfMetadata is set, instead, on the parked message a Discard
+	// writes back in the place of the dead letter that held its key: the
+	// inbox_quarantine id that was discarded.
+	ReleaseOfMetadata = "inbox_release_of"
 )
 
 var (
@@ -170,6 +174,10 @@ func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Redr
 			return fmt.Errorf("%w: %d is a %s, which would only be quarantined again; discard it instead", ErrNotRedrivable, id, q.Kind)
 		}
 
+		parked, held, err := lockHoldOf(ctx, tx, q) // holdadmin.go
+		if err != nil {
+			return err
+		}
 		var status string
 		var processedAt time.Time
 		err = tx.QueryRow(ctx, `SELECT status, processed_at FROM inbox_messages WHERE consumer = $1 AND message_id = $2 FOR UPDATE`,
@@ -209,6 +217,14 @@ func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Redr
 			return err
 		}
 		res.Note = fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, q.Topic)
+		if held {
+			// The key stays held until the message, back, is applied; its
+			// parked messages follow it then, in order.
+			if err := setHoldOf(ctx, tx, q, holdRedriven); err != nil {
+				return err
+			}
+			res.Note += fmt.Sprintf("; the %d messages parked behind it on its key follow once it is applied", parked)
+		}
 		if _, err := tx.Exec(ctx, `UPDATE inbox_quarantine
 			SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4 WHERE id = $1`,
 			id, ResolutionRedriven, by, res.Note); err != nil {
@@ -227,14 +243,27 @@ func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Redr
 // audit record on its row: who, why, when. Redeliveries of a discarded dead
 // letter stay suppressed. It returns ErrResolved for a row already redriven
 // or discarded.
+//
+// A dead letter that holds its key (Config.OnDeadLetter = HoldKey) releases
+// it in the same transaction: the first message parked behind it is written
+// back to its topic through the outbox in its place, and the rest follow it
+// once it is applied, as after a Redrive (releaseDiscarded).
 func Discard(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) (Quarantined, error) {
 	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
 		return Quarantined{}, errors.New("inbox: Discard needs who discards and why")
 	}
-	q, err := scanQuarantined(pool.QueryRow(ctx, `UPDATE inbox_quarantine
-		SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
-		WHERE id = $1 AND resolved_at IS NULL
-		RETURNING `+quarantineColumns, id, ResolutionDiscarded, by, why))
+	var q Quarantined
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		q, err = scanQuarantined(tx.QueryRow(ctx, `UPDATE inbox_quarantine
+			SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
+			WHERE id = $1 AND resolved_at IS NULL
+			RETURNING `+quarantineColumns, id, ResolutionDiscarded, by, why))
+		if err != nil {
+			return err
+		}
+		return releaseDiscarded(ctx, tx, q) // holdadmin.go
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		prior, gerr := GetQuarantined(ctx, pool, id)
 		if gerr != nil {

@@ -29,6 +29,19 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
 	if !in.cfg.DisableDedupe {
+		var holder, hold string
+		if in.holds(d) {
+			// hold.go: a held key's messages park, but for its holder, whose
+			// commit releases the key. Locked first, so that a release
+			// sees this delivery's parking, or this delivery its release.
+			if holder, hold, err = in.lockHold(ctx, tx, d); err != nil {
+				return nil, err
+			}
+			d.release = hold == holdReleased
+			if hold != "" && holder != d.id {
+				return nil, in.park(ctx, tx, d, holder)
+			}
+		}
 		fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowProcessed)
 		if err != nil {
 			return nil, err
@@ -37,6 +50,12 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 			return nil, in.seenBefore(ctx, tx, d)
 		}
 		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
+		if hold != "" && hold != holdReleased {
+			if err := in.setHold(ctx, tx, d, holdReleased); err != nil {
+				return nil, err
+			}
+			d.release = true // once committed; a failed attempt finds the key held as before
+		}
 	}
 
 	if d.attempts > 0 {
@@ -65,11 +84,13 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 	return nil, nil
 }
 
-// The status an inbox row is written with: its message was applied, or
-// dead-lettered (finished, not applied).
+// The status an inbox row is written with: its message was applied,
+// dead-lettered (finished, not applied), or parked (not applied yet: its key
+// is held, hold.go).
 const (
 	rowProcessed    = "processed"
 	rowDeadLettered = "dead_lettered"
+	rowParked       = "parked"
 )
 
 // insertRows is the inbox's one INSERT: it writes the rows of ds with status
@@ -156,8 +177,11 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 		return "", "", fmt.Errorf("inbox: recording the conflicting copy's offset: %w", err)
 	}
 	done := "applied"
-	if status == "dead_lettered" {
+	switch status {
+	case rowDeadLettered:
 		done = "dead-lettered" // so an operator does not look for its effects
+	case rowParked:
+		done = "parked (its key is held)"
 	}
 	reason := fmt.Sprintf("message id %s was already %s with payload sha256 %x; this delivery has sha256 %x", d.id, done, prior, d.sum)
 	if failed != "" {

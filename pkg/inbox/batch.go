@@ -210,15 +210,23 @@ func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, erro
 				fresh = append(fresh, i)
 			}
 		} else {
-			ds := make([]*delivery, len(items))
-			for i, it := range items {
-				ds[i] = it.d
-			}
-			var err error
-			if fresh, err = in.insertRows(ctx, tx, ds, rowProcessed); err != nil {
+			live, err := in.leaveHeld(ctx, tx, items, results) // hold.go: a held key's deliveries go alone
+			if err != nil {
 				return err
 			}
-			for i, it := range items {
+			ds := make([]*delivery, len(live))
+			for j, i := range live {
+				ds[j] = items[i].d
+			}
+			inserted, err := in.insertRows(ctx, tx, ds, rowProcessed)
+			if err != nil {
+				return err
+			}
+			for _, j := range inserted {
+				fresh = append(fresh, live[j])
+			}
+			for _, i := range live {
+				it := items[i]
 				if slices.Contains(fresh, i) {
 					continue
 				}
@@ -254,7 +262,12 @@ func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, erro
 func (in *Inbox) runSavepoints(items []*batchItem) []batchResult {
 	results, _ := in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		deadline, _ := ctx.Deadline()
-		for i, it := range items {
+		live, err := in.leaveHeld(ctx, tx, items, results) // hold.go: a held key's deliveries go alone
+		if err != nil {
+			return err
+		}
+		for _, i := range live {
+			it := items[i]
 			// Each message keeps its own context (its trace span, its values),
 			// without its cancellation, within the batch's deadline.
 			ictx, cancel := context.WithDeadline(context.WithoutCancel(it.d.msg.Context()), deadline)

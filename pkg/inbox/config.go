@@ -11,6 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
 // Config configures an Inbox.
@@ -120,6 +122,19 @@ type Config struct {
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 
+	// OnDeadLetter is what a dead letter does to the later messages of its
+	// partition key (Key): SkipKey applies them as they come, ahead of the
+	// dead letter; HoldKey parks them (recorded, acknowledged, not applied)
+	// until the dead letter is redriven or discarded, then applies them in
+	// their arrival order (hold.go). Other keys flow either way. Defaults to
+	// SkipKey.
+	OnDeadLetter DeadLetterPolicy
+	// Key returns a message's partition key, which HoldKey holds. A message
+	// whose key is empty is never held. Defaults to the KeyMetadata entry
+	// the outbox's relay keeps on every message (KeyFromMetadata);
+	// inboxkafka.Key reads the Kafka record's key instead.
+	Key func(*message.Message) string
+
 	// DisableDedupe skips the inbox row: every delivery runs the handler.
 	// It exists only for the chaos harness's control run, which must show
 	// double-applies without the inbox. Never set it in production.
@@ -150,6 +165,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = c.Consumer + ".dlq"
+	}
+	if c.Key == nil {
+		c.Key = KeyFromMetadata(outbox.KeyMetadata)
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -193,6 +211,10 @@ func (c Config) Validate() error {
 		return errors.New("inbox: Config.RetentionInterval must not be negative (0: the default)")
 	case c.TxTimeout < 0:
 		return errors.New("inbox: Config.TxTimeout must not be negative (0: the default)")
+	case c.OnDeadLetter != SkipKey && c.OnDeadLetter != HoldKey:
+		return fmt.Errorf("inbox: Config.OnDeadLetter %d is neither SkipKey nor HoldKey", c.OnDeadLetter)
+	case c.OnDeadLetter == HoldKey && c.DisableDedupe:
+		return errors.New("inbox: Config.OnDeadLetter HoldKey needs the inbox rows that Config.DisableDedupe skips")
 	case c.LogStart != nil && c.Position == nil:
 		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
 	case c.Retention < c.RedeliveryHorizon:
@@ -228,4 +250,10 @@ func CanonicalUUID(id string) error {
 // with watermill-kafka).
 func FromMetadata(key string) func(*message.Message) (string, error) {
 	return func(msg *message.Message) (string, error) { return msg.Metadata.Get(key), nil }
+}
+
+// KeyFromMetadata returns a Config.Key that reads the metadata entry name
+// (a Kafka header with watermill-kafka).
+func KeyFromMetadata(name string) func(*message.Message) string {
+	return func(msg *message.Message) string { return msg.Metadata.Get(name) }
 }

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -43,13 +42,9 @@ func pgText(s string) string {
 }
 
 func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
-	md := make(map[string]string, len(d.msg.Metadata))
-	for k, v := range d.msg.Metadata {
-		md[pgText(k)] = pgText(v)
-	}
-	meta, err := json.Marshal(md)
+	meta, err := metadataJSON(d.msg.Metadata)
 	if err != nil {
-		return fmt.Errorf("inbox: encoding metadata: %w", err)
+		return err
 	}
 	onConflict := "ON CONFLICT (consumer, kind, message_id, payload_sha256) WHERE kind <> 'dead_letter' DO NOTHING"
 	if kind == "dead_letter" {
@@ -93,7 +88,28 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	var settled Outcome
 	var seenReason string
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
-		if !in.cfg.DisableDedupe {
+		if in.holds(d) {
+			// hold.go: the key's row first, as every delivery of the key
+			// locks it, then the inbox row.
+			_, state, err := in.lockHold(ctx, tx, d)
+			if err != nil {
+				return err
+			}
+			if d.parked {
+				// A released key's parked message: its row is there. Unless
+				// another delivery settled it meanwhile, it holds the key
+				// again, and the messages parked behind it stay parked.
+				if state != holdReleased {
+					settled = Duplicate // held again by another: it stays parked
+					return nil
+				}
+				if ok, err := in.unpark(ctx, tx, d, rowDeadLettered); err != nil || !ok {
+					settled = Duplicate
+					return err
+				}
+			}
+		}
+		if !in.cfg.DisableDedupe && !d.parked {
 			fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowDeadLettered)
 			if err != nil {
 				return err
@@ -112,6 +128,11 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 		if err := in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil); err != nil {
 			return err
 		}
+		if in.holds(d) {
+			if err := in.hold(ctx, tx, d); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
 			return fmt.Errorf("inbox: clearing attempts: %w", err)
 		}
@@ -120,7 +141,10 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	if err != nil {
 		return err
 	}
-	if settled != DeadLettered {
+	switch {
+	case settled == Duplicate && d.parked:
+		return nil // another delivery applied or dead-lettered it: settled there
+	case settled != DeadLettered:
 		in.settleSeen(d, settled, seenReason)
 		return nil
 	}

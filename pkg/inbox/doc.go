@@ -91,6 +91,65 @@
 //     later than Retention after the first (RedeliveryHorizon bounds that),
 //     and copies on another partition (the row is then swept by age alone).
 //
+// # Holding a poisoned key
+//
+// By default a dead letter skips its key: the partition goes on, so the
+// key's later messages are applied before the dead letter, once redriven,
+// is. For handlers where one key's messages must apply in order (an order's
+// "paid" before its "shipped"), Config.OnDeadLetter = HoldKey holds the key
+// instead. The promise, per consumer and per (topic, partition key):
+//
+//   - once a message of the key is dead-lettered, the key's later messages
+//     are parked, not applied: each is recorded in the transaction that
+//     would have applied it (its inbox row with status 'parked', so a
+//     redelivery is a duplicate and another payload a conflict; its payload
+//     and metadata in inbox_parked), and acknowledged. Other keys flow.
+//   - [Redrive] of the dead letter writes it back through the outbox as
+//     before; when it comes back it alone goes through, and the commit that
+//     applies it releases the key. The delivery that released it then
+//     applies the parked messages, in arrival order, one transaction each,
+//     through the same handler and the same retry loop, before it is
+//     acknowledged; then the hold is gone. Each is applied exactly once: its
+//     inbox row turns from 'parked' to 'processed' in its own transaction.
+//   - [Discard] of the dead letter releases the key too: the first parked
+//     message is written back through the outbox in its place (it carries
+//     [ReleaseOfMetadata]), and the others follow it as after a redrive.
+//     Release goes through Kafka because only the consumer has the handler.
+//   - a message that fails again, the redriven one or a released one, is
+//     dead-lettered and holds the key again; what was parked behind it stays
+//     parked. So does the next poison of a key once released.
+//   - a crash in the middle of a release loses nothing: the releasing
+//     delivery was not acknowledged, so it comes back (a duplicate) and,
+//     finding the key released, goes on where the release stopped.
+//
+// A message whose key is empty is never held. [Held] and [HoldStats] show
+// what is held (inboxctl held). The key comes from Config.Key: the outbox's
+// partition_key metadata by default, or inboxkafka.Key, the Kafka record's.
+// A redriven or written-back message lands on its key's partition only when
+// its metadata holds that key (outbox.KeyMetadata, as the outbox's relay
+// leaves it), and only a UUID id can go back through the outbox: a Discard
+// whose first parked message has another id releases the key at once, and
+// the key's next delivery applies the parked messages before itself.
+//
+// Why this is race-free, and what it costs. Every transaction that reads or
+// changes a hold locks its row (inbox_held_keys, FOR UPDATE), then looks at
+// the parked messages in a statement of its own, so it sees what the
+// transaction it waited for committed: a parking and a release step take
+// turns, and a release never deletes a hold with a message parked behind
+// it. A key that is not held has no row: its deliveries pay one index
+// lookup and lock nothing. That no row can appear while a later message of
+// the key is being applied is Kafka's promise, not a lock's: a key's
+// messages come on one partition, in order, and the next is handed out only
+// after the dead letter's delivery was acknowledged, after its commit
+// (which holds the key); a replica that takes the partition over starts at
+// the committed offset, at or before the dead letter. Batches
+// (Config.BatchSize > 1) read the holds of their deliveries' keys and leave
+// the held ones to go alone; a batch never holds two messages of one key,
+// since it holds one delivery per partition. Messages of one key on several
+// partitions have no order to keep. Turning HoldKey off leaves what is
+// parked parked: redrive or discard every held key first. With HoldKey off,
+// nothing of this runs.
+//
 // # Offset commits
 //
 // watermill-kafka marks an offset when a message is acknowledged, and Sarama

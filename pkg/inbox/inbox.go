@@ -41,7 +41,7 @@ type Inbox struct {
 	batch    batcher
 	running  atomic.Bool     // Run was called and has not returned
 	ready    atomic.Bool     // and its batch workers take deliveries
-	stats    [6]atomic.Int64 // indexed by outcomeIndex
+	stats    [7]atomic.Int64 // indexed by outcomeIndex
 }
 
 // New checks cfg and returns an Inbox.

@@ -121,7 +121,8 @@ func (p *perBatch) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message
 
 // deliver is the handler Middleware and Handler return: it reads the
 // delivery (quarantining what cannot be deduplicated), then runs attempts
-// until one commits, the message is dead-lettered, or the database fails.
+// until one commits, the message is dead-lettered, or the database fails;
+// then, when it released its key (HoldKey), the key's parked messages.
 func (in *Inbox) deliver(a applier) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		span := in.startSpan(msg) // tracing.go: one span per delivery, child of the producer's trace
@@ -132,51 +133,68 @@ func (in *Inbox) deliver(a applier) message.HandlerFunc {
 			return nil, in.quarantineInvalid(d, reason) // deadletter.go
 		}
 
-		transientFailures := 0
-		for {
-			var herr, err error
-			if d.attempts == 0 && transientFailures == 0 {
-				herr, err = in.firstAttempt(d, a) // batch.go: in a batch while Run runs
-			} else {
-				herr, err = in.attempt(d, a) // attempt.go
-			}
-			var te transientError
-			if errors.As(err, &te) {
-				// The database failed under the handler. Wait and try again
-				// without counting an attempt; but a failure that keeps
-				// coming back for this one message (a handler that always
-				// times out) is the message's, and counts after a while, so
-				// it cannot block its partition forever.
-				if transientFailures++; transientFailures < maxTransientFailures {
-					if !ctxtime.Sleep(msg.Context(), in.backoff(transientFailures)) {
-						return nil, err
-					}
-					continue
+		committed, err := in.run(d, a)
+		if err != nil || !committed {
+			return nil, err
+		}
+		failpoint.Hit(failpoint.AfterCommitBeforeAck, d.id)
+		if d.release {
+			return nil, in.release(d, a) // hold.go: the key's parked messages, in order
+		}
+		return nil, nil
+	}
+}
+
+// run is the retry loop: it runs attempts of d until one commits (committed
+// is true: applied, or settled as a duplicate, a conflict or parked), d is
+// dead-lettered, or the database fails (err).
+func (in *Inbox) run(d *delivery, a applier) (committed bool, err error) {
+	transientFailures := 0
+	for {
+		var herr, err error
+		switch {
+		case d.parked:
+			herr, err = in.applyParked(d, a) // hold.go: a released key's parked message
+		case d.attempts == 0 && transientFailures == 0:
+			herr, err = in.firstAttempt(d, a) // batch.go: in a batch while Run runs
+		default:
+			herr, err = in.attempt(d, a) // attempt.go
+		}
+		var te transientError
+		if errors.As(err, &te) {
+			// The database failed under the handler. Wait and try again
+			// without counting an attempt; but a failure that keeps
+			// coming back for this one message (a handler that always
+			// times out) is the message's, and counts after a while, so
+			// it cannot block its partition forever.
+			if transientFailures++; transientFailures < maxTransientFailures {
+				if !ctxtime.Sleep(d.msg.Context(), in.backoff(transientFailures)) {
+					return false, err
 				}
-				transientFailures, herr, err = 0, te.err, nil
+				continue
 			}
-			if err != nil {
-				return nil, err // database trouble: let the broker redeliver
-			}
-			if herr == nil {
-				failpoint.Hit(failpoint.AfterCommitBeforeAck, d.id)
-				return nil, nil
-			}
-			if IsPermanent(herr) {
-				return nil, in.deadLetter(d, d.attempts+1, "permanent error: "+herr.Error())
-			}
-			attempts, err := in.recordAttempt(d, herr)
-			if err != nil {
-				return nil, err
-			}
-			d.attempts = attempts
-			if attempts >= in.cfg.MaxAttempts {
-				return nil, in.deadLetter(d, attempts, fmt.Sprintf("failed %d attempts, last: %v", attempts, herr))
-			}
-			in.settle(d, Retried, herr.Error())
-			if !ctxtime.Sleep(msg.Context(), in.backoff(attempts)) {
-				return nil, fmt.Errorf("inbox: shutting down while retrying: %w", herr)
-			}
+			transientFailures, herr, err = 0, te.err, nil
+		}
+		if err != nil {
+			return false, err // database trouble: let the broker redeliver
+		}
+		if herr == nil {
+			return true, nil
+		}
+		if IsPermanent(herr) {
+			return false, in.deadLetter(d, d.attempts+1, "permanent error: "+herr.Error())
+		}
+		attempts, err := in.recordAttempt(d, herr)
+		if err != nil {
+			return false, err
+		}
+		d.attempts = attempts
+		if attempts >= in.cfg.MaxAttempts {
+			return false, in.deadLetter(d, attempts, fmt.Sprintf("failed %d attempts, last: %v", attempts, herr))
+		}
+		in.settle(d, Retried, herr.Error())
+		if !ctxtime.Sleep(d.msg.Context(), in.backoff(attempts)) {
+			return false, fmt.Errorf("inbox: shutting down while retrying: %w", herr)
 		}
 	}
 }
@@ -203,6 +221,9 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 		return d, fmt.Sprintf("message id %q is not valid UTF-8 text", id)
 	}
 	d.id = id
+	if in.cfg.OnDeadLetter == HoldKey {
+		d.key = storedKey(in.cfg.Key(msg))
+	}
 	if in.cfg.CheckID != nil {
 		if err := in.cfg.CheckID(id); err != nil {
 			return d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err)
@@ -224,6 +245,10 @@ type delivery struct {
 	sum      [32]byte
 	attempts int // failed attempts recorded so far by this process
 	start    time.Time
+
+	key     string // its partition key, when it can be held (HoldKey)
+	parked  bool   // a parked message a released key applies (hold.go)
+	release bool   // its attempt released its key, or found it released: drain it
 }
 
 func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {

@@ -18,6 +18,7 @@ const (
 	Invalid      Outcome = "invalid"       // no id, or payload too large: quarantined
 	DeadLettered Outcome = "dead_lettered" // handler failed permanently or MaxAttempts times
 	Retried      Outcome = "retried"       // handler failed; the message will be tried again
+	Parked       Outcome = "parked"        // its key is held (HoldKey): recorded, applied once released
 )
 
 // Event describes one settled delivery, or one failed attempt (Retried).
@@ -32,7 +33,7 @@ type Event struct {
 
 // Stats counts outcomes since the Inbox was created.
 type Stats struct {
-	Applied, Duplicates, Conflicts, Invalid, DeadLettered, Retries int64
+	Applied, Duplicates, Conflicts, Invalid, DeadLettered, Retries, Parked int64
 }
 
 // Stats returns the outcome counters.
@@ -44,6 +45,7 @@ func (in *Inbox) Stats() Stats {
 		Invalid:      in.stats[3].Load(),
 		DeadLettered: in.stats[4].Load(),
 		Retries:      in.stats[5].Load(),
+		Parked:       in.stats[6].Load(),
 	}
 }
 
@@ -59,6 +61,8 @@ func outcomeIndex(o Outcome) int {
 		return 3
 	case DeadLettered:
 		return 4
+	case Parked:
+		return 6
 	default:
 		return 5
 	}

@@ -14,7 +14,7 @@ import (
 // Sweep deletes inbox rows and stale attempt counters older than Retention,
 // in batches, and returns how many inbox rows it removed. Quarantined and
 // dead-lettered messages are kept in inbox_quarantine until an operator
-// deals with them.
+// deals with them; a parked message's row stays until its key is released.
 func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 	// With Config.LogStart, a row read from Kafka goes only once its
 	// partition's log start has passed the highest offset of its copies;
@@ -42,6 +42,7 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 			WHERE (consumer, message_id) IN (
 				SELECT m.consumer, m.message_id FROM inbox_messages m
 				WHERE m.consumer = $1 AND m.processed_at < now() - $2::interval
+				AND m.status <> 'parked' -- not applied yet: it waits for its key's release (hold.go)
 				AND (NOT $4 OR m.kafka_offset IS NULL OR m.kafka_partition = -1 OR NOT m.topic = ANY($5) OR EXISTS (
 					SELECT 1 FROM unnest($5::text[], $6::int[], $7::bigint[]) AS k(topic, part, start)
 					WHERE k.topic = m.topic AND k.part = m.kafka_partition AND m.kafka_offset < k.start))

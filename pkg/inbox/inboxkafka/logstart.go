@@ -45,3 +45,12 @@ func ReadLogStart(client sarama.Client, topics ...string) (inbox.LogStart, error
 	}
 	return out, nil
 }
+
+// Key is an inbox.Config.Key for messages a watermill-kafka Subscriber
+// delivered: the Kafka record's key, which decides its partition. The
+// inbox's default reads the outbox's partition_key metadata instead, which
+// is the same key for messages the outbox's relay published.
+func Key(msg *message.Message) string {
+	k, _ := kafka.MessageKeyFromCtx(msg.Context())
+	return string(k)
+}

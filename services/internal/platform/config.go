@@ -63,6 +63,11 @@ type Config struct {
 	// with a shorter one (inboxkafka.CheckRetention). 0: inbox.DefaultRetention
 	// (15 days), which covers Kafka's defaults.
 	InboxRetention time.Duration `env:"INBOX_RETENTION" default:"0s"`
+	// What a dead letter does to its key's later messages (pkg/inbox
+	// Config.OnDeadLetter): "skip" applies them (inbox.SkipKey), "hold"
+	// parks them until the dead letter is redriven or discarded, then
+	// applies them in order (inbox.HoldKey).
+	InboxOnDeadLetter string `env:"INBOX_ON_DEAD_LETTER" default:"skip"`
 	// InboxDisabled switches deduplication off. Only the chaos harness's
 	// control run sets it, to prove the harness catches double-applies.
 	InboxDisabled bool `env:"INBOX_DISABLED" default:"false"`

@@ -22,6 +22,8 @@ const (
 	metricInboxMessages      = "inbox_messages_total"
 	metricHandlerDuration    = "inbox_handler_duration_seconds"
 	metricCommitToApply      = "inbox_commit_to_apply_seconds"
+	metricHeldKeys           = "inbox_held_keys"
+	metricParkedMessages     = "inbox_parked_messages"
 	metricPendingRows        = "outbox_pending_rows"
 	metricOldestPendingAge   = "outbox_oldest_pending_age_seconds"
 	metricPendingQueryErrors = "outbox_pending_query_errors_total"
@@ -46,6 +48,8 @@ var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1
 // commit-to-apply latency (from the outbox_created_at metadata PublishTx
 // stamps), and reads the outbox backlog from the database on each scrape.
 type metrics struct {
+	pool            *pgxpool.Pool
+	log             *slog.Logger
 	reg             *prometheus.Registry
 	handlerDuration *prometheus.HistogramVec
 	commitToApply   *prometheus.HistogramVec
@@ -58,7 +62,9 @@ type metrics struct {
 
 func newMetrics(pool *pgxpool.Pool, log *slog.Logger) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		pool: pool,
+		log:  log,
+		reg:  prometheus.NewRegistry(),
 		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    metricHandlerDuration,
 			Help:    "Time from delivery to settlement of a message in the inbox middleware (inbox transaction, handler, commit, retries), by outcome.",
@@ -87,6 +93,7 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay) {
 	}
 	m.reg.MustRegister(
 		inboxCollector{ibx},
+		holdCollector{pool: m.pool, log: m.log, consumer: ibx.Consumer()},
 		relayCounter(metricRelayed, "Outbox rows published and marked by this process's relay.",
 			func(s outbox.RelayStats) int64 { return s.Published }),
 		relayCounter(metricRelayBatches, "Relay transactions that published at least one row.",
@@ -132,7 +139,7 @@ func (m *metrics) onOutcome(next func(inbox.Event)) func(inbox.Event) {
 type inboxCollector struct{ ibx *inbox.Inbox }
 
 var inboxMessagesDesc = prometheus.NewDesc(metricInboxMessages,
-	"Deliveries settled by the inbox, by outcome: applied, duplicate (suppressed), conflict and invalid (quarantined), dead_lettered, and retried (failed attempts).",
+	"Deliveries settled by the inbox, by outcome: applied, duplicate (suppressed), conflict and invalid (quarantined), dead_lettered, retried (failed attempts), and parked (behind a held key, INBOX_ON_DEAD_LETTER=hold).",
 	[]string{"consumer", "outcome"}, nil)
 
 func (c inboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- inboxMessagesDesc }
@@ -145,6 +152,7 @@ func (c inboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}{
 		{inbox.Applied, s.Applied}, {inbox.Duplicate, s.Duplicates}, {inbox.Conflict, s.Conflicts},
 		{inbox.Invalid, s.Invalid}, {inbox.DeadLettered, s.DeadLettered}, {inbox.Retried, s.Retries},
+		{inbox.Parked, s.Parked},
 	} {
 		ch <- prometheus.MustNewConstMetric(inboxMessagesDesc, prometheus.CounterValue, float64(o.n), c.ibx.Consumer(), string(o.outcome))
 	}
@@ -200,4 +208,39 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(parkedRowsDesc, prometheus.GaugeValue, float64(parked))
 	}
 	c.errors.Collect(ch)
+}
+
+// holdCollector reads the consumer's held keys and parked messages on each
+// scrape (inbox.HoldStats: two index scans of tables that are empty unless
+// INBOX_ON_DEAD_LETTER=hold held a key). Both are 0 with the hold off.
+type holdCollector struct {
+	pool     *pgxpool.Pool
+	log      *slog.Logger
+	consumer string
+}
+
+var (
+	heldKeysDesc = prometheus.NewDesc(metricHeldKeys,
+		"Partition keys the consumer holds: a message of each was dead-lettered and the key's later messages are parked until an operator redrives or discards it (inboxctl held).",
+		[]string{"consumer"}, nil)
+	parkedMessagesDesc = prometheus.NewDesc(metricParkedMessages,
+		"Messages parked behind held keys, recorded and acknowledged but not applied yet.",
+		[]string{"consumer"}, nil)
+)
+
+func (c holdCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- heldKeysDesc
+	ch <- parkedMessagesDesc
+}
+
+func (c holdCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
+	defer cancel()
+	n, err := inbox.HoldStats(ctx, c.pool, c.consumer)
+	if err != nil {
+		c.log.Warn("metrics: counting held keys", "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(heldKeysDesc, prometheus.GaugeValue, float64(n.Keys), c.consumer)
+	ch <- prometheus.MustNewConstMetric(parkedMessagesDesc, prometheus.GaugeValue, float64(n.Parked), c.consumer)
 }

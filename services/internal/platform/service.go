@@ -109,8 +109,12 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return err
 	}
 
+	onDeadLetter, err := deadLetterPolicy(cfg.InboxOnDeadLetter)
+	if err != nil {
+		return err
+	}
 	ibx, err := inbox.New(inbox.Config{
-		Pool: pool, Consumer: svc.Name, Logger: wlog,
+		Pool: pool, Consumer: svc.Name, Logger: wlog, OnDeadLetter: onDeadLetter,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
@@ -360,4 +364,15 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // WriteError writes {"error": msg}.
 func WriteError(w http.ResponseWriter, status int, msg string) {
 	WriteJSON(w, status, map[string]string{"error": msg})
+}
+
+// deadLetterPolicy reads INBOX_ON_DEAD_LETTER.
+func deadLetterPolicy(s string) (inbox.DeadLetterPolicy, error) {
+	switch s {
+	case "skip", "":
+		return inbox.SkipKey, nil
+	case "hold":
+		return inbox.HoldKey, nil
+	}
+	return 0, fmt.Errorf("INBOX_ON_DEAD_LETTER=%q: want skip or hold", s)
 }

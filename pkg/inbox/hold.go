@@ -1,0 +1,326 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+)
+
+// The key-scoped poison hold (Config.OnDeadLetter = HoldKey); the promise is
+// in doc.go, "Holding a poisoned key". A delivery's path through it:
+//
+//	attempt      lockHold: the key's hold row, FOR UPDATE (nothing when the
+//	             key is not held); a message other than the holder → park;
+//	             the holder itself → applied, and its commit releases the key
+//	deadLetter   hold: the dead letter's key is held (or held again)
+//	deliver      a delivery that released the key, or found it released,
+//	             drains it: release → nextParked → applyParked, one parked
+//	             message per transaction, in arrival order, through the same
+//	             retry loop as any delivery
+//	admin.go     Redrive marks the hold redriven; Discard writes the first
+//	             parked message back in the dead letter's place
+//
+// Batches (batch.go) leave a held key's deliveries to go alone (heldInBatch).
+
+// DeadLetterPolicy is what a dead letter does to the later messages of its
+// partition key (Config.OnDeadLetter).
+type DeadLetterPolicy int
+
+const (
+	// SkipKey applies a dead letter's later messages as they come: the
+	// partition goes on, and the dead letter, once redriven, is applied
+	// after them. The default.
+	SkipKey DeadLetterPolicy = iota
+	// HoldKey parks the later messages of a dead letter's key until the
+	// dead letter is redriven (and applied) or discarded; then they are
+	// applied in their arrival order. Other keys flow.
+	HoldKey
+)
+
+func (p DeadLetterPolicy) String() string {
+	switch p {
+	case SkipKey:
+		return "skip-key"
+	case HoldKey:
+		return "hold-key"
+	}
+	return fmt.Sprintf("DeadLetterPolicy(%d)", int(p))
+}
+
+// The states of a hold (inbox_held_keys.state, migration 004).
+const (
+	holdHeld     = "held"     // the holder is dead-lettered
+	holdRedriven = "redriven" // the holder was written back; it alone goes through
+	holdReleased = "released" // the holder was applied: the parked messages follow
+)
+
+// storedKey is how a partition key is kept in the hold tables: as it is when
+// it is text a btree index takes, else by its hash, so that any key can be
+// held.
+func storedKey(key string) string {
+	if len(key) > maxIDBytes || key != pgText(key) {
+		return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(key)))
+	}
+	return key
+}
+
+// holds reports whether d's key can be held.
+func (in *Inbox) holds(d *delivery) bool {
+	return in.cfg.OnDeadLetter == HoldKey && d.key != ""
+}
+
+// lockHold reads the hold of d's key and locks its row until tx ends; state
+// is "" when the key is not held. Parking, releasing and the dead letter
+// that holds a key all lock the row first, so they take turns; a key that
+// is not held costs one index lookup and locks nothing (why that is enough
+// is in doc.go).
+func (in *Inbox) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, state string, err error) {
+	err = tx.QueryRow(ctx, `SELECT holder, state FROM inbox_held_keys
+		WHERE consumer = $1 AND topic = $2 AND partition_key = $3 FOR UPDATE`,
+		in.cfg.Consumer, d.topic, d.key).Scan(&holder, &state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("inbox: reading the hold of key %q: %w", d.key, err)
+	}
+	return holder, state, nil
+}
+
+// setHold moves the hold of d's key to state.
+func (in *Inbox) setHold(ctx context.Context, tx pgx.Tx, d *delivery, state string) error {
+	if _, err := tx.Exec(ctx, `UPDATE inbox_held_keys SET state = $4, updated_at = now()
+		WHERE consumer = $1 AND topic = $2 AND partition_key = $3`, in.cfg.Consumer, d.topic, d.key, state); err != nil {
+		return fmt.Errorf("inbox: marking key %q %s: %w", d.key, state, err)
+	}
+	return nil
+}
+
+// hold holds d's key with d as its holder, in the transaction that
+// dead-letters d. A key already held by another dead letter keeps that one.
+func (in *Inbox) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	_, err := tx.Exec(ctx, `
+		INSERT INTO inbox_held_keys (consumer, topic, partition_key, holder) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (consumer, topic, partition_key) DO UPDATE
+		SET holder = EXCLUDED.holder, state = 'held', updated_at = now()
+		WHERE inbox_held_keys.state <> 'held' OR inbox_held_keys.holder = EXCLUDED.holder`,
+		in.cfg.Consumer, d.topic, d.key, d.id)
+	if err != nil {
+		return fmt.Errorf("inbox: holding key %q: %w", d.key, err)
+	}
+	return nil
+}
+
+// park records d in tx, whose hold row it has locked, as parked: its inbox
+// row with status 'parked' (a redelivery is then a duplicate, or a conflict),
+// its payload and metadata in inbox_parked; then it commits and settles d.
+func (in *Inbox) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string) error {
+	fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowParked)
+	if err != nil {
+		return err
+	}
+	if len(fresh) == 0 {
+		return in.seenBefore(ctx, tx, d)
+	}
+	meta, err := metadataJSON(d.msg.Metadata)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO inbox_parked (consumer, message_id, topic, partition_key, payload, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6)`, in.cfg.Consumer, d.id, d.topic, d.key, d.msg.Payload, meta); err != nil {
+		return fmt.Errorf("inbox: parking: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.settle(d, Parked, fmt.Sprintf("key %q is held by message %s", d.key, holder))
+	return nil
+}
+
+// metadataJSON encodes metadata as a jsonb column takes it.
+func metadataJSON(md message.Metadata) ([]byte, error) {
+	clean := make(map[string]string, len(md))
+	for k, v := range md {
+		clean[pgText(k)] = pgText(v)
+	}
+	meta, err := json.Marshal(clean)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: encoding metadata: %w", err)
+	}
+	return meta, nil
+}
+
+// release applies the parked messages of d's key, which d released or found
+// released, one at a time in arrival order, each through the retry loop of
+// any delivery (run) with d's applier; it returns when none is left (the
+// hold is then gone) or one was dead-lettered (the key is held again).
+// Another delivery may drain the same key at once (a replica after a
+// rebalance): each step locks the hold row and takes the first parked
+// message, so each is applied once, in order.
+func (in *Inbox) release(d *delivery, a applier) error {
+	for {
+		next, err := in.nextParked(d)
+		if err != nil || next == nil {
+			return err
+		}
+		if _, err := in.run(next, a); err != nil {
+			return err
+		}
+	}
+}
+
+// nextParked returns the first parked message of d's key as a delivery, or
+// nil when the key is no longer released (held again, or gone); when none
+// is parked it deletes the hold and returns nil.
+func (in *Inbox) nextParked(d *delivery) (*delivery, error) {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	var next *delivery
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		_, state, err := in.lockHold(ctx, tx, d)
+		if err != nil || state != holdReleased {
+			return err
+		}
+		// A statement after the lock: it sees what a parking that held the
+		// lock committed.
+		var id string
+		var payload []byte
+		var md map[string]string
+		err = tx.QueryRow(ctx, `SELECT message_id, payload, metadata FROM inbox_parked
+			WHERE consumer = $1 AND topic = $2 AND partition_key = $3 ORDER BY seq LIMIT 1`,
+			in.cfg.Consumer, d.topic, d.key).Scan(&id, &payload, &md)
+		if errors.Is(err, pgx.ErrNoRows) {
+			_, err := tx.Exec(ctx, `DELETE FROM inbox_held_keys WHERE consumer = $1 AND topic = $2 AND partition_key = $3`,
+				in.cfg.Consumer, d.topic, d.key)
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		msg := message.NewMessage(id, payload)
+		msg.Metadata = md
+		msg.SetContext(d.msg.Context()) // the releasing delivery's: its topic, its handler, its trace
+		next = &delivery{msg: msg, id: id, topic: d.topic, key: d.key, sum: sha256.Sum256(payload), start: time.Now(), parked: true}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: releasing key %q: %w", d.key, err)
+	}
+	return next, nil
+}
+
+// applyParked is attempt for a parked message: in one transaction it locks
+// the hold, checks that p is still the first parked message of a released
+// key, marks its inbox row processed, and applies it. Anything else (another
+// delivery applied it, or the key was held again) leaves it to that one.
+func (in *Inbox) applyParked(p *delivery, a applier) (herr, err error) {
+	ctx, cancel := in.txContext(p)
+	defer cancel()
+	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	_, state, err := in.lockHold(ctx, tx, p)
+	if err != nil || state != holdReleased {
+		return nil, err
+	}
+	var first string
+	if err := tx.QueryRow(ctx, `SELECT message_id FROM inbox_parked
+		WHERE consumer = $1 AND topic = $2 AND partition_key = $3 ORDER BY seq LIMIT 1`,
+		in.cfg.Consumer, p.topic, p.key).Scan(&first); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("inbox: reading parked messages: %w", err)
+	}
+	if first != p.id {
+		return nil, nil
+	}
+	if ok, err := in.unpark(ctx, tx, p, rowProcessed); err != nil || !ok {
+		if err == nil {
+			err = tx.Commit(ctx) // the stray parked entry is gone
+		}
+		return nil, err
+	}
+	if p.attempts > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, p.id); err != nil {
+			return nil, fmt.Errorf("inbox: clearing attempts: %w", err)
+		}
+	}
+	if herr := a.apply(ctx, tx, []*message.Message{p.msg}); herr != nil {
+		if transient(tx, herr) {
+			return nil, transientError{herr}
+		}
+		return herr, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if commitRefused(tx, err) {
+			return fmt.Errorf("commit refused: %w", err), nil
+		}
+		return nil, fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.settle(p, Applied, "")
+	return nil, nil
+}
+
+// unpark moves p's inbox row from 'parked' to status and deletes its parked
+// entry; ok is false when the row was no longer parked.
+func (in *Inbox) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status string) (ok bool, err error) {
+	tag, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = $3, processed_at = now()
+		WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, in.cfg.Consumer, p.id, status)
+	if err != nil {
+		return false, fmt.Errorf("inbox: unparking: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, p.id); err != nil {
+		return false, fmt.Errorf("inbox: unparking: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// leaveHeld marks, in results, the items of a batch whose key is held to be
+// tried alone (attempt), where they park or release the key, and returns the
+// indexes of the others, which the batch runs. A plain read, no lock: a key
+// cannot be held while a delivery of it waits in a batch (see doc.go), and
+// one released meanwhile only sends a delivery the long way.
+func (in *Inbox) leaveHeld(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error) {
+	live := make([]int, 0, len(items))
+	var topics, keys []string
+	for i, it := range items {
+		live = append(live, i)
+		if in.holds(it.d) {
+			topics, keys = append(topics, it.d.topic), append(keys, it.d.key)
+		}
+	}
+	if len(keys) == 0 {
+		return live, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT h.topic, h.partition_key FROM inbox_held_keys h
+		JOIN unnest($2::text[], $3::text[]) AS u(topic, key) ON h.topic = u.topic AND h.partition_key = u.key
+		WHERE h.consumer = $1`, in.cfg.Consumer, topics, keys)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: reading held keys: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]string, error) {
+		var h [2]string
+		return h, row.Scan(&h[0], &h[1])
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: reading held keys: %w", err)
+	}
+	live = live[:0]
+	for i, it := range items {
+		if in.holds(it.d) && slices.Contains(held, [2]string{it.d.topic, it.d.key}) {
+			results[i] = batchResult{fallback: true}
+			continue
+		}
+		live = append(live, i)
+	}
+	return live, nil
+}
