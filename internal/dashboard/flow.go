@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -33,6 +34,10 @@ type Flow struct {
 	// Quarantined is each service's open quarantine rows by kind
 	// (dead_letter, payload_conflict, invalid): where messages leave the flow.
 	Quarantined map[string]map[string]int `json:"quarantined"`
+	// Held is each service's keys held behind a dead letter and the
+	// messages parked behind them (inbox.HoldKey): out of the flow until a
+	// redrive or a discard releases them.
+	Held map[string]inbox.HoldCounts `json:"held"`
 	// Partitions is each topic's partitions: the end offset (records
 	// written) and the offset its consumer group committed (acknowledged).
 	Partitions map[string][]Partition `json:"partitions,omitempty"`
@@ -68,7 +73,7 @@ var consumerOf = map[string]string{events.TopicOrders: "inventory", events.Topic
 // answer is left out and named in the returned errors.
 func (s *Server) readFlow(ctx context.Context) (Flow, []string) {
 	f := Flow{Stages: map[string]int64{}, Pending: map[string]int{}, Duplicates: map[string]int64{},
-		Quarantined: map[string]map[string]int{}}
+		Quarantined: map[string]map[string]int{}, Held: map[string]inbox.HoldCounts{}}
 	var errs []string
 	ctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
@@ -125,16 +130,20 @@ func readServiceFlow(ctx context.Context, pool *pgxpool.Pool, name, topic string
 	if err != nil {
 		return err
 	}
-	outbox, relay, inbox := StageOrdersOutbox, StageOrdersRelay, StageOrdersInbox
+	held, err := inbox.HoldStats(ctx, pool, name)
+	if err != nil {
+		return err
+	}
+	outbox, relay, in := StageOrdersOutbox, StageOrdersRelay, StageOrdersInbox
 	if name == "inventory" {
-		outbox, relay, inbox = StageInventoryOutbox, StageInventoryRelay, StageInventoryInbox
+		outbox, relay, in = StageInventoryOutbox, StageInventoryRelay, StageInventoryInbox
 	}
 	f.Stages[before] = d1
 	if after != "" {
 		f.Stages[after] = d2
 	}
-	f.Stages[outbox], f.Stages[relay], f.Stages[inbox] = written, published, applied
-	f.Pending[name], f.Duplicates[name], f.Quarantined[name] = pending, dups, quarantined
+	f.Stages[outbox], f.Stages[relay], f.Stages[in] = written, published, applied
+	f.Pending[name], f.Duplicates[name], f.Quarantined[name], f.Held[name] = pending, dups, quarantined, held
 	return nil
 }
 

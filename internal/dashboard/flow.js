@@ -57,7 +57,7 @@
       if (n.id === 'left') {
         text(box, 10, 40, 'sub', 'left-inventory', 'inventory: none');
         text(box, 10, 58, 'sub', 'left-orders', 'orders: none');
-        text(box, 10, 80, 'sub', null, 'quarantined, dead-lettered');
+        text(box, 10, 80, 'sub', null, 'quarantined, dead-lettered, held');
         continue;
       }
       text(box, 10, 46, 'count', 'st-' + n.id, '…');
@@ -125,6 +125,8 @@
       set('dup-' + svc, d ? `✕ ${d} duplicate${d === 1 ? '' : 's'} suppressed` : 'no duplicates yet');
       const q = (f.quarantined || {})[svc] || {};
       const parts = Object.entries(q).map(([k, v]) => `${k.replace('_', ' ')} ${v}`);
+      const h = (f.held || {})[svc];
+      if (h && h.Keys) parts.push(`${h.Keys} key${h.Keys === 1 ? '' : 's'} held, ${h.Parked} parked`);
       set('left-' + svc, `${svc}: ${parts.length ? parts.join(', ') : 'none'}`);
     }
     for (const [topic, parts] of Object.entries(f.partitions || {})) {

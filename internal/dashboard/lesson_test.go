@@ -12,7 +12,11 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
@@ -46,7 +50,7 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	otlp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
 	t.Cleanup(otlp.Close)
 	sys, err := system.Start(ctx, system.Options{Work: work, Log: t.Logf,
-		Env: append(crashnow.Env(fpLog), "TRACING=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT="+otlp.URL)})
+		Env: append(crashnow.Env(fpLog), "TRACING=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT="+otlp.URL, "INBOX_ON_DEAD_LETTER=hold")})
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
 	skus := loadgen.SKUs(5)
@@ -73,11 +77,12 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	_, err = check.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, load.Client(), check.Settled(60), nil)
 	require.NoError(t, err)
 	poison := publishHostile(t, b) // a replayed copy (suppressed) and a malformed message (dead-lettered)
+	publishHeld(t, b)              // a poison that holds its key, and a message parked behind it
 
 	// 1. The picture agrees with SQL and Kafka.
 	want := func() map[string]string { return pictureFromDB(t, b) }
 	got := b.waitPicture(t, want, func(w map[string]string) bool {
-		return w["dup-inventory"] == dupText(1) && strings.Contains(w["left-inventory"], "dead letter 1")
+		return w["dup-inventory"] == dupText(1) && w["left-inventory"] == "inventory: dead letter 2, 2 keys held, 1 parked" // both poisons have a key
 	})
 	require.NotEqual(t, got["st-orders-topic"], got["st-orders-outbox"], "the replayed copy is in Kafka, not in the outbox")
 	t.Logf("picture: %v", got)
@@ -136,6 +141,26 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	b.screenshot(t, "crash-it-now.png")
 }
 
+// publishHeld publishes a malformed OrderPaid under a key, which inventory
+// dead-letters and, with INBOX_ON_DEAD_LETTER=hold, holds its key by, and a
+// second message of that key, which is parked behind it.
+func publishHeld(t *testing.T, b *testBundle) {
+	t.Helper()
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
+		OverwriteSaramaConfig: kafkaconf.Sarama(),
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer pub.Close()
+	var msgs []*message.Message
+	for _, body := range []string{`{"type": "OrderPaid", "schema_version": 1, "order_id": `, `{"type": "OrderPaid"}`} {
+		m := outbox.NewMessage(uuid.NewString(), []byte(body))
+		m.Metadata.Set(outbox.KeyMetadata, "held-key")
+		msgs = append(msgs, m)
+	}
+	require.NoError(t, pub.Publish(events.TopicOrders, msgs...))
+}
+
 // pictureIDs are the picture's elements the test reads.
 var pictureIDs = []string{
 	"st-orders-paid", "st-orders-outbox", "st-orders-topic", "st-inventory-inbox", "st-inventory-decided",
@@ -158,15 +183,17 @@ func pictureFromDB(t *testing.T, b *testBundle) map[string]string {
 		(SELECT count(*) FROM inbox_messages WHERE consumer = 'orders' AND status = 'processed'),
 		(SELECT coalesce(sum(duplicates), 0) FROM inbox_messages WHERE consumer = 'orders')`).
 		Scan(&paid, &settled, &ordersOut, &ordersPending, &ordersApplied, &ordersDups))
-	var decided, invOut, invPending, invApplied, invDups, deadLetters int
+	var decided, invOut, invPending, invApplied, invDups, deadLetters, heldKeys, parked int
 	require.NoError(t, inventory.QueryRow(b.ctx, `SELECT
 		(SELECT count(*) FROM decisions),
 		(SELECT count(*) FROM outbox_messages WHERE topic = 'inventory.events'),
 		(SELECT count(*) FROM outbox_messages WHERE topic = 'inventory.events' AND published_at IS NULL),
 		(SELECT count(*) FROM inbox_messages WHERE consumer = 'inventory' AND status = 'processed'),
 		(SELECT coalesce(sum(duplicates), 0) FROM inbox_messages WHERE consumer = 'inventory'),
-		(SELECT count(*) FROM inbox_quarantine WHERE kind = 'dead_letter' AND resolved_at IS NULL)`).
-		Scan(&decided, &invOut, &invPending, &invApplied, &invDups, &deadLetters))
+		(SELECT count(*) FROM inbox_quarantine WHERE kind = 'dead_letter' AND resolved_at IS NULL),
+		(SELECT count(*) FROM inbox_held_keys WHERE consumer = 'inventory'),
+		(SELECT count(*) FROM inbox_messages WHERE consumer = 'inventory' AND status = 'parked')`).
+		Scan(&decided, &invOut, &invPending, &invApplied, &invDups, &deadLetters, &heldKeys, &parked))
 	for id, n := range map[string]int{"st-orders-paid": paid, "st-orders-outbox": ordersOut, "st-inventory-inbox": invApplied,
 		"st-inventory-decided": decided, "st-inventory-outbox": invOut, "st-orders-inbox": ordersApplied, "st-orders-settled": settled} {
 		out[id] = fmt.Sprint(n)
@@ -175,8 +202,15 @@ func pictureFromDB(t *testing.T, b *testBundle) map[string]string {
 	out["sub-inventory-outbox"] = fmt.Sprintf("%d pending", invPending)
 	out["dup-inventory"], out["dup-orders"] = dupText(invDups), dupText(ordersDups)
 	out["left-inventory"], out["left-orders"] = "inventory: none", "orders: none"
+	var left []string
 	if deadLetters > 0 {
-		out["left-inventory"] = fmt.Sprintf("inventory: dead letter %d", deadLetters)
+		left = append(left, fmt.Sprintf("dead letter %d", deadLetters))
+	}
+	if heldKeys > 0 {
+		left = append(left, fmt.Sprintf("%d key%s held, %d parked", heldKeys, map[bool]string{true: "", false: "s"}[heldKeys == 1], parked))
+	}
+	if len(left) > 0 {
+		out["left-inventory"] = "inventory: " + strings.Join(left, ", ")
 	}
 	client, err := sarama.NewClient(b.sys.Kafka.Brokers(), kafkaconf.Sarama())
 	require.NoError(t, err)
