@@ -20,8 +20,15 @@ import (
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]pending, error) {
 	args := []any{planEachTime, r.cfg.BatchSize, relayLockSpace}
 	claim := claimSQL
-	if r.cfg.Parallel {
+	switch {
+	case r.cfg.Parallel:
 		claim, args = claimParallelSQL, args[:2]
+	case r.cfg.Shards > 1:
+		shards, tokens := r.leases.snapshot()
+		if len(shards) == 0 {
+			return nil, nil // no shard is this relay's now
+		}
+		claim, args = r.claimShards, append(args, r.cfg.RelayID, shards, tokens)
 	}
 	rows, err := tx.Query(ctx, claim, args...)
 	if err != nil {

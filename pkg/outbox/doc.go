@@ -100,6 +100,53 @@
 // RelayConfig.Parallel to let replicas publish at once with SKIP LOCKED,
 // giving up cross-replica ordering.
 //
+// # Sharded relays
+//
+// With RelayConfig.Shards = N > 1 the outbox is divided into N shards: a
+// row's shard is a hash of its partition key (hashtext, so the same key
+// always maps to the same shard; a row without a key, which has no order to
+// keep, goes by its id). Replicas share the shards through leases, rows of
+// outbox_shards (migration 003) with an owner, a fencing token that grows
+// at every change of owner, and an expiry. Every LeaseTTL/3 a relay
+// heartbeats (outbox_relays), renews its leases where the token is still
+// its own, gives back what is over its fair share, ceil(N / live relays),
+// and takes free or expired leases up to it. A relay that stops gives its
+// shards back at once; a dead one's move after LeaseTTL. The count must be
+// the same in every replica, and changes only while no relay holds a live
+// lease (a relay refuses to start otherwise).
+//
+// Why leases rather than per-shard advisory locks: a session-level lock is
+// held as long as its connection lives, so a paused process (SIGSTOP, a GC
+// or VM stall) would keep its shards for as long as it is paused; a lease
+// expires, and its token tells a stale owner from the current one even when
+// both use the same RelayID (a restarted pod with a stable name).
+//
+// The fence. A batch runs in one transaction that locks the leases it relies
+// on FOR SHARE, in the statement that claims the rows, and claims only rows
+// of the shards whose lease still carries the relay's id and token. A
+// takeover (an UPDATE of the lease, FOR UPDATE SKIP LOCKED) cannot pass an
+// open batch, and a giving-back waits for it: a shard changes hands only
+// between batches. A relay that lost a shard claims nothing of it again,
+// and a relay paused inside a batch cannot mark: Postgres ends its session
+// BatchTimeout + 1s after its last statement (see RelayConfig.BatchTimeout),
+// which rolls its claim back and frees the lease for the next owner.
+// Sharded batches take the schema's relay lock shared, so a sharded relay
+// never publishes beside an unsharded one's batch (a replica configured
+// without Shards); Parallel relays ignore all of this and keep no order.
+//
+// The promise, per topic and partition key: reading what the broker holds
+// in offset order and keeping the first copy of each message id gives
+// exactly the key's rows in commit order, none missing, across any number
+// of handovers. Besides first copies the broker can hold repeats, and only
+// of messages already sent: a batch that was sent and not marked (a relay
+// killed after the broker acknowledged it, or one that lost its session) is
+// sent again by the shard's next owner from the same first row, and a
+// relay paused inside its send may, when it wakes, still deliver the copies
+// it had in hand, after the next owner sent them. An inbox suppresses
+// repeats, so a consumer applies each key's messages once, in commit order.
+// Fencing the broker itself (a Kafka transactional id per shard) would
+// keep even those late copies out; it is not done here.
+//
 // # One schema, one outbox
 //
 // The tables (outbox_messages, outbox_dropped, and schema_migrations where

@@ -314,6 +314,9 @@ func (s *sink) Records() []*kgo.Record {
 	return append([]*kgo.Record(nil), s.records...)
 }
 
+// Len is how many records arrived.
+func (s *sink) Len() int { return len(s.Records()) }
+
 // Counts returns how often each message id arrived.
 func (s *sink) Counts() map[string]int {
 	counts := map[string]int{}

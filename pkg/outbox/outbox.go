@@ -41,6 +41,8 @@ const (
 	relayLockSpace  = 7_412_002 // the relay's lead (claimSQL)
 	notifyLockSpace = 7_412_003 // the producer that notifies (PublishTx)
 	keyLockSpace    = 7_412_004 // one partition key's writers (PublishTx)
+	// shardSetupLockSpace serializes changes of the shard table (ensureShards).
+	shardSetupLockSpace = 7_412_005
 )
 
 // NotifyChannel is the Postgres channel PublishTx notifies on commit in

@@ -29,6 +29,7 @@ type RelayStats struct {
 	Errors    int64 // failed batches (their rows are retried)
 	Parked    int64 // rows parked because the broker will never take them
 	Deleted   int64 // published rows removed by retention
+	Shards    int   // shards this relay owns now (RelayConfig.Shards > 1)
 }
 
 // Relay publishes committed outbox rows at least once.
@@ -37,6 +38,10 @@ type Relay struct {
 	claimTx pgx.TxOptions // see txOptions
 	wake    chan struct{}
 	stats   struct{ published, batches, errors, parked, deleted atomic.Int64 }
+
+	// Sharded relays (shard.go).
+	leases                    leases
+	claimShards, pendingShard string // the statements for cfg.Shards
 }
 
 // NewRelay checks cfg and returns a relay; Run starts it.
@@ -47,6 +52,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1)}
 	r.claimTx = r.txOptions()
+	if cfg.Shards > 1 {
+		r.claimShards, r.pendingShard = claimShardsSQL(cfg.Shards), pendingShardsSQL(cfg.Shards)
+	}
 	return r, nil
 }
 
@@ -58,6 +66,7 @@ func (r *Relay) Stats() RelayStats {
 		Errors:    r.stats.errors.Load(),
 		Parked:    r.stats.parked.Load(),
 		Deleted:   r.stats.deleted.Load(),
+		Shards:    r.leases.count(),
 	}
 }
 
@@ -69,6 +78,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); r.listen(ctx) }()
 	go func() { defer wg.Done(); r.retain(ctx) }()
 	defer wg.Wait()
+	if r.cfg.Shards > 1 {
+		// A first round before the first batch, then every LeaseTTL/3; when
+		// ctx ends the leases are given back, each once the batch in flight
+		// on it committed (the batch holds it FOR SHARE).
+		if err := r.leaseRound(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("Relay lease round failed; retrying", err, watermill.LogFields{"relay": r.cfg.RelayID})
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); r.lease(ctx) }()
+	}
 
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -143,8 +162,16 @@ func (r *Relay) backoff(failures int) time.Duration {
 // returns how many rows the batch claimed.
 func (r *Relay) relayIfPending(ctx context.Context, polled bool) (int, error) {
 	if polled {
+		query, args := pendingSQL, []any{planEachTime}
+		if r.cfg.Shards > 1 {
+			shards, _ := r.leases.snapshot()
+			if len(shards) == 0 {
+				return 0, nil
+			}
+			query, args = r.pendingShard, append(args, shards)
+		}
 		var pending bool
-		if err := r.cfg.Pool.QueryRow(ctx, pendingSQL, planEachTime).Scan(&pending); err != nil {
+		if err := r.cfg.Pool.QueryRow(ctx, query, args...).Scan(&pending); err != nil {
 			return 0, fmt.Errorf("looking for rows: %w", err)
 		}
 		if !pending {
@@ -181,6 +208,11 @@ const pendingSQL = `SELECT EXISTS (SELECT FROM outbox_messages m WHERE ` + senda
 // A row the broker refuses for good is parked instead (see Parked), and the
 // rest of the batch is published: one bad row cannot stop the outbox.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	if r.cfg.Shards > 1 && !r.leases.started() {
+		if err := r.leaseRound(ctx); err != nil { // a relay not Run takes its shards once
+			return 0, err
+		}
+	}
 	res, err := r.relayOnce(ctx)
 	return res.published, err
 }

@@ -3,12 +3,18 @@ package outbox
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// maxShards bounds RelayConfig.Shards: a shard is a lease row, and a relay
+// renews its leases in one statement.
+const maxShards = 1024
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
@@ -36,6 +42,21 @@ type RelayConfig struct {
 	// through an advisory lock, and a standby takes over within PollInterval
 	// when the active one dies.
 	Parallel bool
+	// Shards, when over 1, divides the outbox into that many shards by a
+	// hash of the partition key and lets relay replicas publish different
+	// shards at once: each shard has one owner at a time, through a lease
+	// with a fencing token, and a key's messages reach the broker in commit
+	// order across handovers (doc.go, "Sharded relays"). Every replica of
+	// one outbox must use the same count; it can be changed only while no
+	// relay runs. 0 or 1: one relay leads the whole outbox at a time.
+	Shards int
+	// LeaseTTL is how long a shard stays with a relay that stopped renewing
+	// its lease (it renews every LeaseTTL/3): a dead relay's shards move
+	// after it. Defaults to DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// RelayID names this relay in the lease table. Defaults to a random id;
+	// give each replica its own.
+	RelayID string
 	// ErrorBackoff is how long the relay waits after a failed batch before it
 	// tries again; it doubles with each failure in a row, up to
 	// MaxErrorBackoff, and starts over after a batch succeeds. Defaults to
@@ -87,6 +108,7 @@ const (
 	DefaultRetention         = time.Hour
 	DefaultRetentionInterval = time.Minute
 	DefaultRetentionBatch    = 5000
+	DefaultLeaseTTL          = 10 * time.Second
 )
 
 // setDefaults fills the zero fields. Negative values are left for Validate
@@ -101,6 +123,10 @@ func (c *RelayConfig) setDefaults() {
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
 	c.RetentionBatch = cmp.Or(c.RetentionBatch, DefaultRetentionBatch)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	if c.RelayID == "" {
+		c.RelayID = uuid.NewString()
+	}
 	if c.IsPermanent == nil {
 		c.IsPermanent = IsPermanent
 	}
@@ -138,6 +164,12 @@ func (c RelayConfig) Validate() error {
 		return errors.New("outbox: RelayConfig.RetentionInterval must not be negative (0: the default)")
 	case c.RetentionBatch < 0:
 		return errors.New("outbox: RelayConfig.RetentionBatch must not be negative (0: the default)")
+	case c.Shards < 0 || c.Shards > maxShards:
+		return fmt.Errorf("outbox: RelayConfig.Shards must be between 0 and %d", maxShards)
+	case c.Shards > 1 && c.Parallel:
+		return errors.New("outbox: RelayConfig.Shards and RelayConfig.Parallel exclude each other: shards keep each key's order, Parallel gives it up")
+	case c.LeaseTTL < 0 || c.LeaseTTL > 0 && c.LeaseTTL < 30*time.Millisecond:
+		return errors.New("outbox: RelayConfig.LeaseTTL must be at least 30ms (0: the default)")
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -40,36 +42,8 @@ func TestRelayReplicas(t *testing.T) {
 					startRelay(t, relays[i])
 				}
 
-				const producers, txPerProducer, msgsPerTx, keysPerProducer = 8, 33, 4, 5
-				written := make([][]string, producers)
-				var g errgroup.Group
-				for p := range producers {
-					g.Go(func() error {
-						seq := map[string]int{}
-						for i := range txPerProducer {
-							var msgs []*message.Message
-							for j := range msgsPerTx {
-								key := fmt.Sprintf("p%d-k%d", p, (msgsPerTx*i+j)%keysPerProducer)
-								msgs = append(msgs, newKeyedMessage(key, seq[key]))
-								seq[key]++
-							}
-							err := pgx.BeginFunc(ctx, bundle.pool, func(tx pgx.Tx) error {
-								return outbox.PublishTx(ctx, tx, bundle.topic, msgs...)
-							})
-							if err != nil {
-								return err
-							}
-							written[p] = append(written[p], ids(msgs)...)
-						}
-						return nil
-					})
-				}
-				require.NoError(t, g.Wait())
-				var want []string
-				for _, w := range written {
-					want = append(want, w...)
-				}
-				require.Len(t, want, producers*txPerProducer*msgsPerTx)
+				const producers, keysPerProducer = 8, 5
+				want := writeKeyed(t, ctx, bundle, "", producers, 33, 4, keysPerProducer, nil)
 
 				bundle.sink.WaitFor(t, want)
 				stats := func() (published int64, perRelay []int64) {
@@ -95,23 +69,7 @@ func TestRelayReplicas(t *testing.T) {
 				}
 				// Advisory-lock mode: the first arrival of each key's
 				// messages follows the order in which they were committed.
-				seen := map[string]bool{}
-				lastSeq := map[string]int{}
-				for _, r := range records {
-					if seen[messageID(r)] {
-						continue // a duplicate; only first arrivals count
-					}
-					seen[messageID(r)] = true
-					var p payload
-					require.NoError(t, json.Unmarshal(r.Value, &p))
-					require.Equal(t, p.Key, string(r.Key))
-					if last, ok := lastSeq[p.Key]; ok {
-						require.Equal(t, last+1, p.Seq, "key %s: message %d arrived after %d", p.Key, p.Seq, last)
-					} else {
-						require.Zero(t, p.Seq, "key %s: message %d arrived first", p.Key, p.Seq)
-					}
-					lastSeq[p.Key] = p.Seq
-				}
+				lastSeq := requireKeyOrder(t, records)
 				require.Len(t, lastSeq, producers*keysPerProducer)
 			})
 		}
@@ -230,4 +188,72 @@ func TestRelayReplicas(t *testing.T) {
 
 	// With an hour between polls, only the NOTIFY that PublishTx queues can
 	// wake an idle relay within seconds.
+}
+
+// writeKeyed commits, from producers goroutines at once, txs transactions
+// of msgs messages each, spread over keys keys per producer (named with
+// prefix), each key's messages numbered from 0 in commit order; it returns
+// every message id. Given halfway, each producer waits for it to close
+// half-way through.
+func writeKeyed(t *testing.T, ctx context.Context, bundle *relayBundle, prefix string, producers, txs, msgs, keys int, halfway <-chan struct{}) []string {
+	t.Helper()
+	written := make([][]string, producers)
+	var g errgroup.Group
+	for p := range producers {
+		g.Go(func() error {
+			seq := map[string]int{}
+			for i := range txs {
+				if i == txs/2 && halfway != nil {
+					<-halfway
+				}
+				var batch []*message.Message
+				for j := range msgs {
+					key := fmt.Sprintf("%sp%d-k%d", prefix, p, (msgs*i+j)%keys)
+					batch = append(batch, newKeyedMessage(key, seq[key]))
+					seq[key]++
+				}
+				err := pgx.BeginFunc(ctx, bundle.pool, func(tx pgx.Tx) error {
+					return outbox.PublishTx(ctx, tx, bundle.topic, batch...)
+				})
+				if err != nil {
+					return err
+				}
+				written[p] = append(written[p], ids(batch)...)
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait())
+	var all []string
+	for _, w := range written {
+		all = append(all, w...)
+	}
+	require.Len(t, all, producers*txs*msgs)
+	return all
+}
+
+// requireKeyOrder checks that the first arrival of each key's messages in
+// records (newKeyedMessage's) follows their commit order: 0, 1, 2, ...,
+// repeats of a message already seen aside. It returns each key's last
+// number.
+func requireKeyOrder(t *testing.T, records []*kgo.Record) map[string]int {
+	t.Helper()
+	seen := map[string]bool{}
+	lastSeq := map[string]int{}
+	for _, r := range records {
+		if seen[messageID(r)] {
+			continue // a repeat; only first arrivals count
+		}
+		seen[messageID(r)] = true
+		var p payload
+		require.NoError(t, json.Unmarshal(r.Value, &p))
+		require.Equal(t, p.Key, string(r.Key))
+		if last, ok := lastSeq[p.Key]; ok {
+			require.Equal(t, last+1, p.Seq, "key %s: message %d arrived after %d", p.Key, p.Seq, last)
+		} else {
+			require.Zero(t, p.Seq, "key %s: message %d arrived first", p.Key, p.Seq)
+		}
+		lastSeq[p.Key] = p.Seq
+	}
+	return lastSeq
 }

@@ -86,6 +86,11 @@ type Config struct {
 	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"0"`     // 0: outbox.DefaultBatchSize
 	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"0s"` // 0: outbox.DefaultPollInterval
 	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"0s"`     // 0: outbox.DefaultRetention
+	// RelayShards > 1 lets the replicas' relays share the outbox in shards
+	// (pkg/outbox "Sharded relays"), each relay named by Instance; every
+	// replica must use the same count.
+	RelayShards   int           `env:"RELAY_SHARDS" default:"0"`     // 0: one relay leads
+	RelayLeaseTTL time.Duration `env:"RELAY_LEASE_TTL" default:"0s"` // 0: outbox.DefaultLeaseTTL
 
 	// Tracing (tracing.go): "otlp" exports OpenTelemetry spans, "off"
 	// records none; unset means otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set.

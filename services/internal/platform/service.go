@@ -104,6 +104,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		Pool: pool, Publisher: publisher, Logger: wlog,
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
+		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,300 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
+)
+
+// Sharded relays (RelayConfig.Shards > 1; the promise is in doc.go, "Sharded
+// relays"). The outbox is divided into shards by a hash of the partition
+// key; each shard has one owner at a time, through a lease row in
+// outbox_shards (migration 003): owner, fencing token, expiry. A relay's
+// lease loop (leaseRound, every LeaseTTL/3) heartbeats, renews the leases
+// it holds, gives back those over its fair share and takes free or expired
+// ones up to it. Its batches claim only rows of the shards whose lease
+// still carries its id and token, and lock those leases FOR SHARE until
+// they commit: a takeover (an UPDATE of the lease, SKIP LOCKED) cannot pass
+// an open batch, and a relay whose lease was taken claims nothing of the
+// shard again.
+
+// shardSQL is the shard of row m among n: a hash of its partition key, or,
+// for a row without one (no order to keep), its id, which spreads them.
+func shardSQL(n int) string {
+	return fmt.Sprintf(`(CASE WHEN m.partition_key = '' THEN (m.id %% %d)::int ELSE (hashtext(m.partition_key) & 2147483647) %% %d END)`, n, n)
+}
+
+// leasedSQL is the array of the shards among the leases ($3 owner, $4
+// shards, $5 tokens) that are still this relay's, locked FOR SHARE in shard
+// order (the lease loop locks them in the same order: no deadlock) until
+// the transaction ends. Uncorrelated, it runs once per statement.
+const leasedSQL = `ARRAY(
+		SELECT shard FROM outbox_shards
+		WHERE owner = $3 AND (shard, token) IN (SELECT * FROM unnest($4::int[], $5::bigint[]))
+		ORDER BY shard FOR SHARE)`
+
+// claimShardsSQL is claimSQL for a sharded relay: the lowest sendable ids
+// of the shards it still owns. It takes the schema's relay lock shared, so
+// it never runs beside an unsharded relay's batch (which takes it
+// exclusive), while sharded relays do not exclude each other.
+func claimShardsSQL(n int) string {
+	return `
+	UPDATE outbox_messages SET published_at = now()
+	WHERE id = ANY(ARRAY(
+		SELECT id FROM outbox_messages m
+		WHERE ` + sendable + ` AND ` + shardSQL(n) + ` = ANY(` + leasedSQL + `)
+		  AND (SELECT pg_try_advisory_xact_lock_shared($2, hashtext(current_schema())))
+		ORDER BY id
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED))
+	RETURNING id, message_id, topic, partition_key, payload, metadata`
+}
+
+// pendingShardsSQL reports whether a row of the given shards ($1) waits.
+func pendingShardsSQL(n int) string {
+	return `SELECT EXISTS (SELECT FROM outbox_messages m WHERE ` + sendable + ` AND ` + shardSQL(n) + ` = ANY($1::int[]))`
+}
+
+// leases are the shards a relay owns, with their tokens.
+type leases struct {
+	mu    sync.Mutex
+	owned map[int32]int64 // shard → fencing token
+	ready bool            // the shard table was checked (ensureShards)
+}
+
+// started reports whether a lease round ran.
+func (l *leases) started() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.owned != nil
+}
+
+func (l *leases) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.owned)
+}
+
+// snapshot returns the owned shards, in order, and their tokens.
+func (l *leases) snapshot() ([]int32, []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	shards := make([]int32, 0, len(l.owned))
+	for s := range l.owned {
+		shards = append(shards, s)
+	}
+	slices.Sort(shards)
+	tokens := make([]int64, len(shards))
+	for i, s := range shards {
+		tokens[i] = l.owned[s]
+	}
+	return shards, tokens
+}
+
+func (l *leases) set(owned map[int32]int64) {
+	l.mu.Lock()
+	l.owned = owned
+	l.mu.Unlock()
+}
+
+// lease runs the lease loop until ctx ends, then gives the leases back, so
+// the other relays take the shards at once instead of after LeaseTTL.
+func (r *Relay) lease(ctx context.Context) {
+	ctxtime.Every(ctx, r.cfg.LeaseTTL/3, func() {
+		if err := r.leaseRound(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("Relay lease round failed; shards whose lease expires go to other relays", err,
+				watermill.LogFields{"relay": r.cfg.RelayID})
+		}
+	})
+	stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := r.releaseAll(stop); err != nil {
+		r.cfg.Logger.Error("Relay could not give its shards back; they move when their leases expire", err,
+			watermill.LogFields{"relay": r.cfg.RelayID})
+	}
+}
+
+// leaseRound heartbeats, renews this relay's leases, gives back the
+// shards over its fair share (ceil(Shards / live relays)) and takes free or
+// expired ones up to it.
+func (r *Relay) leaseRound(ctx context.Context) error {
+	if err := r.ensureShards(ctx); err != nil {
+		return err
+	}
+	ttl := r.cfg.LeaseTTL
+	var live int
+	err := r.cfg.Pool.QueryRow(ctx, `
+		WITH beat AS (
+			INSERT INTO outbox_relays (relay_id, seen_at) VALUES ($1, now())
+			ON CONFLICT (relay_id) DO UPDATE SET seen_at = now()),
+		gone AS (DELETE FROM outbox_relays WHERE seen_at < now() - 10 * $2::interval AND relay_id <> $1)
+		SELECT count(*) + 1 FROM outbox_relays WHERE seen_at > now() - $2::interval AND relay_id <> $1`,
+		r.cfg.RelayID, ttl).Scan(&live)
+	if err != nil {
+		return fmt.Errorf("relay heartbeat: %w", err)
+	}
+	shards, tokens := r.leases.snapshot()
+	owned, err := r.renew(ctx, shards, tokens)
+	if err != nil {
+		return err
+	}
+	share := (r.cfg.Shards + live - 1) / live
+	if extra := len(owned) - share; extra > 0 {
+		held := make([]int32, 0, len(owned))
+		for s := range owned {
+			held = append(held, s)
+		}
+		slices.Sort(held)
+		give := held[len(held)-extra:]
+		if err := r.release(ctx, give); err != nil {
+			return err
+		}
+		for _, s := range give {
+			delete(owned, s)
+		}
+	}
+	if want := share - len(owned); want > 0 {
+		rows, err := r.cfg.Pool.Query(ctx, `
+			UPDATE outbox_shards SET owner = $1, token = token + 1, expires_at = now() + $2::interval
+			WHERE shard IN (
+				SELECT shard FROM outbox_shards WHERE owner IS NULL OR expires_at <= now()
+				ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
+			RETURNING shard, token`, r.cfg.RelayID, ttl, want)
+		if err != nil {
+			return fmt.Errorf("taking shards: %w", err)
+		}
+		taken, err := collectLeases(rows)
+		if err != nil {
+			return fmt.Errorf("taking shards: %w", err)
+		}
+		for s, t := range taken {
+			owned[s] = t
+		}
+		if len(taken) > 0 {
+			r.cfg.Logger.Info("Relay took shards", watermill.LogFields{"relay": r.cfg.RelayID, "shards": fmt.Sprint(sortedShards(taken)),
+				"owned": len(owned), "fair_share": share, "relays": live})
+		}
+	}
+	r.leases.set(owned)
+	return nil
+}
+
+// renew extends the leases whose token is still this relay's and returns
+// them: a lease another relay took (its token grew) is gone from the result.
+func (r *Relay) renew(ctx context.Context, shards []int32, tokens []int64) (map[int32]int64, error) {
+	if len(shards) == 0 {
+		return map[int32]int64{}, nil
+	}
+	rows, err := r.cfg.Pool.Query(ctx, `
+		UPDATE outbox_shards SET expires_at = now() + $2::interval
+		WHERE shard IN (
+			SELECT shard FROM outbox_shards
+			WHERE owner = $1 AND (shard, token) IN (SELECT * FROM unnest($3::int[], $4::bigint[]))
+			ORDER BY shard FOR UPDATE)
+		RETURNING shard, token`, r.cfg.RelayID, r.cfg.LeaseTTL, shards, tokens)
+	if err != nil {
+		return nil, fmt.Errorf("renewing leases: %w", err)
+	}
+	owned, err := collectLeases(rows)
+	if err != nil {
+		return nil, fmt.Errorf("renewing leases: %w", err)
+	}
+	if lost := len(shards) - len(owned); lost > 0 {
+		r.cfg.Logger.Info("Relay lost shards to another relay", watermill.LogFields{"relay": r.cfg.RelayID, "lost": lost})
+	}
+	return owned, nil
+}
+
+// release gives shards back. A batch of this relay still open on one of
+// them holds its lease FOR SHARE: the UPDATE waits for it to commit, so a
+// shard changes hands only between batches.
+func (r *Relay) release(ctx context.Context, shards []int32) error {
+	_, err := r.cfg.Pool.Exec(ctx, `
+		UPDATE outbox_shards SET owner = NULL, expires_at = '-infinity'
+		WHERE shard IN (
+			SELECT shard FROM outbox_shards WHERE owner = $1 AND shard = ANY($2::int[])
+			ORDER BY shard FOR UPDATE)`, r.cfg.RelayID, shards)
+	if err != nil {
+		return fmt.Errorf("giving shards back: %w", err)
+	}
+	return nil
+}
+
+// releaseAll gives every lease back and removes the heartbeat, at shutdown.
+func (r *Relay) releaseAll(ctx context.Context) error {
+	shards, _ := r.leases.snapshot()
+	r.leases.set(map[int32]int64{})
+	if err := r.release(ctx, shards); err != nil {
+		return err
+	}
+	_, err := r.cfg.Pool.Exec(ctx, `DELETE FROM outbox_relays WHERE relay_id = $1`, r.cfg.RelayID)
+	return err
+}
+
+// ensureShards makes the lease table hold exactly Shards rows, once per
+// relay. A different count is changed only while no relay holds a live
+// lease: relays that disagree on the count would put one key in two shards.
+func (r *Relay) ensureShards(ctx context.Context) error {
+	r.leases.mu.Lock()
+	ready := r.leases.ready
+	r.leases.mu.Unlock()
+	if ready {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		// One relay at a time changes the table.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, shardSetupLockSpace); err != nil {
+			return err
+		}
+		var count, live, outside int
+		if err := tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()),
+				count(*) FILTER (WHERE shard >= $1) FROM outbox_shards`, r.cfg.Shards).Scan(&count, &live, &outside); err != nil {
+			return err
+		}
+		if count == r.cfg.Shards && outside == 0 {
+			return nil
+		}
+		if live > 0 {
+			return fmt.Errorf("outbox: RelayConfig.Shards is %d, but running relays share %d shards: stop every relay before changing the count", r.cfg.Shards, count)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM outbox_shards`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO outbox_shards (shard) SELECT generate_series(0, $1 - 1)`, r.cfg.Shards)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox shards: %w", err)
+	}
+	r.leases.mu.Lock()
+	r.leases.ready = true
+	r.leases.mu.Unlock()
+	return nil
+}
+
+func collectLeases(rows pgx.Rows) (map[int32]int64, error) {
+	out := map[int32]int64{}
+	var shard int32
+	var token int64
+	_, err := pgx.ForEachRow(rows, []any{&shard, &token}, func() error {
+		out[shard] = token
+		return nil
+	})
+	return out, err
+}
+
+func sortedShards(m map[int32]int64) []int32 {
+	out := make([]int32, 0, len(m))
+	for s := range m {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
