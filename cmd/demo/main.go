@@ -80,19 +80,28 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The services are failpoint builds (internal/procs): with a log and a
-	// trace line at every delivery, the live page can teach the crash
-	// windows (internal/crashnow) once the check below is done.
+	// The services are failpoint builds (internal/procs). With -keep they
+	// get a failpoint log and a trace line at every delivery, so the live
+	// page can teach the crash windows (internal/crashnow) once the check
+	// below is done.
 	fpLog := filepath.Join(work, "failpoints.log")
-	sys, err := system.Start(ctx, system.Options{Work: work, Log: say, Env: crashnow.Env(fpLog)})
+	sopts := system.Options{Work: work, Log: say}
+	if o.keep {
+		crashnow.Prepare(&sopts, fpLog)
+	}
+	sys, err := system.Start(ctx, sopts)
 	if err != nil {
 		return err
 	}
 	defer sys.Stop()
 	say("logs in %s", sys.Work)
 	lab := crashnow.New(ctx, sys, fpLog)
+	defer lab.Wait() // before sys.Stop: a lesson ends with ctx
 	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"],
-		Brokers: sys.Kafka.Brokers(), Crash: lab, TraceURL: os.Getenv("DASHBOARD_TRACE_URL")}
+		Brokers: sys.Kafka.Brokers(), TraceURL: os.Getenv("DASHBOARD_TRACE_URL")}
+	if o.keep {
+		dopts.Crash = lab
+	}
 	dash, err := dashboard.Start(ctx, o.dashboard, dopts)
 	if err != nil { // the port is taken: any free one will do
 		if dash, err = dashboard.Start(ctx, "127.0.0.1:0", dopts); err != nil {

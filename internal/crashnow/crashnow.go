@@ -85,7 +85,11 @@ type Lab struct {
 	enabled bool
 	lesson  *dashboard.Lesson
 	running bool
+	wg      sync.WaitGroup // the lesson running
 }
+
+// Wait waits for a running lesson to end (its ctx ending ends it).
+func (l *Lab) Wait() { l.wg.Wait() }
 
 // New returns a Lab that offers nothing until Enable. fpLog is the
 // services' FAILPOINT_LOG; they must trace before-begin (Env). Lessons run
@@ -114,10 +118,16 @@ func (l *Lab) Busy() bool {
 	return l.running
 }
 
-// Env is what the services of a system with a Lab need: a failpoint log,
-// and a trace line at every delivery.
-func Env(fpLog string) []string {
-	return []string{"FAILPOINT_LOG=" + fpLog, "FAILPOINT_TRACE=" + string(failpoint.BeforeBegin)}
+// Prepare sets up opts for a system with a Lab: the services get a
+// failpoint log and a trace line at every delivery, and rejoin their Kafka
+// consumer group within seconds of a restart (a 2s session timeout, which
+// the embedded broker is told to allow), so a lesson takes seconds, not the
+// default ten; published rows stay a day, so the page's outbox counts do
+// not shrink under a learner.
+func Prepare(opts *system.Options, fpLog string) {
+	opts.Env = append(opts.Env, "FAILPOINT_LOG="+fpLog, "FAILPOINT_TRACE="+string(failpoint.BeforeBegin),
+		"KAFKA_SESSION_TIMEOUT=2s", "KAFKA_REBALANCE_TIMEOUT=3s", "RELAY_RETENTION=24h")
+	opts.Kafka.MinSessionTimeout = 500 * time.Millisecond
 }
 
 // Windows implements dashboard.Crasher.
@@ -169,6 +179,7 @@ func (l *Lab) Crash(window string) error {
 	}
 	l.running = true
 	l.lesson = &dashboard.Lesson{ID: id, Window: window, Victim: sc.Victim}
+	l.wg.Add(1)
 	go l.run(w, sc)
 	return nil
 }
@@ -187,9 +198,13 @@ func (l *Lab) set(f func(*dashboard.Lesson)) {
 }
 
 func (l *Lab) run(w failpoint.Name, sc Scenario) {
+	defer l.wg.Done()
 	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
 	defer cancel()
 	err := l.teach(ctx, w, sc)
+	if err != nil {
+		l.recover(w, sc)
+	}
 	l.set(func(les *dashboard.Lesson) {
 		les.Done = true
 		if err != nil {
@@ -201,10 +216,36 @@ func (l *Lab) run(w failpoint.Name, sc Scenario) {
 	l.mu.Unlock()
 }
 
+// recover leaves the system serving after a lesson that failed: a victim
+// that was killed is started again, one still armed is disarmed, so no later
+// message meets the window.
+func (l *Lab) recover(w failpoint.Name, sc Scenario) {
+	if l.ctx.Err() != nil {
+		return // shutting down: nothing is started again
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, 30*time.Second)
+	defer cancel()
+	victim := l.sys.Procs[sc.Victim][0]
+	select {
+	case <-victim.Exited():
+		if err := victim.Start(); err == nil {
+			victim.WaitReady(ctx) //nolint:errcheck // best effort; the page shows the lesson's error
+		}
+	default:
+		req, err := http.NewRequestWithContext(ctx, http.MethodDelete, "http://"+victim.Addr+"/debug/crash?window="+string(w), nil)
+		if err == nil {
+			if res, err := http.DefaultClient.Do(req); err == nil {
+				res.Body.Close()
+			}
+		}
+	}
+}
+
 // teach is one lesson: arm, pay, kill, restart, redeliver, outcome, settled.
 func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	victim := l.sys.Procs[sc.Victim][0]
 	mark := logSize(l.fpLog)
+	armedPid := victim.Pid()
 	if err := arm(ctx, victim.Addr, w); err != nil {
 		return err
 	}
@@ -227,9 +268,9 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	case <-ctx.Done():
 		return fmt.Errorf("%s was not killed within %s: the window was not reached", sc.Victim, l.timeout)
 	}
-	kill, ok := lastKill(l.fpLog, mark)
+	kill, ok := findKill(l.fpLog, mark, w, armedPid)
 	if !ok {
-		return fmt.Errorf("%s exited, but the failpoint log %s has no kill line", sc.Victim, l.fpLog)
+		return fmt.Errorf("%s (pid %d) exited, but the failpoint log %s has no line of its kill in %s", sc.Victim, armedPid, l.fpLog, w)
 	}
 	subject := kill.subject
 	// Another order may have met the window first: follow the one killed.
@@ -243,6 +284,9 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 		followed = subject
 	}
 	l.set(func(les *dashboard.Lesson) { les.Message, les.Order = subject, followed })
+	if ctx.Err() != nil {
+		return ctx.Err() // shutting down: the victim is not started again
+	}
 	l.step("killed", "%s (pid %d) was killed with SIGKILL in %s while working on %s. At that moment %s", sc.Victim, kill.pid, w, subject, sc.Before)
 
 	if err := victim.Start(); err != nil {
@@ -277,12 +321,17 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 		} else if sc.Victim == "inventory" {
 			since = kill.end
 		}
-		if err := waitFor(ctx, func() (bool, error) { return deliveries(l.fpLog, since, msgID) >= copies, nil }); err != nil {
-			return fmt.Errorf("waiting for %s to reach inventory again: %w", msgID, err)
+		// A consumer window's copy must reach the restarted process.
+		pid := 0
+		if sc.Victim == "inventory" {
+			pid = victim.Pid()
+		}
+		if err := waitFor(ctx, func() (bool, error) { return deliveries(l.fpLog, since, msgID, pid) >= copies, nil }); err != nil {
+			return fmt.Errorf("waiting for %s to reach inventory again (is it a message of orders' outbox?): %w", msgID, err)
 		}
 		switch {
 		case sc.Victim == "inventory":
-			l.step("redelivered", "Kafka delivered %s again to the restarted inventory: its offset had never been committed (%s).", msgID, w)
+			l.step("redelivered", "Kafka delivered %s again, to the restarted inventory (pid %d): its offset had never been committed (%s).", msgID, pid, w)
 		case w == failpoint.AfterPublishBeforeMark:
 			l.step("redelivered", "The restarted relay found %s unmarked and published it again: Kafka holds two copies, and inventory received both (%s).", msgID, w)
 		default:
@@ -383,16 +432,25 @@ type kill struct {
 	end     int64 // the log offset just past the line
 }
 
-// logAfter returns the failpoint log's lines from offset on.
+// logAfter returns the failpoint log's whole lines from offset on, and the
+// offset past each.
 func logAfter(path string, offset int64) ([]string, []int64) {
-	data, err := os.ReadFile(path)
-	if err != nil || int64(len(data)) < offset {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, nil
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
 		return nil, nil
 	}
 	var lines []string
 	var ends []int64
 	pos := offset
-	for _, line := range strings.SplitAfter(string(data[offset:]), "\n") {
+	for _, line := range strings.SplitAfter(string(data), "\n") {
 		pos += int64(len(line))
 		if strings.HasSuffix(line, "\n") {
 			lines, ends = append(lines, strings.TrimSpace(line)), append(ends, pos)
@@ -401,28 +459,31 @@ func logAfter(path string, offset int64) ([]string, []int64) {
 	return lines, ends
 }
 
-// lastKill reads the last "failpoint NAME fired: SIGKILL pid N subject S"
-// line after offset.
-func lastKill(path string, offset int64) (kill, bool) {
+// findKill reads the line "failpoint W fired: SIGKILL pid N subject S"
+// after offset of window w and process pid: the kill the lesson armed, not
+// another process's.
+func findKill(path string, offset int64, w failpoint.Name, pid int) (kill, bool) {
 	lines, ends := logAfter(path, offset)
-	for i := len(lines) - 1; i >= 0; i-- {
-		var name string
-		var k kill
-		if _, err := fmt.Sscanf(lines[i], "failpoint %s fired: SIGKILL pid %d subject %s", &name, &k.pid, &k.subject); err == nil {
-			k.end = ends[i]
-			return k, true
+	for i, line := range lines {
+		prefix := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject ", w, pid)
+		if subject, ok := strings.CutPrefix(line, prefix); ok && subject != "" {
+			return kill{pid: pid, subject: subject, end: ends[i]}, true
 		}
 	}
 	return kill{}, false
 }
 
 // deliveries counts the trace lines of before-begin for subject after
-// offset: the deliveries of that message to a consumer.
-func deliveries(path string, offset int64, subject string) int {
+// offset, of process pid (any, when 0): the deliveries of that message.
+func deliveries(path string, offset int64, subject string, pid int) int {
 	lines, _ := logAfter(path, offset)
+	prefix := "failpoint " + string(failpoint.BeforeBegin) + " hit: pid "
+	if pid != 0 {
+		prefix += fmt.Sprint(pid) + " "
+	}
 	n := 0
 	for _, line := range lines {
-		if strings.HasPrefix(line, "failpoint "+string(failpoint.BeforeBegin)+" hit:") && strings.HasSuffix(line, " subject "+subject) {
+		if strings.HasPrefix(line, prefix) && strings.HasSuffix(line, " subject "+subject) {
 			n++
 		}
 	}

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -18,6 +19,9 @@ type Crasher interface {
 	// Lesson is the latest lesson, running or done; nil before the first.
 	Lesson() *Lesson
 }
+
+// crashHeader must be on POST /crash: a cross-site form cannot send it.
+const crashHeader = "X-Crash-It-Now"
 
 // ErrLessonRunning refuses a second crash while a lesson runs.
 var ErrLessonRunning = errors.New("a crash lesson is running: wait for it to finish")
@@ -71,6 +75,12 @@ func (s *Server) crashRoutes(mux *http.ServeMux) {
 		return
 	}
 	mux.HandleFunc("POST /crash", func(w http.ResponseWriter, r *http.Request) {
+		// A page of another site may POST a form here, but it cannot set
+		// this header without a CORS preflight, which nothing answers.
+		if r.Header.Get(crashHeader) != "1" {
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": "POST /crash needs the header " + crashHeader + ": 1 (the page sends it)"})
+			return
+		}
 		window := r.FormValue("window")
 		known := false
 		for _, cw := range s.opts.Crash.Windows() {
@@ -92,9 +102,10 @@ func (s *Server) crashRoutes(mux *http.ServeMux) {
 	})
 }
 
+// quote is s for an error message: quoted, cut at 64 bytes.
 func quote(s string) string {
 	if len(s) > 64 {
 		s = s[:64] + "…"
 	}
-	return `"` + s + `"`
+	return strconv.Quote(s)
 }

@@ -26,6 +26,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,6 +64,11 @@ type Server struct {
 	opts  Options
 	tmpl  *template.Template
 	kafka *offsets // nil without Options.Brokers
+
+	// The latest snapshot, shared by every open page: one read of the
+	// databases and Kafka per Interval, however many pages are open.
+	snapMu sync.Mutex
+	snap   Snapshot
 }
 
 // New checks opts and returns a Server.
@@ -149,6 +155,19 @@ type ChaosStatus struct {
 	Invariants       map[string]bool   `json:"invariants"`
 	Details          map[string]string `json:"details"`
 	Passed           *bool             `json:"passed"` // unset while the run is going
+}
+
+// shared returns the latest snapshot when it is younger than half an
+// Interval, else reads a new one; callers that arrive during a read wait
+// for it instead of starting their own.
+func (s *Server) shared(ctx context.Context) Snapshot {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if time.Since(s.snap.At) < s.opts.Interval/2 {
+		return s.snap
+	}
+	s.snap = s.Snapshot(ctx)
+	return s.snap
 }
 
 // Snapshot reads everything the page shows. A database that does not answer
@@ -315,7 +334,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		var buf bytes.Buffer
-		if err := s.tmpl.Execute(&buf, s.view(s.Snapshot(r.Context()))); err != nil {
+		if err := s.tmpl.Execute(&buf, s.view(s.shared(r.Context()))); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -324,7 +343,7 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /snapshot.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(s.Snapshot(r.Context())) //nolint:errcheck
+		json.NewEncoder(w).Encode(s.shared(r.Context())) //nolint:errcheck
 	})
 	mux.HandleFunc("GET /events", s.events)
 	mux.HandleFunc("GET /flow.js", func(w http.ResponseWriter, r *http.Request) {
@@ -361,7 +380,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	defer tick.Stop()
 	for {
 		var buf bytes.Buffer
-		snap := s.Snapshot(r.Context())
+		snap := s.shared(r.Context())
 		if err := s.tmpl.ExecuteTemplate(&buf, "live", s.view(snap)); err != nil {
 			return
 		}

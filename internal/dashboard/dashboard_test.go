@@ -346,16 +346,21 @@ func TestBadRequestsRefused(t *testing.T) {
 		require.NoError(t, err)
 		req := httptest.NewRequest(method, target, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if !strings.Contains(target, "cross-site") {
+			req.Header.Set("X-Crash-It-Now", "1")
+		}
 		rec := httptest.NewRecorder()
 		srv.Handler().ServeHTTP(rec, req)
 		return rec
 	}
-	for _, id := range []string{"", "42", "x' OR 1=1 --", strings.Repeat("a", 5000)} {
+	for _, id := range []string{"", "42", "x' OR 1=1 --", strings.Repeat("a", 5000), "urn:uuid:not-one"} {
 		rec := serve(nil, http.MethodGet, "/journey.json?order="+url.QueryEscape(id), "")
 		require.Equal(t, http.StatusBadRequest, rec.Code, "order %q: %s", id, rec.Body)
 		require.Contains(t, rec.Body.String(), "is not an order id")
 	}
-	rec := serve(stub, http.MethodPost, "/crash", "window=rm+-rf")
+	rec := serve(stub, http.MethodPost, "/crash?cross-site", "window=after-commit-before-ack")
+	require.Equal(t, http.StatusForbidden, rec.Code, "a form another site posts: %s", rec.Body)
+	rec = serve(stub, http.MethodPost, "/crash", "window=rm+-rf")
 	require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), `unknown crash window \"rm -rf\"`)
 	require.Empty(t, stub.asked, "an unknown window never reaches the Crasher")

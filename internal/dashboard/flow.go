@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -75,18 +76,22 @@ func (s *Server) readFlow(ctx context.Context) (Flow, []string) {
 	f := Flow{Stages: map[string]int64{}, Pending: map[string]int{}, Duplicates: map[string]int64{},
 		Quarantined: map[string]map[string]int{}, Held: map[string]inbox.HoldCounts{}}
 	var errs []string
-	ctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
-	defer cancel()
+	// Each source has its own deadline: a database that hangs does not
+	// take the other's, or Kafka's, time.
 	for _, svc := range []struct {
 		name, topic string
 		pool        *pgxpool.Pool
 	}{{"orders", events.TopicOrders, s.opts.Orders}, {"inventory", events.TopicInventory, s.opts.Inventory}} {
-		if err := readServiceFlow(ctx, svc.pool, svc.name, svc.topic, &f); err != nil {
+		qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+		if err := readServiceFlow(qctx, svc.pool, svc.name, svc.topic, &f); err != nil {
 			errs = append(errs, fmt.Sprintf("flow: %s database: %v", svc.name, err))
 		}
+		cancel()
 	}
 	if s.kafka != nil {
-		parts, err := s.kafka.read(ctx)
+		kctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+		defer cancel()
+		parts, err := s.kafka.read(kctx)
 		if err != nil {
 			errs = append(errs, "flow: kafka: "+err.Error())
 		} else {
@@ -186,9 +191,13 @@ func (o *offsets) read(ctx context.Context) (map[string][]Partition, error) {
 		parts map[string][]Partition
 		err   error
 	}
+	// One read at a time: a caller that finds one in flight (a slow broker)
+	// is told so instead of queueing another goroutine behind it.
+	if !o.mu.TryLock() {
+		return nil, errors.New("the previous read of the offsets has not finished")
+	}
 	done := make(chan result, 1)
 	go func() {
-		o.mu.Lock()
 		defer o.mu.Unlock()
 		parts, err := o.readLocked()
 		done <- result{parts, err}

@@ -87,6 +87,9 @@
   // Dots: each moves along its edge for 900ms, starting within the second.
   const moving = [];
   function spawn(edge, n, dup) {
+    // A hidden tab runs no animation frames: draw nothing rather than pile
+    // up dots that never move.
+    if (document.hidden || moving.length > 400) return;
     const now = performance.now();
     for (let i = 0; i < Math.min(n, 24); i++) {
       const dot = el('circle', {r: 4, class: 'dot' + (dup ? ' dup' : '')}, document.getElementById('dots'));
@@ -118,8 +121,10 @@
       if (n.id === 'left') continue;
       set('st-' + n.id, n.id in st ? st[n.id] : '—');
     }
-    set('sub-orders-outbox', `${f.pending.orders ?? '—'} pending`);
-    set('sub-inventory-outbox', `${f.pending.inventory ?? '—'} pending`);
+    for (const svc of ['orders', 'inventory']) {
+      const pub = st[svc + '-relay'];
+      set(`sub-${svc}-outbox`, `${f.pending[svc] ?? '—'} pending · ${pub ?? '—'} published`);
+    }
     for (const svc of ['orders', 'inventory']) {
       const d = (f.duplicates || {})[svc] || 0;
       set('dup-' + svc, d ? `✕ ${d} duplicate${d === 1 ? '' : 's'} suppressed` : 'no duplicates yet');
@@ -146,11 +151,14 @@
     if (last) {
       const dt = Math.max((pic.at - last.at) / 1000, 0.001);
       for (const e of edges) {
-        const grew = Math.max((st[e.stage] ?? 0) - (last.flow.stages[e.stage] ?? 0), 0);
+        // Only between two readings of the stage: one that comes back
+        // after an error is not a burst of messages.
+        const known = e.stage in st && e.stage in last.flow.stages;
+        const grew = known ? Math.max(st[e.stage] - last.flow.stages[e.stage], 0) : 0;
         e.rate.textContent = grew > 0 ? rate(grew / dt) : '';
         if (grew > 0) spawn(e, grew, false);
-        if (e.dups) {
-          const d = Math.max((f.duplicates[e.dups] || 0) - (last.flow.duplicates[e.dups] || 0), 0);
+        if (e.dups && e.dups in f.duplicates && e.dups in last.flow.duplicates) {
+          const d = Math.max(f.duplicates[e.dups] - last.flow.duplicates[e.dups], 0);
           if (d > 0) spawn(e, d, true);
         }
       }
@@ -171,17 +179,24 @@
     if (where) { const p = document.createElement('div'); p.className = 'where'; p.textContent = where; item.append(p); }
     list.append(item);
   }
+  let following = 0; // the latest follow() wins, whatever order answers come in
   async function follow(id) {
-    const box = document.getElementById('journey');
+    const box = document.getElementById('journey'), mine = ++following;
     document.getElementById('order-id').value = id;
-    const res = await fetch('journey.json?order=' + encodeURIComponent(id));
-    const j = await res.json();
+    let res, j;
+    try {
+      res = await fetch('journey.json?order=' + encodeURIComponent(id));
+      j = await res.json();
+    } catch (err) {
+      if (mine === following) { box.textContent = 'the page could not read that journey: ' + err; box.dataset.status = 'error'; }
+      return;
+    }
+    if (mine !== following) return;
     box.replaceChildren();
     box.dataset.order = id;
     if (!res.ok) { box.textContent = j.error; box.dataset.status = 'error'; return; }
     box.dataset.status = j.status;
     const head = document.createElement('div');
-    head.innerHTML = '';
     head.textContent = `order ${j.order}: ${j.status}`;
     if (j.trace_id) {
       const t = document.createElement(j.trace_url ? 'a' : 'span');
@@ -197,9 +212,13 @@
     box.append(head, ol);
   }
   async function recent() {
-    const res = await fetch('recent.json');
-    if (!res.ok) return;
-    const list = await res.json(), box = document.getElementById('recent');
+    let list;
+    try {
+      const res = await fetch('recent.json');
+      if (!res.ok) return;
+      list = await res.json();
+    } catch (err) { return; }
+    const box = document.getElementById('recent');
     box.replaceChildren('newest: ');
     for (const o of list || []) {
       const a = document.createElement('a');
@@ -255,8 +274,8 @@
     document.getElementById('crash-form').onsubmit = async (e) => {
       e.preventDefault();
       const body = new URLSearchParams({window: document.getElementById('crash-window').value});
-      const res = await fetch('crash', {method: 'POST', body});
-      if (!res.ok) set('crash-where', (await res.json()).error);
+      const res = await fetch('crash', {method: 'POST', body, headers: {'X-Crash-It-Now': '1'}});
+      if (!res.ok) set('crash-where', (await res.json().catch(() => ({error: res.statusText}))).error);
       else document.getElementById('crash-now').disabled = true;
     };
   });

@@ -249,10 +249,13 @@ func (s *Server) recent(ctx context.Context, n int) ([]Recent, error) {
 func (s *Server) journeyRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /journey.json", func(w http.ResponseWriter, r *http.Request) {
 		id := strings.TrimSpace(r.URL.Query().Get("order"))
-		if _, err := uuid.Parse(id); err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("order %q is not an order id (a UUID)", id)})
+		u, err := uuid.Parse(id)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "order " + quote(id) + " is not an order id (a UUID)"})
 			return
 		}
+		// The outbox and inventory keep the id as text, in this spelling.
+		id = u.String()
 		j, err := s.Journey(r.Context(), id)
 		switch {
 		case errors.Is(err, errNoOrder):

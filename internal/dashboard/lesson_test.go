@@ -49,8 +49,10 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	// outbox rows then carry a traceparent, the journey's trace id.
 	otlp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
 	t.Cleanup(otlp.Close)
-	sys, err := system.Start(ctx, system.Options{Work: work, Log: t.Logf,
-		Env: append(crashnow.Env(fpLog), "TRACING=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT="+otlp.URL, "INBOX_ON_DEAD_LETTER=hold")})
+	opts := system.Options{Work: work, Log: t.Logf,
+		Env: []string{"TRACING=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL, "INBOX_ON_DEAD_LETTER=hold"}}
+	crashnow.Prepare(&opts, fpLog)
+	sys, err := system.Start(ctx, opts)
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
 	skus := loadgen.SKUs(5)
@@ -76,8 +78,8 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	require.NoError(t, err)
 	_, err = check.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, load.Client(), check.Settled(60), nil)
 	require.NoError(t, err)
-	poison := publishHostile(t, b) // a replayed copy (suppressed) and a malformed message (dead-lettered)
-	publishHeld(t, b)              // a poison that holds its key, and a message parked behind it
+	publishHostile(t, b) // a replayed copy (suppressed) and a malformed message (dead-lettered)
+	publishHeld(t, b)    // a poison that holds its key, and a message parked behind it
 
 	// 1. The picture agrees with SQL and Kafka.
 	want := func() map[string]string { return pictureFromDB(t, b) }
@@ -95,7 +97,8 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	require.NoError(t, sys.Pools["inventory"].QueryRow(ctx, `SELECT kafka_partition, kafka_offset FROM inbox_messages
 		WHERE consumer = 'inventory' AND message_id = $1`, msgID).Scan(&partition, &offset))
 	require.NotEmpty(t, traceparent, "tracing is on: the outbox row carries a traceparent")
-	_, err = chromedp.Run(browser, chromedp.Evaluate[any](fmt.Sprintf(`window.followOrder(%q)`, orderID)))
+	// Pasted in another spelling of the same UUID: the same journey.
+	_, err = chromedp.Run(browser, chromedp.Evaluate[any](fmt.Sprintf(`window.followOrder(%q)`, "{"+strings.ToUpper(orderID)+"}")))
 	require.NoError(t, err)
 	journey := b.readSteps(t, "journey-steps", func(s steps) bool { return len(s.Kinds) >= 10 && s.Trace != "" })
 	require.Equal(t, []string{"created", "paid", "outbox", "published", "inbox", "duplicate", "decided", "outbox", "published", "inbox", "settled"},
@@ -137,8 +140,21 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	marker, err := chromedp.Run(browser, chromedp.Evaluate[string](`String(window.testMarker || '')`))
 	require.NoError(t, err)
 	require.Equal(t, "same page", marker, "the page followed the lesson without a reload")
-	require.NotContains(t, poison, " ")
 	b.screenshot(t, "crash-it-now.png")
+
+	// 4. A window before the commit: the redelivery is applied, once.
+	require.NoError(t, chromedp.Do(browser,
+		chromedp.SetValue(chromedp.ID("crash-window"), "before-begin"),
+		chromedp.Click(chromedp.ID("crash-now"))))
+	lesson = b.readSteps(t, "lesson-steps", func(s steps) bool { return s.Done && len(s.Kinds) > 0 && s.Texts[0] != lesson.Texts[0] })
+	require.Equal(t, []string{"armed", "paid", "killed", "restarted", "redelivered", "applied", "settled"}, lesson.Kinds, lesson.Texts)
+	l = lab.Lesson()
+	require.Empty(t, l.Failed)
+	require.NoError(t, sys.Pools["inventory"].QueryRow(ctx, `SELECT duplicates, (SELECT count(*) FROM reservations WHERE order_id = $2)
+		FROM inbox_messages WHERE consumer = 'inventory' AND message_id = $1`, l.Message, l.Order).Scan(&dups, &reserved))
+	require.Equal(t, 0, dups, "killed before its transaction began: the redelivery is the first application")
+	require.Equal(t, 1, reserved)
+	require.Equal(t, 3, sys.Procs["inventory"][0].Starts(), "inventory was restarted again")
 }
 
 // publishHeld publishes a malformed OrderPaid under a key, which inventory
@@ -198,8 +214,8 @@ func pictureFromDB(t *testing.T, b *testBundle) map[string]string {
 		"st-inventory-decided": decided, "st-inventory-outbox": invOut, "st-orders-inbox": ordersApplied, "st-orders-settled": settled} {
 		out[id] = fmt.Sprint(n)
 	}
-	out["sub-orders-outbox"] = fmt.Sprintf("%d pending", ordersPending)
-	out["sub-inventory-outbox"] = fmt.Sprintf("%d pending", invPending)
+	out["sub-orders-outbox"] = fmt.Sprintf("%d pending · %d published", ordersPending, ordersOut-ordersPending)
+	out["sub-inventory-outbox"] = fmt.Sprintf("%d pending · %d published", invPending, invOut-invPending)
 	out["dup-inventory"], out["dup-orders"] = dupText(invDups), dupText(ordersDups)
 	out["left-inventory"], out["left-orders"] = "inventory: none", "orders: none"
 	var left []string

@@ -24,6 +24,7 @@ const Enabled = true
 type schedule struct {
 	every int64   // fire on every Nth hit, when > 0
 	p     float64 // otherwise fire with this probability
+	now   bool    // armed by Once: the grace period does not apply
 	hits  atomic.Int64
 }
 
@@ -167,11 +168,11 @@ func hit(n Name, subject string) {
 	if traced[n] {
 		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), field(subject)), false)
 	}
-	if !armed.Load() || time.Now().Before(armedAt) {
+	s := schedules[n]
+	if !armed.Load() || s == nil || !s.now && time.Now().Before(armedAt) {
 		mu.Unlock()
 		return
 	}
-	s := schedules[n]
 	fire := false
 	if s != nil {
 		hit := s.hits.Add(1)
@@ -238,9 +239,10 @@ func kill(n Name, subject string) {
 }
 
 // Once arms window n to fire on its next hit, from now on, whatever the
-// grace period, and leaves the other windows' schedules as they are. It is
-// the live demo's "crash it now" (services/internal/platform serves it in a
-// failpoint build only); the log Configure was given receives the kill line.
+// grace period (which still holds for the other windows), and leaves the
+// other windows' schedules as they are. It is the live demo's "crash it
+// now" (services/internal/platform serves it in a failpoint build only);
+// the log Configure was given receives the kill line.
 func Once(n Name) error {
 	if !known(n) {
 		return fmt.Errorf("failpoint: unknown window %q (known: %v)", n, All)
@@ -251,12 +253,26 @@ func Once(n Name) error {
 	for k, v := range schedules {
 		next[k] = v
 	}
-	next[n] = &schedule{every: 1}
+	next[n] = &schedule{every: 1, now: true}
 	schedules = next
 	if rng == nil {
 		rng = rand.New(rand.NewPCG(0, uint64(os.Getpid())))
 	}
-	armedAt = time.Time{}
 	armed.Store(true)
 	return nil
+}
+
+// Disarm removes window n's schedule, if it has one: a "crash it now" that
+// was given up before its window was hit must not kill later.
+func Disarm(n Name) {
+	mu.Lock()
+	defer mu.Unlock()
+	next := make(map[Name]*schedule, len(schedules))
+	for k, v := range schedules {
+		if k != n {
+			next[k] = v
+		}
+	}
+	schedules = next
+	armed.Store(len(next) > 0)
 }

@@ -18,6 +18,10 @@
 //	FAILPOINT_GRACE=1s         # no window fires until the process is this old
 //	FAILPOINT_TRACE=before-begin  # a line is appended to the log at every hit of these windows
 //
+// A running failpoint build can also be armed for one window's next hit
+// (Once, which the services serve as POST /debug/crash for the live
+// demo's "crash it now") and disarmed (Disarm).
+//
 // The grace period lets a restarted process catch up and commit its offsets
 // before it can be killed again: without it, a schedule that kills every
 // 40th message would kill every incarnation inside the same 40 redelivered

@@ -143,7 +143,8 @@ func TestFromEnvRefusesMalformedValues(t *testing.T) {
 }
 
 // TestOnceFiresOnTheNextHit: Once arms a window in a running process for its
-// next hit, past a grace period, keeping the other windows' schedules.
+// next hit, past a grace period that still holds for the other windows;
+// Disarm takes it back.
 func TestOnceFiresOnTheNextHit(t *testing.T) {
 	if os.Getenv("FAILPOINT_CHILD") == "1" {
 		if err := FromEnv(); err != nil {
@@ -153,7 +154,12 @@ func TestOnceFiresOnTheNextHit(t *testing.T) {
 		if err := Once(AfterCommitBeforeAck); err != nil {
 			t.Fatal(err)
 		}
-		Hit(BeforeBegin, "other-window") // its every:1000 schedule is kept: no kill
+		Hit(BeforeBegin, "other-window") // armed every:1, but still in its grace period: no kill
+		Disarm(AfterCommitBeforeAck)
+		Hit(AfterCommitBeforeAck, "disarmed")
+		if err := Once(AfterCommitBeforeAck); err != nil {
+			t.Fatal(err)
+		}
 		Hit(AfterCommitBeforeAck, "the-next-one")
 		os.Exit(0) // not reached when Once works
 	}
@@ -162,7 +168,7 @@ func TestOnceFiresOnTheNextHit(t *testing.T) {
 	}
 	log := filepath.Join(t.TempDir(), "fp.log")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestOnceFiresOnTheNextHit$")
-	cmd.Env = append(os.Environ(), "FAILPOINT_CHILD=1", "FAILPOINTS=before-begin=every:1000", "FAILPOINT_GRACE=1h", "FAILPOINT_LOG="+log)
+	cmd.Env = append(os.Environ(), "FAILPOINT_CHILD=1", "FAILPOINTS=before-begin=every:1", "FAILPOINT_GRACE=1h", "FAILPOINT_LOG="+log)
 	err := cmd.Run()
 	exit, ok := err.(*exec.ExitError)
 	if !ok {

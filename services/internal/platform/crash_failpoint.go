@@ -12,8 +12,9 @@ import (
 
 // crashRoute serves POST /debug/crash?window=NAME in a failpoint build: it
 // arms that crash window for this process's next hit (failpoint.Once), so
-// the live demo's "crash it now" can kill a running service where it says.
-// A default build has no such route (crash_default.go).
+// the live demo's "crash it now" can kill a running service where it says;
+// DELETE /debug/crash?window=NAME disarms it again (a lesson given up). A
+// default build has no such route (crash_default.go).
 func crashRoute(mux *http.ServeMux, log *slog.Logger) {
 	mux.HandleFunc("POST /debug/crash", func(w http.ResponseWriter, r *http.Request) {
 		window := failpoint.Name(r.FormValue("window"))
@@ -23,5 +24,11 @@ func crashRoute(mux *http.ServeMux, log *slog.Logger) {
 		}
 		log.Warn("crash window armed: the next hit kills this process with SIGKILL", "window", window)
 		fmt.Fprintf(w, "armed %s: this process is killed with SIGKILL at its next hit\n", window)
+	})
+	mux.HandleFunc("DELETE /debug/crash", func(w http.ResponseWriter, r *http.Request) {
+		window := failpoint.Name(r.FormValue("window"))
+		failpoint.Disarm(window)
+		log.Info("crash window disarmed", "window", window)
+		fmt.Fprintf(w, "disarmed %s\n", window)
 	})
 }
