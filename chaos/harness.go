@@ -182,6 +182,8 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"KAFKA_REBALANCE_TIMEOUT=3s",
 			"KAFKA_COMMIT_INTERVAL=200ms",
 			"RELAY_POLL_INTERVAL=100ms",
+			fmt.Sprintf("RELAY_SHARDS=%d", h.p.RelayShards),
+			"RELAY_LEASE_TTL=2s",
 			"INBOX_RETRY_BACKOFF=20ms",
 			"INBOX_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),

@@ -113,6 +113,11 @@ type profile struct {
 	MinPauses       int           // zombie pauses the run must reach
 	ClusterRestarts int           // full-cluster restarts during the load
 	MinNetKinds     int           // network fault kinds the run must apply
+	// RelayShards, when over 1, has the replicas' relays share each
+	// outbox in that many shards (RELAY_SHARDS): orders' two and
+	// inventory's three relays all publish, and move shards as they are
+	// killed and restarted.
+	RelayShards int
 }
 
 var profiles = map[string]profile{
@@ -126,7 +131,8 @@ var profiles = map[string]profile{
 	// the services and Kafka and Postgres, on top of everything ci does.
 	"apache": {Name: "apache", Orders: 7_000, Rate: 60, MinPerWindow: 10, MinKills: 100, PGRestarts: 1,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 6 * time.Second, Drain: 4 * time.Minute,
-		Broker: stack.ImplApache, Nodes: 3, NetFault: 4 * time.Second, MinBrokerKills: 5, MinPauses: 1, ClusterRestarts: 1, MinNetKinds: 3},
+		Broker: stack.ImplApache, Nodes: 3, NetFault: 4 * time.Second, MinBrokerKills: 5, MinPauses: 1, ClusterRestarts: 1, MinNetKinds: 3,
+		RelayShards: 8},
 	"long": {Name: "long", Orders: 50_000, Rate: 70, MinPerWindow: 50, MinKills: 700, PGRestarts: 4,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 5 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 5 * time.Minute},
 }
