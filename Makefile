@@ -83,13 +83,15 @@ chaos: ## The long chaos profile: SEED=7
 	$(GO) run ./chaos -profile long -seed $(SEED) -report chaos-report.json
 
 .PHONY: bench
-bench: ## Benchmark textbook vs project vs the database's limit, in one run: bench-report.json + .svg; then PublishTx with and without its per-key lock
+bench: ## Benchmark textbook vs project vs the database's limit, in one run: bench-report.json + .svg; then the relay alone vs Watermill's Forwarder (bench-relay-report.json); then PublishTx with and without its per-key lock
 	$(GO) run ./bench
+	$(GO) run ./bench -relay
 	$(GO) test -run '^$$' -bench 'PublishTx' -count 3 ./pkg/outbox/ | tee bench-publishtx.txt
 
 .PHONY: bench-smoke
 bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)
 	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke
+	BENCH_RELAY_REPORT=$${BENCH_RELAY_REPORT:-/tmp/bench-relay-smoke.json} $(GO) run ./bench -relay -smoke
 
 .PHONY: compose-ci
 compose-ci: ## docker-compose.yml for real on this Docker engine (stand-in base images, kfake for Kafka): demo must pass, down -v leaves nothing

@@ -53,7 +53,9 @@ func cpuSeconds(pids, brokerPids []int) cpuUse {
 			continue
 		}
 		if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-			use.Postgres += procCPU(pid)
+			// With its exited children's: a backend whose connection closed
+			// takes its time to the postmaster, instead of out of the sum.
+			use.Postgres += procCPU(pid) + childrenCPU(pid)
 		}
 	}
 	var ru syscall.Rusage
@@ -78,6 +80,23 @@ func procCPU(pid int) float64 {
 	utime, _ := strconv.ParseFloat(fields[11], 64)
 	stime, _ := strconv.ParseFloat(fields[12], 64)
 	return (utime + stime) / clockTicks
+}
+
+// childrenCPU reads cutime+cstime of one process: the time of its children
+// that exited and were waited for.
+func childrenCPU(pid int) float64 {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 15 {
+		return 0
+	}
+	cutime, _ := strconv.ParseFloat(fields[13], 64)
+	cstime, _ := strconv.ParseFloat(fields[14], 64)
+	return (cutime + cstime) / clockTicks
 }
 
 func sortedGoals(m map[string]bool) []string {
