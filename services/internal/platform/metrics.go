@@ -33,6 +33,7 @@ const (
 	metricRelayBatches       = "outbox_relay_batches_total"
 	metricRelayErrors        = "outbox_relay_errors_total"
 	metricRetentionDeleted   = "outbox_retention_deleted_total"
+	metricShardsOwned        = "outbox_relay_shards_owned"
 )
 
 // pendingQueryTimeout bounds the outbox query a scrape runs: a slow database
@@ -104,6 +105,9 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay) {
 			func(s outbox.RelayStats) int64 { return s.Parked }),
 		relayCounter(metricRetentionDeleted, "Published outbox rows deleted by retention.",
 			func(s outbox.RelayStats) int64 { return s.Deleted }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricShardsOwned,
+			Help: "Outbox shards this process's relay holds the lease of now (RELAY_SHARDS > 1; 0 otherwise). Summed over replicas it is RELAY_SHARDS when every shard has an owner."},
+			func() float64 { return float64(relay.Stats().Shards) }),
 	)
 }
 
