@@ -67,6 +67,17 @@ type leases struct {
 	mu    sync.Mutex
 	owned map[int32]int64 // shard → fencing token
 	ready bool            // the shard table was checked (ensureShards)
+	short bool            // under its fair share while shards had no owner
+}
+
+// leaseRetry is how soon a relay short of its share looks again for shards
+// without an owner.
+const leaseRetry = 100 * time.Millisecond
+
+func (l *leases) wanting() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.short
 }
 
 // started reports whether a lease round ran.
@@ -107,12 +118,22 @@ func (l *leases) set(owned map[int32]int64) {
 // lease runs the lease loop until ctx ends, then gives the leases back, so
 // the other relays take the shards at once instead of after LeaseTTL.
 func (r *Relay) lease(ctx context.Context) {
-	ctxtime.Every(ctx, r.cfg.LeaseTTL/3, func() {
+	for {
+		// A relay short of its share while a shard has no owner (one was
+		// given back, or its owner died) looks again soon: until some relay
+		// takes it, that shard's rows wait.
+		wait := r.cfg.LeaseTTL / 3
+		if r.leases.wanting() {
+			wait = min(wait, leaseRetry)
+		}
+		if !ctxtime.Sleep(ctx, wait) {
+			break
+		}
 		if err := r.leaseRound(ctx); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("Relay lease round failed; shards whose lease expires go to other relays", err,
 				watermill.LogFields{"relay": r.cfg.RelayID})
 		}
-	})
+	}
 	stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := r.releaseAll(stop); err != nil {
@@ -129,14 +150,15 @@ func (r *Relay) leaseRound(ctx context.Context) error {
 		return err
 	}
 	ttl := r.cfg.LeaseTTL
-	var live int
+	var live, unowned int
 	err := r.cfg.Pool.QueryRow(ctx, `
 		WITH beat AS (
 			INSERT INTO outbox_relays (relay_id, seen_at) VALUES ($1, now())
 			ON CONFLICT (relay_id) DO UPDATE SET seen_at = now()),
 		gone AS (DELETE FROM outbox_relays WHERE seen_at < now() - 10 * $2::interval AND relay_id <> $1)
-		SELECT count(*) + 1 FROM outbox_relays WHERE seen_at > now() - $2::interval AND relay_id <> $1`,
-		r.cfg.RelayID, ttl).Scan(&live)
+		SELECT (SELECT count(*) + 1 FROM outbox_relays WHERE seen_at > now() - $2::interval AND relay_id <> $1),
+			(SELECT count(*) FROM outbox_shards WHERE owner IS NULL OR expires_at <= now())`,
+		r.cfg.RelayID, ttl).Scan(&live, &unowned)
 	if err != nil {
 		return fmt.Errorf("relay heartbeat: %w", err)
 	}
@@ -183,6 +205,9 @@ func (r *Relay) leaseRound(ctx context.Context) error {
 		}
 	}
 	r.leases.set(owned)
+	r.leases.mu.Lock()
+	r.leases.short = len(owned) < share && unowned > 0
+	r.leases.mu.Unlock()
 	return nil
 }
 
