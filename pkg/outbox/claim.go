@@ -28,7 +28,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]pending, error) {
 		if len(shards) == 0 {
 			return nil, nil // no shard is this relay's now
 		}
-		claim, args = r.claimShards, append(args, r.cfg.RelayID, shards, tokens)
+		claim, args = r.claimShards, append(args, r.cfg.RelayID, shards, tokens, r.cfg.Shards)
 	}
 	rows, err := tx.Query(ctx, claim, args...)
 	if err != nil {

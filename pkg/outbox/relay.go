@@ -41,7 +41,8 @@ type Relay struct {
 
 	// Sharded relays (shard.go).
 	leases                    leases
-	claimShards, pendingShard string // the statements for cfg.Shards
+	claimShards, pendingShard string     // the statements for cfg.Shards
+	batchMu                   sync.Mutex // one batch at a time per sharded relay: its leases do not exclude its own batches
 }
 
 // NewRelay checks cfg and returns a relay; Run starts it.
@@ -73,18 +74,22 @@ func (r *Relay) Stats() RelayStats {
 // Run publishes rows until ctx ends, then finishes the batch in flight and
 // returns nil. It also runs the listener and the retention job.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.cfg.Shards > 1 {
+		// A first round before the first batch, then every LeaseTTL/3; when
+		// ctx ends the leases are given back, each once the batch in flight
+		// on it committed (the batch holds it FOR SHARE).
+		if err := r.leaseRound(ctx); errors.Is(err, ErrShardCount) {
+			return err // a relay that disagrees on the count must not run
+		} else if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("Relay lease round failed; retrying", err, watermill.LogFields{"relay": r.cfg.RelayID})
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); r.listen(ctx) }()
 	go func() { defer wg.Done(); r.retain(ctx) }()
 	defer wg.Wait()
 	if r.cfg.Shards > 1 {
-		// A first round before the first batch, then every LeaseTTL/3; when
-		// ctx ends the leases are given back, each once the batch in flight
-		// on it committed (the batch holds it FOR SHARE).
-		if err := r.leaseRound(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Error("Relay lease round failed; retrying", err, watermill.LogFields{"relay": r.cfg.RelayID})
-		}
 		wg.Add(1)
 		go func() { defer wg.Done(); r.lease(ctx) }()
 	}
@@ -218,6 +223,12 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 }
 
 func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
+	if r.cfg.Shards > 1 {
+		// A shard's FOR SHARE and the shared relay lock do not exclude a
+		// second batch of this same relay (RelayOnce beside Run).
+		r.batchMu.Lock()
+		defer r.batchMu.Unlock()
+	}
 	// Finish a started batch even if ctx ends: abandoning it would only mean
 	// publishing it twice.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)

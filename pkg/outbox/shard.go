@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -32,12 +33,12 @@ func shardSQL(n int) string {
 }
 
 // leasedSQL is the array of the shards among the leases ($3 owner, $4
-// shards, $5 tokens) that are still this relay's, locked FOR SHARE in shard
+// shards, $5 tokens, $6 the shard count) that are still this relay's, locked FOR SHARE in shard
 // order (the lease loop locks them in the same order: no deadlock) until
 // the transaction ends. Uncorrelated, it runs once per statement.
 const leasedSQL = `ARRAY(
 		SELECT shard FROM outbox_shards
-		WHERE owner = $3 AND (shard, token) IN (SELECT * FROM unnest($4::int[], $5::bigint[]))
+		WHERE owner = $3 AND shards = $6 AND (shard, token) IN (SELECT * FROM unnest($4::int[], $5::bigint[]))
 		ORDER BY shard FOR SHARE)`
 
 // claimShardsSQL is claimSQL for a sharded relay: the lowest sendable ids
@@ -66,7 +67,6 @@ func pendingShardsSQL(n int) string {
 type leases struct {
 	mu    sync.Mutex
 	owned map[int32]int64 // shard → fencing token
-	ready bool            // the shard table was checked (ensureShards)
 	short bool            // under its fair share while shards had no owner
 }
 
@@ -175,7 +175,11 @@ func (r *Relay) leaseRound(ctx context.Context) error {
 		}
 		slices.Sort(held)
 		give := held[len(held)-extra:]
-		if err := r.release(ctx, give); err != nil {
+		giveTokens := make([]int64, len(give))
+		for i, sh := range give {
+			giveTokens[i] = owned[sh]
+		}
+		if err := r.release(ctx, give, giveTokens); err != nil {
 			return err
 		}
 		for _, s := range give {
@@ -186,9 +190,9 @@ func (r *Relay) leaseRound(ctx context.Context) error {
 		rows, err := r.cfg.Pool.Query(ctx, `
 			UPDATE outbox_shards SET owner = $1, token = token + 1, expires_at = now() + $2::interval
 			WHERE shard IN (
-				SELECT shard FROM outbox_shards WHERE owner IS NULL OR expires_at <= now()
+				SELECT shard FROM outbox_shards WHERE shards = $4 AND (owner IS NULL OR expires_at <= now())
 				ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
-			RETURNING shard, token`, r.cfg.RelayID, ttl, want)
+			RETURNING shard, token`, r.cfg.RelayID, ttl, want, r.cfg.Shards)
 		if err != nil {
 			return fmt.Errorf("taking shards: %w", err)
 		}
@@ -217,19 +221,38 @@ func (r *Relay) renew(ctx context.Context, shards []int32, tokens []int64) (map[
 	if len(shards) == 0 {
 		return map[int32]int64{}, nil
 	}
+	// SKIP LOCKED: a lease this relay's own batch holds FOR SHARE is not
+	// waited for (a batch may take up to BatchTimeout, longer than a lease
+	// round); the read below keeps it, unextended, while its token is ours.
 	rows, err := r.cfg.Pool.Query(ctx, `
 		UPDATE outbox_shards SET expires_at = now() + $2::interval
 		WHERE shard IN (
 			SELECT shard FROM outbox_shards
-			WHERE owner = $1 AND (shard, token) IN (SELECT * FROM unnest($3::int[], $4::bigint[]))
-			ORDER BY shard FOR UPDATE)
-		RETURNING shard, token`, r.cfg.RelayID, r.cfg.LeaseTTL, shards, tokens)
+			WHERE owner = $1 AND shards = $5 AND (shard, token) IN (SELECT * FROM unnest($3::int[], $4::bigint[]))
+			ORDER BY shard FOR UPDATE SKIP LOCKED)
+		RETURNING shard, token`, r.cfg.RelayID, r.cfg.LeaseTTL, shards, tokens, r.cfg.Shards)
 	if err != nil {
 		return nil, fmt.Errorf("renewing leases: %w", err)
 	}
 	owned, err := collectLeases(rows)
 	if err != nil {
 		return nil, fmt.Errorf("renewing leases: %w", err)
+	}
+	if len(owned) < len(shards) {
+		rows, err := r.cfg.Pool.Query(ctx, `
+			SELECT shard, token FROM outbox_shards
+			WHERE owner = $1 AND shards = $4 AND (shard, token) IN (SELECT * FROM unnest($2::int[], $3::bigint[]))`,
+			r.cfg.RelayID, shards, tokens, r.cfg.Shards)
+		if err != nil {
+			return nil, fmt.Errorf("renewing leases: %w", err)
+		}
+		held, err := collectLeases(rows)
+		if err != nil {
+			return nil, fmt.Errorf("renewing leases: %w", err)
+		}
+		for s, t := range held {
+			owned[s] = t
+		}
 	}
 	if lost := len(shards) - len(owned); lost > 0 {
 		r.cfg.Logger.Info("Relay lost shards to another relay", watermill.LogFields{"relay": r.cfg.RelayID, "lost": lost})
@@ -240,12 +263,15 @@ func (r *Relay) renew(ctx context.Context, shards []int32, tokens []int64) (map[
 // release gives shards back. A batch of this relay still open on one of
 // them holds its lease FOR SHARE: the UPDATE waits for it to commit, so a
 // shard changes hands only between batches.
-func (r *Relay) release(ctx context.Context, shards []int32) error {
+func (r *Relay) release(ctx context.Context, shards []int32, tokens []int64) error {
+	// By token too: a relay woken from a pause must not give back what a
+	// replacement under the same RelayID took meanwhile.
 	_, err := r.cfg.Pool.Exec(ctx, `
 		UPDATE outbox_shards SET owner = NULL, expires_at = '-infinity'
 		WHERE shard IN (
-			SELECT shard FROM outbox_shards WHERE owner = $1 AND shard = ANY($2::int[])
-			ORDER BY shard FOR UPDATE)`, r.cfg.RelayID, shards)
+			SELECT shard FROM outbox_shards
+			WHERE owner = $1 AND (shard, token) IN (SELECT * FROM unnest($2::int[], $3::bigint[]))
+			ORDER BY shard FOR UPDATE)`, r.cfg.RelayID, shards, tokens)
 	if err != nil {
 		return fmt.Errorf("giving shards back: %w", err)
 	}
@@ -254,53 +280,64 @@ func (r *Relay) release(ctx context.Context, shards []int32) error {
 
 // releaseAll gives every lease back and removes the heartbeat, at shutdown.
 func (r *Relay) releaseAll(ctx context.Context) error {
-	shards, _ := r.leases.snapshot()
+	shards, tokens := r.leases.snapshot()
 	r.leases.set(map[int32]int64{})
-	if err := r.release(ctx, shards); err != nil {
+	if err := r.release(ctx, shards, tokens); err != nil {
 		return err
 	}
 	_, err := r.cfg.Pool.Exec(ctx, `DELETE FROM outbox_relays WHERE relay_id = $1`, r.cfg.RelayID)
 	return err
 }
 
-// ensureShards makes the lease table hold exactly Shards rows, once per
-// relay. A different count is changed only while no relay holds a live
-// lease: relays that disagree on the count would put one key in two shards.
+// ErrShardCount is returned by Run and RelayOnce when the shard table was
+// built for another RelayConfig.Shards than this relay's while other relays
+// are alive: relays that disagree on the count would put one key in two
+// shards, so this one publishes nothing.
+var ErrShardCount = errors.New("outbox: RelayConfig.Shards differs from the running relays'")
+
+// ensureShards makes the lease table hold exactly Shards rows. A different
+// count is rebuilt only while no other relay has heartbeat within LeaseTTL
+// and no lease is live; the rebuilt rows' tokens start above every earlier
+// token, so no (shard, token) a relay remembers matches again.
 func (r *Relay) ensureShards(ctx context.Context) error {
-	r.leases.mu.Lock()
-	ready := r.leases.ready
-	r.leases.mu.Unlock()
-	if ready {
-		return nil
-	}
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		var count, wrong int
+		if err := tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shards <> $1) FROM outbox_shards`,
+			r.cfg.Shards).Scan(&count, &wrong); err != nil {
+			return err
+		}
+		if count == r.cfg.Shards && wrong == 0 {
+			return nil // the common case, every round: no lock taken
+		}
 		// One relay at a time changes the table.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, shardSetupLockSpace); err != nil {
 			return err
 		}
-		var count, live, outside int
-		if err := tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()),
-				count(*) FILTER (WHERE shard >= $1) FROM outbox_shards`, r.cfg.Shards).Scan(&count, &live, &outside); err != nil {
+		var built, live, others int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(shards), 0),
+				count(*) FILTER (WHERE owner IS NOT NULL AND expires_at > now()),
+				(SELECT count(*) FROM outbox_relays WHERE relay_id <> $1 AND seen_at > now() - $2::interval)
+			FROM outbox_shards`, r.cfg.RelayID, r.cfg.LeaseTTL).Scan(&built, &live, &others); err != nil {
 			return err
 		}
-		if count == r.cfg.Shards && outside == 0 {
-			return nil
+		if built == r.cfg.Shards {
+			return nil // another relay rebuilt it meanwhile
 		}
-		if live > 0 {
-			return fmt.Errorf("outbox: RelayConfig.Shards is %d, but running relays share %d shards: stop every relay before changing the count", r.cfg.Shards, count)
+		if live > 0 || others > 0 {
+			return fmt.Errorf("%w: it is %d, they run with %d; stop every relay before changing the count", ErrShardCount, r.cfg.Shards, built)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM outbox_shards`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO outbox_shards (shard) SELECT generate_series(0, $1 - 1)`, r.cfg.Shards)
+		_, err := tx.Exec(ctx, `
+			WITH old AS (DELETE FROM outbox_shards RETURNING token)
+			INSERT INTO outbox_shards (shard, shards, token)
+			SELECT s, $1, (SELECT coalesce(max(token), 0) + 1 FROM old) FROM generate_series(0, $1 - 1) s`, r.cfg.Shards)
 		return err
 	})
 	if err != nil {
+		if errors.Is(err, ErrShardCount) {
+			return err
+		}
 		return fmt.Errorf("outbox shards: %w", err)
 	}
-	r.leases.mu.Lock()
-	r.leases.ready = true
-	r.leases.mu.Unlock()
 	return nil
 }
 

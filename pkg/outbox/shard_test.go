@@ -1,6 +1,8 @@
 package outbox_test
 
 import (
+	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,6 +164,63 @@ func TestShardedRelays(t *testing.T) {
 		require.Zero(t, countRows(t, bundle.pool, "published_at IS NULL"))
 	})
 
+	// The shard count can change only while no relay runs; a relay with
+	// another count refuses to start, and a paused relay that wakes after
+	// the table was rebuilt for another count (under the same RelayID)
+	// claims nothing: the rebuilt leases carry the count and tokens above
+	// every earlier one.
+	t.Run("ShardCountChange", func(t *testing.T) {
+		t.Parallel()
+		ctx, bundle := setupRelay(t)
+		cfg := shardedConfig(bundle, bundle.pub, "replica-1")
+		cfg.Shards = 2
+		var zombieSent atomic.Int64
+		cfg.Publisher = countingPublisher{bundle.pub, &zombieSent}
+		zombie := newRelay(t, cfg)
+		publishCommitted(t, bundle.pool, bundle.topic, newKeyedMessage("k", 0))
+		n, err := zombie.RelayOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+
+		running := newRelay(t, shardedConfig(bundle, newPublisher(t), "other"))
+		require.ErrorIs(t, running.Run(ctx), outbox.ErrShardCount, "a relay with 8 shards beside one of 2 that is alive")
+
+		time.Sleep(2 * 300 * time.Millisecond) // the zombie is paused: its heartbeat and leases expire
+		replacement := newRelay(t, shardedConfig(bundle, newPublisher(t), "replica-1")) // 8 shards, the zombie's id
+		startRelay(t, replacement)
+		eventually(t, waitTimeout, func() bool { return replacement.Stats().Shards == 8 }, "the replacement did not rebuild and take the shards")
+		var msgs []*message.Message
+		for i := 1; i <= 40; i++ {
+			msgs = append(msgs, newKeyedMessage(fmt.Sprintf("k%d", i%7), i))
+		}
+		publishCommitted(t, bundle.pool, bundle.topic, msgs...)
+		n, err = zombie.RelayOnce(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "the zombie claimed rows with the count and tokens of a table that was rebuilt")
+		require.Equal(t, int64(1), zombieSent.Load())
+		bundle.sink.WaitFor(t, ids(msgs))
+	})
+
+	// A relay woken from a pause gives back nothing a replacement under
+	// its RelayID took meanwhile.
+	t.Run("ZombieGivesBackNothing", func(t *testing.T) {
+		t.Parallel()
+		ctx, bundle := setupRelay(t)
+		zombie := newRelay(t, shardedConfig(bundle, bundle.pub, "replica-1"))
+		_, err := zombie.RelayOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 8, zombie.Stats().Shards)
+		time.Sleep(2 * 300 * time.Millisecond)
+		replacement := newRelay(t, shardedConfig(bundle, newPublisher(t), "replica-1"))
+		startRelay(t, replacement)
+		eventually(t, waitTimeout, func() bool { return replacement.Stats().Shards == 8 }, "the replacement did not take the shards")
+
+		stopped, cancel := context.WithCancel(ctx)
+		cancel() // SIGTERM arrived while it was paused: it wakes up shutting down
+		require.NoError(t, zombie.Run(stopped))
+		require.Equal(t, 8, countShardsOwnedBy(t, bundle, "replica-1"), "the zombie gave back the replacement's shards")
+	})
+
 	t.Run("ConfigRefused", func(t *testing.T) {
 		t.Parallel()
 		_, bundle := setupRelay(t)
@@ -173,6 +232,15 @@ func TestShardedRelays(t *testing.T) {
 			require.Error(t, err, "%+v", cfg)
 		}
 	})
+}
+
+// countShardsOwnedBy counts the live leases of owner.
+func countShardsOwnedBy(t *testing.T, bundle *relayBundle, owner string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, bundle.pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM outbox_shards WHERE owner = $1 AND expires_at > now()`, owner).Scan(&n))
+	return n
 }
 
 // countingPublisher counts the messages it passes on.
