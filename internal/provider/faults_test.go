@@ -122,3 +122,31 @@ func TestSeedRepeatsFaults(t *testing.T) {
 	require.NoError(t, err)
 	require.NotZero(t, c.Seed(), "seed 0 picks one, to be logged")
 }
+
+// Go's http.Transport resends a request that carries an Idempotency-Key
+// by itself when a reused keep-alive connection dies before the answer
+// (Request.isReplayable), once, on a new connection. Against a lost
+// response the caller then sees the replay, never the loss: whoever wires
+// a Go client to this provider should know that its "lost response" can
+// arrive as a 200 with Idempotent-Replayed: true.
+func TestGoTransportRetriesALostResponseByItself(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LostResponseRate: 1})
+	keepAlive := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	resp, err := keepAlive.Get(b.url + "/healthz") // a connection to reuse
+	require.NoError(t, err)
+	readAll(t, resp)
+
+	r := postWith(keepAlive, b.url, "key-1", body1)
+	require.NoError(t, r.err, "the Transport hid the lost response")
+	require.Equal(t, http.StatusOK, r.status)
+	require.True(t, r.replayed(), "what the caller got is the replay of its own lost request")
+	require.Len(t, b.ledger(), 1)
+
+	// Without a key the request is not replayable: the loss reaches the caller.
+	resp, err = keepAlive.Get(b.url + "/healthz")
+	require.NoError(t, err)
+	readAll(t, resp)
+	require.Error(t, postWith(keepAlive, b.url, "", body1).err)
+	require.Len(t, b.ledger(), 2)
+}
