@@ -195,13 +195,16 @@ func (p *Provider) execute(ctx context.Context, req CaptureRequest, key, token, 
 }
 
 // loseResponse closes the connection without answering, after
-// LostResponseDelay or when the client gives up first.
+// LostResponseDelay, or sooner when the client gives up or the provider
+// shuts down.
 func (p *Provider) loseResponse(w http.ResponseWriter, r *http.Request) {
 	if d := p.cfg.LostResponseDelay; d > 0 {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
 		case <-r.Context().Done():
+			t.Stop()
+		case <-p.stopping:
 			t.Stop()
 		}
 	}

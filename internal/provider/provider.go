@@ -41,6 +41,9 @@ type Provider struct {
 	mu   sync.Mutex // guards rng
 	rng  *mrand.Rand
 	seed uint64
+
+	stopping     chan struct{} // closed when Run shuts down
+	stoppingOnce sync.Once
 }
 
 // New returns a provider on pool, whose database Migrate has prepared.
@@ -56,10 +59,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Provider, error) {
 		seed = binary.LittleEndian.Uint64(b[:])
 	}
 	return &Provider{
-		pool: pool, cfg: cfg, log: cfg.Logger, seed: seed,
+		pool: pool, cfg: cfg, log: cfg.Logger, seed: seed, stopping: make(chan struct{}),
 		rng: mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 	}, nil
 }
+
+// stop ends the silences of lost responses (LostResponseDelay), so that a
+// shutdown does not wait them out.
+func (p *Provider) stop() { p.stoppingOnce.Do(func() { close(p.stopping) }) }
 
 // Seed returns the seed of the provider's faults (Config.Seed, or the one
 // picked for it).

@@ -53,6 +53,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down")
+		p.stop()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		return srv.Shutdown(shutdownCtx)
