@@ -1,0 +1,121 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+)
+
+// Run connects to the provider's database (waiting for it), applies its
+// migrations, and serves the API on cfg.HTTPAddr until ctx ends; then it
+// stops taking requests, lets those in flight finish (up to 10s) and
+// returns. The key sweep runs every SweepInterval meanwhile.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := cfg.Logger.With("service", "provider", "instance", cfg.Instance)
+	cfg.Logger = log
+	pool, err := connect(ctx, cfg.DatabaseURL, log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := Migrate(ctx, pool); err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	p, err := New(pool, cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 5 * time.Second}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return p.runSweep(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		log.Info("shutting down")
+		p.stop()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(shutdownCtx)
+	})
+	log.Info("started", "http", ln.Addr().String(), "seed", p.Seed(),
+		"latency_min", cfg.LatencyMin, "latency_max", cfg.LatencyMax, "fail_rate", cfg.FailRate,
+		"lost_response_rate", cfg.LostResponseRate, "lost_response_delay", cfg.LostResponseDelay,
+		"decline_amount", cfg.DeclineAmount, "key_ttl", cfg.KeyTTL, "key_lock_timeout", cfg.KeyLockTimeout)
+	err = g.Wait()
+	log.Info("stopped", "err", err)
+	return err
+}
+
+// runSweep deletes expired keys every SweepInterval until ctx ends. A
+// failed sweep is logged and tried again at the next tick: expiry is also
+// checked when a key is read, so a late sweep only costs disk.
+func (p *Provider) runSweep(ctx context.Context) error {
+	t := time.NewTicker(p.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		n, err := p.Sweep(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			p.log.Warn("key sweep failed", "err", err)
+		case n > 0:
+			p.log.Info("swept expired idempotency keys", "deleted", n)
+		}
+	}
+}
+
+// connect opens the pool and waits up to about 30s for the database to
+// answer, so a provider started beside its database does not crash-loop.
+func connect(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the database URL: %w", err)
+	}
+	pcfg.MaxConns = max(pcfg.MaxConns, 20)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating pool: %w", err)
+	}
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = pool.Ping(pctx)
+		cancel()
+		if err == nil {
+			return pool, nil
+		}
+		if attempt == 30 || ctx.Err() != nil {
+			pool.Close()
+			return nil, fmt.Errorf("connecting to database: %w", err)
+		}
+		log.Warn("database not ready; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
