@@ -185,7 +185,7 @@ func TestShardedRelays(t *testing.T) {
 		running := newRelay(t, shardedConfig(bundle, newPublisher(t), "other"))
 		require.ErrorIs(t, running.Run(ctx), outbox.ErrShardCount, "a relay with 8 shards beside one of 2 that is alive")
 
-		time.Sleep(2 * 300 * time.Millisecond) // the zombie is paused: its heartbeat and leases expire
+		time.Sleep(2 * 300 * time.Millisecond)                                          // the zombie is paused: its heartbeat and leases expire
 		replacement := newRelay(t, shardedConfig(bundle, newPublisher(t), "replica-1")) // 8 shards, the zombie's id
 		startRelay(t, replacement)
 		eventually(t, waitTimeout, func() bool { return replacement.Stats().Shards == 8 }, "the replacement did not rebuild and take the shards")
