@@ -66,37 +66,31 @@ func cpuSeconds(pids, brokerPids []int) cpuUse {
 }
 
 // procCPU reads utime+stime of one process.
-func procCPU(pid int) float64 {
+func procCPU(pid int) float64 { return statSeconds(pid, 11, 12) }
+
+// childrenCPU reads cutime+cstime of one process: the time of its children
+// that exited and were waited for.
+func childrenCPU(pid int) float64 { return statSeconds(pid, 13, 14) }
+
+// statSeconds adds fields of /proc/<pid>/stat (counted from the state, the
+// first after the command name), in clock ticks, and returns seconds.
+func statSeconds(pid int, fields ...int) float64 {
 	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
 		return 0
 	}
 	// The command name may hold spaces; fields start after its closing paren.
 	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 13 {
-		return 0
+	all := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	var ticks float64
+	for _, f := range fields {
+		if f >= len(all) {
+			return 0
+		}
+		v, _ := strconv.ParseFloat(all[f], 64)
+		ticks += v
 	}
-	utime, _ := strconv.ParseFloat(fields[11], 64)
-	stime, _ := strconv.ParseFloat(fields[12], 64)
-	return (utime + stime) / clockTicks
-}
-
-// childrenCPU reads cutime+cstime of one process: the time of its children
-// that exited and were waited for.
-func childrenCPU(pid int) float64 {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0
-	}
-	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 15 {
-		return 0
-	}
-	cutime, _ := strconv.ParseFloat(fields[13], 64)
-	cstime, _ := strconv.ParseFloat(fields[14], 64)
-	return (cutime + cstime) / clockTicks
+	return ticks / clockTicks
 }
 
 func sortedGoals(m map[string]bool) []string {

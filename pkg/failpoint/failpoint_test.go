@@ -59,18 +59,7 @@ func TestHitKillsWithSIGKILL(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "fp.log")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHitKillsWithSIGKILL$")
 	cmd.Env = append(os.Environ(), "FAILPOINT_CHILD=1", "FAILPOINTS=after-publish-before-mark=every:3", "FAILPOINT_LOG="+log)
-	err := cmd.Run()
-	exit, ok := err.(*exec.ExitError)
-	if !ok {
-		t.Fatalf("child exited with %v, want death by SIGKILL", err)
-	}
-	if ws, ok := exit.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("child ended with %v, want SIGKILL", exit)
-	}
-	line, err := os.ReadFile(log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	line := runKilled(t, cmd, log)
 	if !strings.Contains(string(line), "failpoint after-publish-before-mark fired") || !strings.Contains(string(line), "subject subject-c") {
 		t.Fatalf("kill line %q: want the window and the third hit's subject", line)
 	}
@@ -169,6 +158,16 @@ func TestOnceFiresOnTheNextHit(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "fp.log")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestOnceFiresOnTheNextHit$")
 	cmd.Env = append(os.Environ(), "FAILPOINT_CHILD=1", "FAILPOINTS=before-begin=every:1", "FAILPOINT_GRACE=1h", "FAILPOINT_LOG="+log)
+	line := runKilled(t, cmd, log)
+	if got := string(line); strings.Count(got, "fired") != 1 || !strings.Contains(got, "failpoint after-commit-before-ack fired") || !strings.Contains(got, "subject the-next-one") {
+		t.Fatalf("log %q: want one kill, at after-commit-before-ack, of the hit after Once", got)
+	}
+}
+
+// runKilled runs the child cmd, requires that it died by SIGKILL, and
+// returns the failpoint log it wrote.
+func runKilled(t *testing.T, cmd *exec.Cmd, log string) []byte {
+	t.Helper()
 	err := cmd.Run()
 	exit, ok := err.(*exec.ExitError)
 	if !ok {
@@ -181,7 +180,5 @@ func TestOnceFiresOnTheNextHit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(line); strings.Count(got, "fired") != 1 || !strings.Contains(got, "failpoint after-commit-before-ack fired") || !strings.Contains(got, "subject the-next-one") {
-		t.Fatalf("log %q: want one kill, at after-commit-before-ack, of the hit after Once", got)
-	}
+	return line
 }
