@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/outboxref/outbox-inbox/internal/pgconnect"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -24,7 +23,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Logger.With("service", "provider", "instance", cfg.Instance)
 	cfg.Logger = log
-	pool, err := connect(ctx, cfg.DatabaseURL, log)
+	pool, err := pgconnect.Open(ctx, cfg.DatabaseURL, log)
 	if err != nil {
 		return err
 	}
@@ -85,37 +84,6 @@ func (p *Provider) runSweep(ctx context.Context) error {
 			p.log.Warn("key sweep failed", "err", err)
 		case n > 0:
 			p.log.Info("swept expired idempotency keys", "deleted", n)
-		}
-	}
-}
-
-// connect opens the pool and waits up to about 30s for the database to
-// answer, so a provider started beside its database does not crash-loop.
-func connect(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the database URL: %w", err)
-	}
-	pcfg.MaxConns = max(pcfg.MaxConns, 20)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating pool: %w", err)
-	}
-	for attempt := 1; ; attempt++ {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err = pool.Ping(pctx)
-		cancel()
-		if err == nil {
-			return pool, nil
-		}
-		if attempt == 30 || ctx.Err() != nil {
-			pool.Close()
-			return nil, fmt.Errorf("connecting to database: %w", err)
-		}
-		log.Warn("database not ready; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
 		}
 	}
 }

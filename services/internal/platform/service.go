@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/pgconnect"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
@@ -77,7 +78,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 	defer stopTracing(context.Background()) //nolint:errcheck // best effort flush
 
-	pool, err := connect(ctx, cfg.DatabaseURL, log)
+	pool, err := pgconnect.Open(ctx, cfg.DatabaseURL, log)
 	if err != nil {
 		return err
 	}
@@ -286,47 +287,6 @@ func checkRetention(ctx context.Context, cfg Config, topic string, log *slog.Log
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 30*time.Second)
-	}
-}
-
-// connect opens the pool and waits for the database to answer, so a service
-// started beside its database does not crash-loop.
-func connect(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parsing DATABASE_URL: %w", err)
-	}
-	if pcfg.MaxConns < 20 {
-		pcfg.MaxConns = 20
-	}
-	// A database host that vanished (no FIN, no RST) is found within ~11 s,
-	// not the kernel's two hours, so a relay or a handler waiting on it
-	// fails and retries instead of hanging (the relay sets the same on the
-	// server's side: see outbox.Relay).
-	pcfg.ConnConfig.DialFunc = (&net.Dialer{
-		Timeout:         10 * time.Second,
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3},
-	}).DialContext
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating pool: %w", err)
-	}
-	for attempt := 1; ; attempt++ {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err = pool.Ping(pctx)
-		cancel()
-		if err == nil {
-			return pool, nil
-		}
-		if attempt == 30 || ctx.Err() != nil {
-			pool.Close()
-			return nil, fmt.Errorf("connecting to database: %w", err)
-		}
-		log.Warn("database not ready; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
 	}
 }
 
