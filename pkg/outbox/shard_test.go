@@ -252,12 +252,14 @@ func TestShardedRelays(t *testing.T) {
 	})
 }
 
-// countShardsOwnedBy counts the live leases of owner.
+// countShardsOwnedBy counts the leases that name owner, expired or not (a
+// renewal late on a loaded machine lets one expire for a moment; a lease
+// given back has no owner).
 func countShardsOwnedBy(t *testing.T, bundle *relayBundle, owner string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, bundle.pool.QueryRow(t.Context(),
-		`SELECT count(*) FROM outbox_shards WHERE owner = $1 AND expires_at > now()`, owner).Scan(&n))
+		`SELECT count(*) FROM outbox_shards WHERE owner = $1`, owner).Scan(&n))
 	return n
 }
 
