@@ -34,6 +34,7 @@ const (
 	metricRelayErrors        = "outbox_relay_errors_total"
 	metricRetentionDeleted   = "outbox_retention_deleted_total"
 	metricShardsOwned        = "outbox_relay_shards_owned"
+	metricShards             = "outbox_relay_shards"
 )
 
 // pendingQueryTimeout bounds the outbox query a scrape runs: a slow database
@@ -87,7 +88,7 @@ func newMetrics(pool *pgxpool.Pool, log *slog.Logger) *metrics {
 }
 
 // register adds the counters kept by the inbox and the relay.
-func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay) {
+func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay, shards int) {
 	relayCounter := func(name, help string, v func(outbox.RelayStats) int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(v(relay.Stats())) })
@@ -108,6 +109,14 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricShardsOwned,
 			Help: "Outbox shards this process's relay holds the lease of now (RELAY_SHARDS > 1; 0 otherwise). Summed over replicas it is RELAY_SHARDS when every shard has an owner."},
 			func() float64 { return float64(relay.Stats().Shards) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricShards,
+			Help: "The shards this service's outbox is divided into (RELAY_SHARDS; 0 when one relay leads)."},
+			func() float64 {
+				if shards > 1 {
+					return float64(shards)
+				}
+				return 0
+			}),
 	)
 }
 

@@ -134,7 +134,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if cfg.DomainGuardDisabled {
 		log.Warn("DOMAIN GUARD DISABLED: an event for an order already decided is applied again")
 	}
-	mtr.register(ibx, relay)
+	mtr.register(ibx, relay, cfg.RelayShards)
 
 	subConf := kafkaconf.Sarama()
 	subConf.ClientID = svc.Name + "-consumer"
