@@ -28,12 +28,28 @@ func windowsFor(service string, inbox bool) []failpoint.Name {
 	for _, n := range failpoint.All {
 		switch {
 		case n == failpoint.AfterCommitBeforeResponse && service != "orders": // inventory serves no payments
+		case effectWindow(n): // no service performs effects yet
 		case n == failpoint.AfterInboxInsert && !inbox: // no inbox row, no window
 		default:
 			w = append(w, n)
 		}
 	}
 	return w
+}
+
+// effectWindow reports whether w is one of pkg/effect's windows.
+func effectWindow(w failpoint.Name) bool {
+	return w == failpoint.BeforeEffect || w == failpoint.AfterEffectBeforeRecord
+}
+
+// reached reports whether some service's code reaches window w.
+func reached(w failpoint.Name, inbox bool) bool {
+	for _, svc := range system.Services {
+		if slices.Contains(windowsFor(svc, inbox), w) {
+			return true
+		}
+	}
+	return false
 }
 
 // svcWindow is a crash window in one service.

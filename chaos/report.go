@@ -116,7 +116,7 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		n := fired[w]
 		r.Kills[string(w)] = n
 		total += n
-		if n < h.p.MinPerWindow && (h.inbox || w != failpoint.AfterInboxInsert) {
+		if n < h.p.MinPerWindow && reached(w, h.inbox) {
 			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, h.p.MinPerWindow))
 		}
 	}

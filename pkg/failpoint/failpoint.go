@@ -57,6 +57,10 @@ const (
 
 	// HTTP.
 	AfterCommitBeforeResponse Name = "after-commit-before-response" // payment committed, client gets no answer
+
+	// Effects (pkg/effect): calls to the world outside the database.
+	BeforeEffect            Name = "before-effect"              // intent committed, call not made
+	AfterEffectBeforeRecord Name = "after-effect-before-record" // the outside system performed it, our record not committed
 )
 
 // All lists every crash window, in the order a message meets them.
@@ -64,4 +68,5 @@ var All = []Name{
 	AfterCommitBeforeResponse,
 	AfterClaimBeforePublish, AfterPublishBeforeMark,
 	BeforeBegin, AfterInboxInsert, AfterHandlerBeforeCommit, AfterCommitBeforeAck,
+	BeforeEffect, AfterEffectBeforeRecord,
 }

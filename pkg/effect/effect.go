@@ -1,0 +1,116 @@
+package effect
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations holds the effects table's SQL files, for programs that apply
+// migrations with their own tool. Migrate applies them.
+var Migrations = func() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}()
+
+// Migrate creates or updates the effects table.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate.Apply(ctx, pool, "effect", Migrations)
+}
+
+// Effect is one call to the outside world, as a Runner hands it to Do and
+// Record.
+type Effect struct {
+	ID   int64
+	Kind string
+	// Key is the effect's idempotency key: Do sends it with every attempt,
+	// so the outside system performs the effect once however often it is
+	// called. It is unique per Kind.
+	Key     string
+	Payload []byte
+	// Attempt counts the calls started, this one included: 1 on the first.
+	Attempt int
+	Created time.Time
+}
+
+// EnqueueTx records the intent to perform an effect, in tx: it is performed
+// if and only if tx commits. key is the idempotency key, derived from what
+// asks for the effect (an order id, a message id), never drawn at random: a
+// second EnqueueTx with the same kind and key records nothing and returns
+// false, so a handler that runs twice asks once.
+func EnqueueTx(ctx context.Context, tx pgx.Tx, kind, key string, payload []byte) (bool, error) {
+	if kind == "" || key == "" {
+		return false, errors.New("effect: EnqueueTx needs a kind and a key")
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO effects (kind, key, payload) VALUES ($1, $2, $3)
+		ON CONFLICT (kind, key) DO NOTHING`, kind, key, payload)
+	if err != nil {
+		return false, fmt.Errorf("effect: recording %s %s: %w", kind, key, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Permanent wraps err, returned by Do, to say that no retry can succeed (the
+// request is invalid, the key was used for another request): the Runner
+// stops calling and hands err to Record, which records the failure where a
+// person can see it. Do's other errors are retried with backoff.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+// IsPermanent reports whether err was wrapped by Permanent.
+func IsPermanent(err error) bool {
+	var p permanent
+	return errors.As(err, &p)
+}
+
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+// Stats counts one kind's effects by state.
+type Stats struct {
+	Pending int `json:"pending"`
+	Done    int `json:"done"`
+	Failed  int `json:"failed"`
+	// Retrying counts the pending effects whose last call failed.
+	Retrying int `json:"retrying"`
+	// OldestPending is the age of the oldest pending effect (0 when none).
+	OldestPending time.Duration `json:"oldest_pending"`
+}
+
+// ReadStats counts kind's effects.
+func ReadStats(ctx context.Context, pool *pgxpool.Pool, kind string) (Stats, error) {
+	var s Stats
+	var oldest float64
+	err := pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE state = 'pending'),
+		       count(*) FILTER (WHERE state = 'done'),
+		       count(*) FILTER (WHERE state = 'failed'),
+		       count(*) FILTER (WHERE state = 'pending' AND last_error IS NOT NULL),
+		       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)
+		FROM effects WHERE kind = $1`, kind).Scan(&s.Pending, &s.Done, &s.Failed, &s.Retrying, &oldest)
+	if err != nil {
+		return Stats{}, fmt.Errorf("effect: reading stats: %w", err)
+	}
+	s.OldestPending = time.Duration(oldest * float64(time.Second))
+	return s, nil
+}

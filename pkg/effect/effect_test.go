@@ -1,0 +1,278 @@
+package effect_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+)
+
+var testPG *pgtest.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		pg, err := pgtest.Start(ctx)
+		if err != nil {
+			log.Print(err)
+			return 1
+		}
+		defer pg.Stop() //nolint:errcheck
+		testPG = pg
+		return m.Run()
+	}())
+}
+
+// newPool returns a pool on a fresh database with the effects table and a
+// domain table, outcomes, that Record writes to.
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	name := "effect_" + strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name()))
+	name = name[:min(len(name), 50)] + "_" + hex.EncodeToString(b[:])
+	url, err := testPG.CreateDatabase(ctx, name)
+	require.NoError(t, err)
+	testPG.DropWhenDone(t, name)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, effect.Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, `CREATE TABLE outcomes (key text NOT NULL, result text NOT NULL, failed bool NOT NULL)`)
+	require.NoError(t, err)
+	return pool
+}
+
+// enqueue records n effects of kind "charge", keys k0..k(n-1), one
+// transaction each.
+func enqueue(t *testing.T, pool *pgxpool.Pool, n int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+		require.NoError(t, pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+			_, err := effect.EnqueueTx(context.Background(), tx, "charge", keys[i], []byte(fmt.Sprint(i)))
+			return err
+		}))
+	}
+	return keys
+}
+
+// world is the outside system: it performs a call once per idempotency
+// key, unless honourKeys is off, and fails as told.
+type world struct {
+	honourKeys bool
+	mu         sync.Mutex
+	performed  map[string]int    // key → times performed
+	stored     map[string]string // key → the stored outcome
+	calls      int
+	// fail(call number, key) says how this call fails: "" (it does not),
+	// "before" (a 5xx, nothing done), "lost" (done, the answer lost).
+	fail func(n int, key string) string
+}
+
+func newWorld(honourKeys bool, fail func(int, string) string) *world {
+	if fail == nil {
+		fail = func(int, string) string { return "" }
+	}
+	return &world{honourKeys: honourKeys, performed: map[string]int{}, stored: map[string]string{}, fail: fail}
+}
+
+func (w *world) do(_ context.Context, e effect.Effect) (string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls++
+	how := w.fail(w.calls, e.Key)
+	if how == "before" {
+		return "", errors.New("503: nothing done")
+	}
+	out, ok := w.stored[e.Key]
+	if !ok || !w.honourKeys {
+		w.performed[e.Key]++
+		out = fmt.Sprintf("charged %s (#%d)", e.Payload, w.performed[e.Key])
+		w.stored[e.Key] = out
+	}
+	if how == "lost" {
+		return "", errors.New("connection reset: the answer was lost")
+	}
+	return out, nil
+}
+
+func record(ctx context.Context, tx pgx.Tx, e effect.Effect, result string, err error) error {
+	if err != nil {
+		result = err.Error()
+	}
+	_, xerr := tx.Exec(ctx, `INSERT INTO outcomes VALUES ($1, $2, $3)`, e.Key, result, err != nil)
+	return xerr
+}
+
+func start(t *testing.T, cfg effect.Config[string]) *effect.Runner[string] {
+	t.Helper()
+	cfg.Kind, cfg.Record = "charge", record
+	cfg.MinBackoff, cfg.MaxBackoff, cfg.PollInterval = 5*time.Millisecond, 20*time.Millisecond, 10*time.Millisecond
+	r, err := effect.NewRunner(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return r
+}
+
+// waitEnded waits until no effect is pending and returns the outcomes
+// recorded per key.
+func waitEnded(t *testing.T, pool *pgxpool.Pool) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		s, err := effect.ReadStats(ctx, pool, "charge")
+		return err == nil && s.Pending == 0
+	}, 20*time.Second, 20*time.Millisecond, "effects still pending")
+	rows, err := pool.Query(ctx, `SELECT key, result FROM outcomes ORDER BY key`)
+	require.NoError(t, err)
+	got := map[string][]string{}
+	var k, v string
+	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error { got[k] = append(got[k], v); return nil })
+	require.NoError(t, err)
+	return got
+}
+
+// Every third call fails before doing anything, every fifth is performed
+// and its answer lost: with keys honoured, each effect is performed once
+// and recorded once. The same faults against a world that ignores the key
+// perform the lost ones twice: the check below can see it.
+func TestOncePerKeyThroughFailures(t *testing.T) {
+	faults := func(n int, _ string) string {
+		switch {
+		case n%3 == 0:
+			return "before"
+		case n%5 == 0:
+			return "lost"
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		name       string
+		honourKeys bool
+	}{{"KeysHonoured", true}, {"KeysIgnored", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := newPool(t)
+			keys := enqueue(t, pool, 60)
+			w := newWorld(tc.honourKeys, faults)
+			r := start(t, effect.Config[string]{Pool: pool, Do: w.do, Workers: 3})
+			got := waitEnded(t, pool)
+
+			twice := 0
+			for _, k := range keys {
+				require.Len(t, got[k], 1, "key %s recorded %d times", k, len(got[k]))
+				if w.performed[k] != 1 {
+					twice++
+				}
+			}
+			require.Greater(t, r.Stats().Retried, int64(10), "the faults never hit")
+			if tc.honourKeys {
+				require.Zero(t, twice, "keys honoured, yet %d effects were performed more than once", twice)
+				for _, k := range keys {
+					require.Contains(t, got[k][0], "(#1)", "key %s recorded an outcome other than the first", k)
+				}
+			} else {
+				require.Greater(t, twice, 3, "without keys, the lost answers must have been performed again")
+			}
+		})
+	}
+}
+
+// Asking twice for one effect records one intent.
+func TestEnqueueOncePerKey(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	var firsts []bool
+	for range 2 {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			first, err := effect.EnqueueTx(ctx, tx, "charge", "order-1", []byte("x"))
+			firsts = append(firsts, first)
+			return err
+		}))
+	}
+	require.Equal(t, []bool{true, false}, firsts)
+	// A rolled-back transaction leaves no intent.
+	require.Error(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := effect.EnqueueTx(ctx, tx, "charge", "order-2", []byte("y")); err != nil {
+			return err
+		}
+		return errors.New("the domain change failed")
+	}))
+	s, err := effect.ReadStats(ctx, pool, "charge")
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Pending)
+}
+
+// A permanent error ends the effect at once: one call, recorded as failed
+// with its reason, never retried.
+func TestPermanentEndsTheEffect(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 1)
+	var mu sync.Mutex
+	calls := 0
+	start(t, effect.Config[string]{Pool: pool, Do: func(context.Context, effect.Effect) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		return "", effect.Permanent(errors.New("422: key reused with another body"))
+	}})
+	got := waitEnded(t, pool)
+	require.Equal(t, []string{"422: key reused with another body"}, got["k0"])
+	s, err := effect.ReadStats(context.Background(), pool, "charge")
+	require.NoError(t, err)
+	require.Equal(t, effect.Stats{Failed: 1}, s)
+	time.Sleep(100 * time.Millisecond) // a retry would have come by now
+	mu.Lock()
+	require.Equal(t, 1, calls)
+	mu.Unlock()
+}
+
+// A runner whose call outlives its lease: a second runner claims the effect
+// and calls again with the same key. The world performs it once, and one
+// outcome is recorded; the slower runner's is discarded.
+func TestLeaseExpiredMidCall(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 1)
+	w := newWorld(true, nil)
+	release := make(chan struct{})
+	var calls atomic.Int32
+	slow := func(ctx context.Context, e effect.Effect) (string, error) {
+		out, err := w.do(ctx, e)
+		if calls.Add(1) == 1 {
+			<-release // the first call hangs after performing
+		}
+		return out, err
+	}
+	lease := 400 * time.Millisecond
+	a := start(t, effect.Config[string]{Pool: pool, Do: slow, Lease: lease, Workers: 1})
+	time.Sleep(50 * time.Millisecond)
+	b := start(t, effect.Config[string]{Pool: pool, Do: slow, Lease: lease, Workers: 1})
+	got := waitEnded(t, pool)
+	close(release)
+	require.Eventually(t, func() bool { return a.Stats().Overtook+b.Stats().Overtook == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the runner that outlived its lease must find the effect ended")
+	require.Len(t, got["k0"], 1)
+	require.Equal(t, 1, w.performed["k0"])
+	require.GreaterOrEqual(t, w.calls, 2, "the second runner never called")
+}

@@ -1,0 +1,284 @@
+package effect
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+)
+
+// Defaults of Config.
+const (
+	DefaultWorkers      = 4
+	DefaultLease        = 30 * time.Second
+	DefaultPollInterval = 200 * time.Millisecond
+	DefaultMinBackoff   = 200 * time.Millisecond
+	DefaultMaxBackoff   = time.Minute
+)
+
+// Config configures a Runner of one kind of effect, whose outcome is an R.
+type Config[R any] struct {
+	// Pool is the database that holds the effects table. Required.
+	Pool *pgxpool.Pool
+	// Kind is the kind of effect this runner performs. Required.
+	Kind string
+	// Do performs the effect once and returns its outcome. It must send
+	// e.Key to the outside system as the idempotency key: Do is called
+	// again after any failure, after a crash between the call and the
+	// record, and, rarely, beside a runner that outlived its lease, and
+	// only the key makes those calls one effect. An error wrapped with
+	// Permanent ends the effect (Record gets it); any other is retried
+	// with backoff. A decline the outside system answers for good (a card
+	// declined) is an outcome, not an error. Required.
+	Do func(ctx context.Context, e Effect) (R, error)
+	// Record applies the outcome to the domain in tx, the transaction that
+	// marks the effect done (or failed, when err is Do's permanent error):
+	// the outcome is recorded once, with the effect's end. Required.
+	Record func(ctx context.Context, tx pgx.Tx, e Effect, result R, err error) error
+
+	// Workers is how many calls run at once. Defaults to DefaultWorkers.
+	Workers int
+	// Lease is how long a claimed effect stays with its runner: a runner
+	// that dies mid-call leaves the effect to another after it. Each call
+	// gets Lease/2 (the context's deadline). Defaults to DefaultLease.
+	Lease time.Duration
+	// PollInterval is how often the runner looks for due effects when it
+	// found none. Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// MinBackoff is the wait after the first failed call; it doubles after
+	// each further one, with jitter, up to MaxBackoff. Defaults to
+	// DefaultMinBackoff and DefaultMaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	// Logger defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// Runner performs the effects of one kind that transactions recorded with
+// EnqueueTx: it claims each due effect, calls Do with its key, and records
+// the outcome with Record in the transaction that ends the effect.
+// Replicas may run one each: a claim takes each effect for one runner.
+type Runner[R any] struct {
+	cfg Config[R]
+
+	mu    sync.Mutex
+	stats RunnerStats
+}
+
+// RunnerStats counts what one Runner did since it started.
+type RunnerStats struct {
+	Calls    int64 `json:"calls"`
+	Done     int64 `json:"done"`
+	Failed   int64 `json:"failed"`
+	Retried  int64 `json:"retried"`
+	Overtook int64 `json:"overtook"` // outcomes another runner recorded first
+}
+
+// NewRunner checks cfg and returns a Runner.
+func NewRunner[R any](cfg Config[R]) (*Runner[R], error) {
+	switch {
+	case cfg.Pool == nil:
+		return nil, errors.New("effect: Config.Pool is required")
+	case cfg.Kind == "":
+		return nil, errors.New("effect: Config.Kind is required")
+	case cfg.Do == nil || cfg.Record == nil:
+		return nil, errors.New("effect: Config.Do and Config.Record are required")
+	case cfg.Workers < 0 || cfg.Lease < 0 || cfg.PollInterval < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0:
+		return nil, errors.New("effect: Config's counts and durations must not be negative")
+	}
+	cfg.Workers = cmp.Or(cfg.Workers, DefaultWorkers)
+	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, DefaultMinBackoff)
+	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff), cfg.MinBackoff)
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return &Runner[R]{cfg: cfg}, nil
+}
+
+// Stats returns what the runner did since it started.
+func (r *Runner[R]) Stats() RunnerStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
+}
+
+func (r *Runner[R]) count(f func(*RunnerStats)) {
+	r.mu.Lock()
+	f(&r.stats)
+	r.mu.Unlock()
+}
+
+// Run performs due effects until ctx ends, then waits for the calls in
+// flight to be recorded (each within its deadline) and returns nil.
+func (r *Runner[R]) Run(ctx context.Context) error {
+	slots := make(chan struct{}, r.cfg.Workers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Calls in flight finish and record after ctx ends: a shutdown does
+	// not abandon a call the outside world may already have performed.
+	work := context.WithoutCancel(ctx)
+	wait := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		free := 0
+	fill:
+		for free < r.cfg.Workers {
+			select {
+			case slots <- struct{}{}:
+				free++
+			default:
+				break fill
+			}
+		}
+		if free == 0 {
+			wait = 10 * time.Millisecond
+			continue
+		}
+		effects, err := r.claim(ctx, free)
+		for range free - len(effects) {
+			<-slots
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				r.cfg.Logger.Error("effect: claiming failed", err, watermill.LogFields{"kind": r.cfg.Kind})
+			}
+			wait = r.cfg.PollInterval
+			continue
+		}
+		for _, e := range effects {
+			wg.Add(1)
+			go func() {
+				defer func() { <-slots; wg.Done() }()
+				r.perform(work, e)
+			}()
+		}
+		wait = 0
+		if len(effects) < free {
+			wait = r.cfg.PollInterval
+		}
+	}
+}
+
+// claim takes up to n due effects for this runner: each stays with it for
+// the lease (its due_at moves past the lease) and counts an attempt. The
+// claim commits before any call, so no transaction stays open across a
+// call to the outside world.
+func (r *Runner[R]) claim(ctx context.Context, n int) ([]Effect, error) {
+	rows, err := r.cfg.Pool.Query(ctx, `
+		UPDATE effects e SET attempts = e.attempts + 1, due_at = now() + $3::interval
+		FROM (SELECT id FROM effects
+		      WHERE kind = $1 AND state = 'pending' AND due_at <= now()
+		      ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) due
+		WHERE e.id = due.id
+		RETURNING e.id, e.key, e.payload, e.attempts, e.created_at`, r.cfg.Kind, n, r.cfg.Lease)
+	if err != nil {
+		return nil, err
+	}
+	effects, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Effect, error) {
+		e := Effect{Kind: r.cfg.Kind}
+		return e, row.Scan(&e.ID, &e.Key, &e.Payload, &e.Attempt, &e.Created)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return effects, nil
+}
+
+// perform calls the effect and records its outcome, or schedules a retry.
+// The two named crash windows sit on either side of the call.
+func (r *Runner[R]) perform(ctx context.Context, e Effect) {
+	r.count(func(s *RunnerStats) { s.Calls++ })
+	fields := watermill.LogFields{"kind": e.Kind, "key": e.Key, "attempt": e.Attempt}
+	failpoint.Hit(failpoint.BeforeEffect, e.Key) // intent committed, call not made
+	callCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	result, err := r.cfg.Do(callCtx, e)
+	cancel()
+	if err != nil && !IsPermanent(err) {
+		r.retryLater(ctx, e, err, fields)
+		return
+	}
+	failpoint.Hit(failpoint.AfterEffectBeforeRecord, e.Key) // performed, outcome not recorded
+	recordCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	defer cancel()
+	recorded, rerr := r.record(recordCtx, e, result, err)
+	switch {
+	case rerr != nil:
+		// The effect stays pending and is called again after the lease; the
+		// key makes that call return this outcome.
+		r.cfg.Logger.Error("effect: recording the outcome failed; the call is repeated after the lease", rerr, fields)
+	case !recorded:
+		r.count(func(s *RunnerStats) { s.Overtook++ })
+		r.cfg.Logger.Info("effect: another runner recorded this effect first", fields)
+	case err != nil:
+		r.count(func(s *RunnerStats) { s.Failed++ })
+		r.cfg.Logger.Error("effect: failed for good", err, fields)
+	default:
+		r.count(func(s *RunnerStats) { s.Done++ })
+		r.cfg.Logger.Debug("effect: done", fields)
+	}
+}
+
+// record ends the effect and applies its outcome in one transaction. It
+// reports false when the effect had already ended (another runner, whose
+// claim followed an expired lease of this one, recorded it first).
+func (r *Runner[R]) record(ctx context.Context, e Effect, result R, callErr error) (bool, error) {
+	state, lastErr := "done", (*string)(nil)
+	if callErr != nil {
+		state = "failed"
+		msg := callErr.Error()
+		lastErr = &msg
+	}
+	recorded := false
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE effects SET state = $2, last_error = $3, done_at = now()
+			WHERE id = $1 AND state = 'pending'`, e.ID, state, lastErr)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		if err := r.cfg.Record(ctx, tx, e, result, callErr); err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		recorded = true
+		return nil
+	})
+	return recorded && err == nil, err
+}
+
+// retryLater makes the effect due again after the backoff for its attempt.
+func (r *Runner[R]) retryLater(ctx context.Context, e Effect, callErr error, fields watermill.LogFields) {
+	r.count(func(s *RunnerStats) { s.Retried++ })
+	wait := r.backoff(e.Attempt)
+	r.cfg.Logger.Info("effect: call failed; retrying", fields.Add(watermill.LogFields{"err": callErr.Error(), "retry_in": wait.String()}))
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	defer cancel()
+	if _, err := r.cfg.Pool.Exec(ctx, `UPDATE effects SET due_at = now() + $2::interval, last_error = $3
+		WHERE id = $1 AND state = 'pending'`, e.ID, wait, callErr.Error()); err != nil {
+		r.cfg.Logger.Error("effect: scheduling the retry failed; the call is repeated after the lease", err, fields)
+	}
+}
+
+// backoff is MinBackoff doubled per earlier attempt, capped at MaxBackoff,
+// with up to a quarter of jitter so runners that failed together do not
+// call again together.
+func (r *Runner[R]) backoff(attempt int) time.Duration {
+	d := r.cfg.MinBackoff
+	for i := 1; i < attempt && d < r.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.MaxBackoff)
+	return d - time.Duration(rand.Int64N(int64(d)/4+1))
+}
