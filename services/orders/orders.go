@@ -36,7 +36,8 @@ func Service() platform.Service {
 		Apply: func(cfg platform.Config) inbox.BatchFunc {
 			return settler{unguarded: cfg.DomainGuardDisabled}.apply
 		},
-		Routes: routes,
+		Routes:  routes,
+		Effects: captures, // payment.go
 	}
 }
 
@@ -45,7 +46,13 @@ type Order struct {
 	ID           string        `json:"id"`
 	Status       string        `json:"status"`
 	Lines        []events.Line `json:"lines"`
+	Amount       int64         `json:"amount"` // cents, in events.Currency
 	RejectReason string        `json:"reject_reason,omitempty"`
+	// Payment is the capture's state once the order is reserved:
+	// capturing, captured, declined or failed (payment.go).
+	Payment      string `json:"payment,omitempty"`
+	CaptureID    string `json:"capture_id,omitempty"`
+	PaymentError string `json:"payment_error,omitempty"`
 }
 
 func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
@@ -55,6 +62,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Lines []events.Line `json:"lines"`
+			Card  string        `json:"card"` // a card token; tok_visa when absent
 		}
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
 		dec.DisallowUnknownFields()
@@ -66,7 +74,14 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "order refused: "+err.Error())
 			return
 		}
-		o, err := createOrder(r.Context(), pool, req.Lines)
+		if req.Card == "" {
+			req.Card = defaultCard
+		}
+		if !cardPattern.MatchString(req.Card) {
+			platform.WriteError(w, http.StatusBadRequest, "order refused: card must be a card token (tok_ and 1 to 64 letters, digits or _)")
+			return
+		}
+		o, err := createOrder(r.Context(), pool, req.Lines, req.Card)
 		if err != nil {
 			platform.WriteError(w, http.StatusInternalServerError, err.Error())
 			return
@@ -101,20 +116,26 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 		}
 	})
 	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) {
-		counts, err := countByStatus(r.Context(), pool)
+		byStatus, err := countByStatus(r.Context(), pool, "status")
 		if err != nil {
 			platform.WriteError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
-		platform.WriteJSON(w, http.StatusOK, map[string]any{"by_status": counts})
+		byPayment, err := countByStatus(r.Context(), pool, "payment")
+		if err != nil {
+			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		platform.WriteJSON(w, http.StatusOK, map[string]any{"by_status": byStatus, "by_payment": byPayment})
 	})
 }
 
 var errNotFound = errors.New("order not found")
 
-func createOrder(ctx context.Context, pool *pgxpool.Pool, lines []events.Line) (Order, error) {
-	o := Order{ID: uuid.Must(uuid.NewV7()).String(), Status: "created", Lines: lines}
-	if _, err := pool.Exec(ctx, `INSERT INTO orders (id, lines) VALUES ($1, $2)`, o.ID, lines); err != nil {
+func createOrder(ctx context.Context, pool *pgxpool.Pool, lines []events.Line, card string) (Order, error) {
+	o := Order{ID: uuid.Must(uuid.NewV7()).String(), Status: "created", Lines: lines, Amount: events.Amount(lines)}
+	if _, err := pool.Exec(ctx, `INSERT INTO orders (id, lines, amount, card) VALUES ($1, $2, $3, $4)`,
+		o.ID, lines, o.Amount, card); err != nil {
 		return Order{}, fmt.Errorf("creating order: %w", err)
 	}
 	return o, nil
@@ -150,20 +171,21 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 		rows, err := tx.Query(ctx, `
 			UPDATE orders SET status = 'paid', paid_at = now()
 			WHERE id = ANY($1::uuid[]) AND status = 'created'
-			RETURNING id::text, lines, paid_at`, valid)
+			RETURNING id::text, lines, coalesce(amount, 0), paid_at`, valid)
 		if err != nil {
 			return fmt.Errorf("paying orders: %w", err)
 		}
 		var msgs []*message.Message
 		var id string
 		var lines []events.Line
+		var amount int64
 		var paidAt time.Time
-		if _, err := pgx.ForEachRow(rows, []any{&id, &lines, &paidAt}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&id, &lines, &amount, &paidAt}, func() error {
 			payload, err := events.Encode(events.OrderPaid{
 				Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt,
 			})
 			msgs = append(msgs, outbox.NewMessage(id, payload))
-			orders[id] = Order{ID: id, Status: "paid", Lines: lines}
+			orders[id] = Order{ID: id, Status: "paid", Lines: lines, Amount: amount}
 			lines = nil // the next row decodes into a new slice
 			return err
 		}); err != nil {
@@ -196,26 +218,30 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 
 // readOrders adds to orders those of ids it does not hold yet.
 func readOrders(ctx context.Context, tx pgx.Tx, ids []string, orders map[string]Order) error {
-	rows, err := tx.Query(ctx, `SELECT id::text, status, lines, reject_reason FROM orders WHERE id = ANY($1::uuid[])`, ids)
+	rows, err := tx.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = ANY($1::uuid[])`, ids)
 	if err != nil {
 		return fmt.Errorf("reading orders: %w", err)
 	}
-	var o Order
-	var reason *string
-	_, err = pgx.ForEachRow(rows, []any{&o.ID, &o.Status, &o.Lines, &reason}, func() error {
+	list, err := pgx.CollectRows(rows, scanOrder)
+	if err != nil {
+		return fmt.Errorf("reading orders: %w", err)
+	}
+	for _, o := range list {
 		if _, ok := orders[o.ID]; !ok {
-			if reason != nil {
-				o.RejectReason = *reason
-			}
 			orders[o.ID] = o
 		}
-		o, reason = Order{}, nil // the next row decodes into new values
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("reading orders: %w", err)
 	}
 	return nil
+}
+
+// orderColumns are the columns scanOrder reads.
+const orderColumns = `id::text, status, lines, coalesce(amount, 0), coalesce(reject_reason, ''),
+	coalesce(payment, ''), coalesce(capture_id, ''), coalesce(payment_error, '')`
+
+func scanOrder(row pgx.CollectableRow) (Order, error) {
+	var o Order
+	err := row.Scan(&o.ID, &o.Status, &o.Lines, &o.Amount, &o.RejectReason, &o.Payment, &o.CaptureID, &o.PaymentError)
+	return o, err
 }
 
 func getOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error) {
@@ -231,24 +257,24 @@ func getOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error)
 }
 
 func readOrder(ctx context.Context, tx pgx.Tx, id string) (Order, error) {
-	o := Order{ID: id}
-	var reason *string
-	err := tx.QueryRow(ctx, `SELECT status, lines, reject_reason FROM orders WHERE id = $1`, id).
-		Scan(&o.Status, &o.Lines, &reason)
+	rows, err := tx.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id)
+	if err != nil {
+		return Order{}, fmt.Errorf("reading order: %w", err)
+	}
+	o, err := pgx.CollectExactlyOneRow(rows, scanOrder)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Order{}, fmt.Errorf("%w: %s", errNotFound, id)
 	}
 	if err != nil {
 		return Order{}, fmt.Errorf("reading order: %w", err)
 	}
-	if reason != nil {
-		o.RejectReason = *reason
-	}
 	return o, nil
 }
 
-func countByStatus(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
-	rows, err := pool.Query(ctx, `SELECT status, count(*) FROM orders GROUP BY status`)
+// countByStatus counts the orders by column (status or payment), a
+// constant of this file.
+func countByStatus(ctx context.Context, pool *pgxpool.Pool, column string) (map[string]int, error) {
+	rows, err := pool.Query(ctx, `SELECT `+column+`, count(*) FROM orders WHERE `+column+` IS NOT NULL GROUP BY 1`)
 	if err != nil {
 		return nil, err
 	}
@@ -318,18 +344,31 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 	}
 
 	rows, err := tx.Query(ctx, `
-		UPDATE orders o SET status = u.status, reject_reason = u.reason, settled_at = now()
+		UPDATE orders o SET status = u.status, reject_reason = u.reason, settled_at = now(),
+			payment = CASE WHEN u.status = 'reserved' THEN 'capturing' END
 		FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason)
 		WHERE o.id = u.id AND o.status = 'paid'
-		RETURNING o.id::text, o.lines`, ids, statuses, reasons)
+		RETURNING o.id::text, o.status, o.lines, coalesce(o.amount, 0), o.card`, ids, statuses, reasons)
 	if err != nil {
 		return fmt.Errorf("settling orders: %w", err)
 	}
 	settled := map[string][]events.Line{} // the orders this batch settled, with their lines
-	var id string
+	var reserved []capture                // and the captures the reserved ones ask for
+	var id, status, card string
 	var lines []events.Line
-	if _, err := pgx.ForEachRow(rows, []any{&id, &lines}, func() error { settled[id], lines = lines, nil; return nil }); err != nil {
+	var amount int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &lines, &amount, &card}, func() error {
+		settled[id] = lines
+		if status == "reserved" {
+			reserved = append(reserved, capture{OrderID: id, Amount: amount, Currency: events.Currency, Card: card})
+		}
+		lines = nil
+		return nil
+	}); err != nil {
 		return fmt.Errorf("settling orders: %w", err)
+	}
+	if err := enqueueCaptures(ctx, tx, reserved); err != nil { // payment.go
+		return err
 	}
 	if len(settled) < len(ids) {
 		if err := checkUnsettled(ctx, tx, ids, settled); err != nil {

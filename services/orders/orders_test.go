@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -27,6 +28,7 @@ func newDB(t *testing.T) *pgxpool.Pool {
 	ctx := t.Context()
 	pool := pg.TestDatabase(t)
 	require.NoError(t, outbox.Migrate(ctx, pool))
+	require.NoError(t, effect.Migrate(ctx, pool))
 	svc := Service()
 	require.NoError(t, migrate.Apply(ctx, pool, svc.Name, svc.Migrations))
 	return pool
@@ -36,7 +38,7 @@ var oneLine = []events.Line{{SKU: "a", Quantity: 1}}
 
 func newOrder(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	o, err := createOrder(t.Context(), pool, oneLine)
+	o, err := createOrder(t.Context(), pool, oneLine, defaultCard)
 	require.NoError(t, err)
 	return o.ID
 }

@@ -92,6 +92,19 @@ type Config struct {
 	RelayShards   int           `env:"RELAY_SHARDS" default:"0"`     // 0: one relay leads
 	RelayLeaseTTL time.Duration `env:"RELAY_LEASE_TTL" default:"0s"` // 0: outbox.DefaultLeaseTTL
 
+	// Effects outside the database (pkg/effect): orders captures payments
+	// at PROVIDER_URL (unset: captures are recorded and wait, none is made).
+	ProviderURL      string        `env:"PROVIDER_URL"`
+	EffectWorkers    int           `env:"EFFECT_WORKERS" default:"0"`      // 0: effect.DefaultWorkers
+	EffectLease      time.Duration `env:"EFFECT_LEASE" default:"0s"`       // 0: effect.DefaultLease
+	EffectMinBackoff time.Duration `env:"EFFECT_MIN_BACKOFF" default:"0s"` // 0: effect.DefaultMinBackoff
+	EffectMaxBackoff time.Duration `env:"EFFECT_MAX_BACKOFF" default:"0s"` // 0: effect.DefaultMaxBackoff
+	// EffectKeysDisabled sends effects without their idempotency key. Only
+	// the chaos harness's effect control run sets it, to prove that a crash
+	// after the provider performed a capture and before it was recorded
+	// captures twice without the key.
+	EffectKeysDisabled bool `env:"EFFECT_KEYS_DISABLED" default:"false"`
+
 	// Tracing (tracing.go): "otlp" exports OpenTelemetry spans, "off"
 	// records none; unset means otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 	Tracing      string `env:"TRACING"`

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -24,6 +25,10 @@ const (
 	metricCommitToApply      = "inbox_commit_to_apply_seconds"
 	metricHeldKeys           = "inbox_held_keys"
 	metricParkedMessages     = "inbox_parked_messages"
+	metricEffectsPending     = "effects_pending"
+	metricEffectsRetrying    = "effects_retrying"
+	metricEffectsFailed      = "effects_failed"
+	metricEffectOldestAge    = "effects_oldest_pending_age_seconds"
 	metricPendingRows        = "outbox_pending_rows"
 	metricOldestPendingAge   = "outbox_oldest_pending_age_seconds"
 	metricPendingQueryErrors = "outbox_pending_query_errors_total"
@@ -118,6 +123,11 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay, shards int) {
 				return 0
 			}),
 	)
+}
+
+// registerEffects adds the backlog of one kind of effect.
+func (m *metrics) registerEffects(kind string) {
+	m.reg.MustRegister(effectCollector{pool: m.pool, log: m.log, kind: kind})
 }
 
 // handler serves the registry.
@@ -221,6 +231,47 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(parkedRowsDesc, prometheus.GaugeValue, float64(parked))
 	}
 	c.errors.Collect(ch)
+}
+
+// effectCollector reads one kind of effect's backlog on each scrape
+// (effect.ReadStats: the pending rows through their partial index, and a
+// count of the ended ones).
+type effectCollector struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	kind string
+}
+
+var (
+	effectsPendingDesc = prometheus.NewDesc(metricEffectsPending,
+		"Effects outside the database (payment captures) recorded and not yet ended: called, retried or waiting for their first call.", []string{"kind"}, nil)
+	effectsRetryingDesc = prometheus.NewDesc(metricEffectsRetrying,
+		"Pending effects whose last call failed and that wait for their next (the provider answers 5xx, times out, or holds the key).", []string{"kind"}, nil)
+	effectsFailedDesc = prometheus.NewDesc(metricEffectsFailed,
+		"Effects that ended failed for good (a request the provider can never accept); each order's payment_error says why.", []string{"kind"}, nil)
+	effectOldestDesc = prometheus.NewDesc(metricEffectOldestAge,
+		"Age of the oldest pending effect, in seconds; 0 when none is pending.", []string{"kind"}, nil)
+)
+
+func (c effectCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- effectsPendingDesc
+	ch <- effectsRetryingDesc
+	ch <- effectsFailedDesc
+	ch <- effectOldestDesc
+}
+
+func (c effectCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
+	defer cancel()
+	s, err := effect.ReadStats(ctx, c.pool, c.kind)
+	if err != nil {
+		c.log.Warn("metrics: reading the effects backlog", "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(effectsPendingDesc, prometheus.GaugeValue, float64(s.Pending), c.kind)
+	ch <- prometheus.MustNewConstMetric(effectsRetryingDesc, prometheus.GaugeValue, float64(s.Retrying), c.kind)
+	ch <- prometheus.MustNewConstMetric(effectsFailedDesc, prometheus.GaugeValue, float64(s.Failed), c.kind)
+	ch <- prometheus.MustNewConstMetric(effectOldestDesc, prometheus.GaugeValue, s.OldestPending.Seconds(), c.kind)
 }
 
 // holdCollector reads the consumer's held keys and parked messages on each

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/pgconnect"
+	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
@@ -47,14 +49,26 @@ type Service struct {
 	Apply func(Config) inbox.BatchFunc
 	// Routes adds the service's HTTP endpoints.
 	Routes func(mux *http.ServeMux, pool *pgxpool.Pool, cfg Config)
+	// Effects, when set, makes the runner of the service's effects outside
+	// the database (pkg/effect); the effects table is migrated for it. A
+	// zero Effects runs none (the effects wait, recorded).
+	Effects func(pool *pgxpool.Pool, cfg Config, log watermill.LoggerAdapter) (Effects, error)
+}
+
+// Effects is a running service's effect runner.
+type Effects struct {
+	Kind  string
+	Run   func(context.Context) error
+	Stats func() effect.RunnerStats
 }
 
 // Stats is what GET /stats returns.
 type Stats struct {
-	Service  string            `json:"service"`
-	Instance string            `json:"instance"`
-	Inbox    inbox.Stats       `json:"inbox"`
-	Relay    outbox.RelayStats `json:"relay"`
+	Service  string              `json:"service"`
+	Instance string              `json:"instance"`
+	Inbox    inbox.Stats         `json:"inbox"`
+	Relay    outbox.RelayStats   `json:"relay"`
+	Effects  *effect.RunnerStats `json:"effects,omitempty"`
 }
 
 // Run starts the service and blocks until ctx ends. Then every part stops
@@ -89,8 +103,25 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrating inbox: %w", err)
 	}
+	if svc.Effects != nil {
+		if err := effect.Migrate(ctx, pool); err != nil {
+			return fmt.Errorf("migrating effects: %w", err)
+		}
+	}
 	if err := migrate.Apply(ctx, pool, svc.Name, svc.Migrations); err != nil {
 		return fmt.Errorf("migrating %s: %w", svc.Name, err)
+	}
+	var effects Effects
+	if svc.Effects != nil {
+		if effects, err = svc.Effects(pool, cfg, wlog); err != nil {
+			return fmt.Errorf("effects: %w", err)
+		}
+		if effects.Run == nil {
+			log.Warn("PROVIDER_URL is unset: effects are recorded and wait; none is performed")
+		}
+		if cfg.EffectKeysDisabled {
+			log.Warn("EFFECT KEYS DISABLED: effects are sent without their idempotency key; a repeated call performs them again")
+		}
 	}
 	mtr := newMetrics(pool, log) // metrics.go
 
@@ -135,6 +166,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		log.Warn("DOMAIN GUARD DISABLED: an event for an order already decided is applied again")
 	}
 	mtr.register(ibx, relay, cfg.RelayShards)
+	if effects.Kind != "" {
+		mtr.registerEffects(effects.Kind)
+	}
 
 	subConf := kafkaconf.Sarama()
 	subConf.ClientID = svc.Name + "-consumer"
@@ -178,7 +212,12 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		}
 	})
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
-		WriteJSON(w, http.StatusOK, Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: ibx.Stats(), Relay: relay.Stats()})
+		st := Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: ibx.Stats(), Relay: relay.Stats()}
+		if effects.Stats != nil {
+			es := effects.Stats()
+			st.Effects = &es
+		}
+		WriteJSON(w, http.StatusOK, st)
 	})
 	mux.Handle("GET /metrics", mtr.handler())
 	if cfg.DebugPprof {
@@ -212,6 +251,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return nil
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, relay, pool, publisher, wlog) })
+	if effects.Run != nil {
+		g.Go(func() error { return effects.Run(gctx) }) // returns once the calls in flight are recorded
+	}
 	g.Go(func() error {
 		// The inbox's batch transactions and its retention sweep. No row is
 		// swept before Kafka's retention is known to be covered (a retention

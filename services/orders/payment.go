@@ -1,0 +1,195 @@
+package main
+
+// Capturing the payment: the third row of the pattern. The customer's card
+// is authorized when the order is paid; the money is captured once
+// inventory reserves the order. The capture is a call to the payment
+// provider, outside this database, so it cannot share the inbox's
+// transaction. Instead:
+//
+//  1. the intent is recorded (effect.EnqueueTx) in the transaction that
+//     applies InventoryReserved, so it exists if and only if the order is
+//     reserved;
+//  2. a pkg/effect Runner calls POST /v1/captures with the Idempotency-Key
+//     capture-<order id>, retried with backoff; a call that performed the
+//     capture but whose answer or record was lost is repeated with the same
+//     key, and the provider answers with the stored response instead of
+//     capturing again;
+//  3. the outcome is recorded (captured with its id, declined, failed) in
+//     the transaction that ends the effect.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+)
+
+// captureKind is the effect kind of a capture.
+const captureKind = "capture"
+
+// defaultCard is the card an order without one pays with.
+const defaultCard = "tok_visa"
+
+var cardPattern = regexp.MustCompile(`^tok_[A-Za-z0-9_]{1,64}$`)
+
+// capture is the intent: what to capture for one order.
+type capture struct {
+	OrderID  string `json:"order_id"`
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+	Card     string `json:"card"`
+}
+
+// CaptureKey is the idempotency key of an order's capture: derived from the
+// order, so every attempt, by any replica, after any crash, carries it.
+func CaptureKey(orderID string) string { return "capture-" + orderID }
+
+// enqueueCaptures records the captures reserved orders ask for, in tx.
+func enqueueCaptures(ctx context.Context, tx pgx.Tx, captures []capture) error {
+	for _, c := range captures {
+		payload, err := json.Marshal(c)
+		if err != nil {
+			return err
+		}
+		if _, err := effect.EnqueueTx(ctx, tx, captureKind, CaptureKey(c.OrderID), payload); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// captured is the provider's answer that ends a capture: its capture
+// object, captured or declined.
+type captured struct {
+	ID          string `json:"id"`
+	Status      string `json:"status"` // "captured" or "declined"
+	Amount      int64  `json:"amount"`
+	DeclineCode string `json:"decline_code"`
+	Replayed    bool   `json:"-"` // the provider answered with the stored response
+}
+
+// captures returns the capture runner: it reads PROVIDER_URL, and with
+// EFFECT_KEYS_DISABLED (the chaos harness's control run) sends no key.
+func captures(pool *pgxpool.Pool, cfg platform.Config, log watermill.LoggerAdapter) (platform.Effects, error) {
+	if cfg.ProviderURL == "" {
+		return platform.Effects{Kind: captureKind}, nil // recorded, counted, not called
+	}
+	c := &captureClient{url: strings.TrimSuffix(cfg.ProviderURL, "/") + "/v1/captures", keys: !cfg.EffectKeysDisabled, log: log}
+	r, err := effect.NewRunner(effect.Config[captured]{
+		Pool: pool, Kind: captureKind, Do: c.do, Record: recordCapture, Logger: log,
+		Workers: cfg.EffectWorkers, Lease: cfg.EffectLease, MinBackoff: cfg.EffectMinBackoff, MaxBackoff: cfg.EffectMaxBackoff,
+	})
+	if err != nil {
+		return platform.Effects{}, err
+	}
+	return platform.Effects{Kind: captureKind, Run: r.Run, Stats: func() effect.RunnerStats { return r.Stats() }}, nil
+}
+
+// captureClient calls the provider.
+type captureClient struct {
+	url  string
+	keys bool // send the Idempotency-Key (off only in the control run)
+	http http.Client
+	log  watermill.LoggerAdapter
+}
+
+// do makes one capture call. A 200 or 402 (declined) ends the effect; a
+// 409 (the key is in flight elsewhere), a 5xx or a network failure is
+// retried; any other answer is a request that can never succeed.
+func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, error) {
+	var intent capture
+	if err := json.Unmarshal(e.Payload, &intent); err != nil {
+		return captured{}, effect.Permanent(fmt.Errorf("decoding the capture intent: %w", err))
+	}
+	body, _ := json.Marshal(map[string]any{
+		"amount": intent.Amount, "currency": intent.Currency, "reference": intent.OrderID, "source": intent.Card,
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return captured{}, effect.Permanent(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.keys {
+		req.Header.Set("Idempotency-Key", e.Key)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return captured{}, fmt.Errorf("calling the provider: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return captured{}, fmt.Errorf("reading the provider's answer: %w", err)
+	}
+	var out captured
+	switch resp.StatusCode {
+	case http.StatusOK:
+		err = json.Unmarshal(raw, &out)
+	case http.StatusPaymentRequired: // {"error": {..., "capture": {...}}}
+		var declined struct {
+			Error struct {
+				Capture *captured `json:"capture"`
+			} `json:"error"`
+		}
+		err = json.Unmarshal(raw, &declined)
+		if err == nil && declined.Error.Capture != nil {
+			out = *declined.Error.Capture
+		}
+	case http.StatusConflict, http.StatusTooManyRequests:
+		return captured{}, fmt.Errorf("provider: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
+	default:
+		if resp.StatusCode >= 500 {
+			return captured{}, fmt.Errorf("provider: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
+		}
+		return captured{}, effect.Permanent(fmt.Errorf("provider refused the request: %d %s", resp.StatusCode, bytes.TrimSpace(raw)))
+	}
+	if err == nil && out.ID == "" {
+		err = errors.New("no capture in the answer")
+	}
+	if err != nil {
+		return captured{}, fmt.Errorf("provider: %d with an answer this client cannot read: %w", resp.StatusCode, err)
+	}
+	out.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	if out.Replayed {
+		c.log.Info("capture: the provider answered with the stored response; nothing was captured again",
+			watermill.LogFields{"key": e.Key, "order_id": intent.OrderID, "capture": out.ID, "attempt": e.Attempt,
+				"original_request": resp.Header.Get("Original-Request")})
+	}
+	return out, nil
+}
+
+// recordCapture records the capture's outcome on its order, in the
+// transaction that ends the effect.
+func recordCapture(ctx context.Context, tx pgx.Tx, e effect.Effect, c captured, callErr error) error {
+	var intent capture
+	if err := json.Unmarshal(e.Payload, &intent); err != nil {
+		return fmt.Errorf("decoding the capture intent: %w", err)
+	}
+	state, captureID, reason := "captured", &c.ID, (*string)(nil)
+	switch {
+	case callErr != nil:
+		state, captureID = "failed", nil
+		msg := callErr.Error()
+		reason = &msg
+	case c.Status == "declined":
+		state = "declined"
+		msg := "the provider declined the card: " + c.DeclineCode
+		reason = &msg
+	}
+	_, err := tx.Exec(ctx, `UPDATE orders SET payment = $2, capture_id = $3, payment_error = $4, payment_at = $5
+		WHERE id = $1 AND payment = 'capturing'`, intent.OrderID, state, captureID, reason, time.Now())
+	return err
+}

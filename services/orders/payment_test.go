@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/provider"
+	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+)
+
+// startProvider serves the payment provider stand-in on a database of its
+// own, with faults.
+func startProvider(t *testing.T, cfg provider.Config) (url string, ledger *pgxpool.Pool) {
+	t.Helper()
+	ledger = pg.TestDatabase(t)
+	require.NoError(t, provider.Migrate(t.Context(), ledger))
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	p, err := provider.New(ledger, cfg)
+	require.NoError(t, err)
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL, ledger
+}
+
+// reserve creates an order paying with card, pays it and applies its
+// InventoryReserved, as the consumer would.
+func reserve(t *testing.T, pool *pgxpool.Pool, card string, lines []events.Line) string {
+	t.Helper()
+	o, err := createOrder(t.Context(), pool, lines, card)
+	require.NoError(t, err)
+	_, err = payOrders(t.Context(), pool, []string{o.ID})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		return settleOrders(t.Context(), tx, answers(t, events.InventoryReserved{
+			Envelope: events.NewEnvelope(events.TypeInventoryReserved, o.ID), Lines: lines}))
+	}))
+	return o.ID
+}
+
+func answers(t *testing.T, evs ...any) []*message.Message {
+	msgs := make([]*message.Message, len(evs))
+	for i, ev := range evs {
+		msgs[i] = answer(t, ev)
+	}
+	return msgs
+}
+
+// runCaptures runs orders' capture runner against url until every capture
+// ended.
+func runCaptures(t *testing.T, pool *pgxpool.Pool, cfg platform.Config) {
+	t.Helper()
+	cfg.EffectMinBackoff, cfg.EffectMaxBackoff = 5*time.Millisecond, 50*time.Millisecond
+	eff, err := captures(pool, cfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- eff.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		return scalar[int](t, pool, `SELECT count(*) FROM effects WHERE state = 'pending'`) == 0
+	}, 30*time.Second, 20*time.Millisecond, "captures still pending")
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestCaptureOnReserve: a reserved order's capture intent commits with the
+// reservation and is made with its key through the provider's 500s and
+// lost answers; each order ends captured once for its amount, or declined
+// (a state, not a retry loop); a rejected order captures nothing.
+func TestCaptureOnReserve(t *testing.T) {
+	t.Parallel()
+	url, ledger := startProvider(t, provider.Config{FailRate: 0.3, LostResponseRate: 0.3, Seed: 7})
+	pool := newDB(t)
+	lines := []events.Line{{SKU: "sku-01", Quantity: 2}, {SKU: "sku-07", Quantity: 1}}
+	var ok []string
+	for range 12 {
+		ok = append(ok, reserve(t, pool, defaultCard, lines))
+	}
+	declined := reserve(t, pool, "tok_declined", lines)
+	rejected := newOrder(t, pool)
+	_, err := payOrders(t.Context(), pool, []string{rejected})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		return settleOrders(t.Context(), tx, answers(t, events.InventoryRejected{
+			Envelope: events.NewEnvelope(events.TypeInventoryRejected, rejected), Reason: "short"}))
+	}))
+	require.Equal(t, "capturing", scalar[string](t, pool, `SELECT payment FROM orders WHERE id = $1`, ok[0]))
+
+	runCaptures(t, pool, platform.Config{ProviderURL: url})
+
+	want := events.Amount(lines)
+	for _, id := range ok {
+		o, err := getOrder(t.Context(), pool, id)
+		require.NoError(t, err)
+		require.Equal(t, "captured", o.Payment, id)
+		require.Equal(t, 1, scalar[int](t, ledger, `SELECT count(*) FROM captures WHERE reference = $1`, id), "captures of %s", id)
+		require.Equal(t, o.CaptureID, scalar[string](t, ledger, `SELECT id FROM captures WHERE reference = $1`, id))
+		require.Equal(t, want, scalar[int64](t, ledger, `SELECT amount FROM captures WHERE reference = $1`, id))
+	}
+	o, err := getOrder(t.Context(), pool, declined)
+	require.NoError(t, err)
+	require.Equal(t, "declined", o.Payment)
+	require.Contains(t, o.PaymentError, "declined")
+	require.Equal(t, 1, scalar[int](t, ledger, `SELECT count(*) FROM captures WHERE reference = $1`, declined))
+	require.Zero(t, scalar[int](t, ledger, `SELECT count(*) FROM captures WHERE reference = $1`, rejected))
+	o, err = getOrder(t.Context(), pool, rejected)
+	require.NoError(t, err)
+	require.Empty(t, o.Payment)
+}
+
+// The control: the same faults with the key switched off capture some
+// orders twice (the provider's lost answers are repeated as new captures).
+func TestCaptureWithoutKeysCapturesTwice(t *testing.T) {
+	t.Parallel()
+	url, ledger := startProvider(t, provider.Config{LostResponseRate: 0.5, Seed: 7})
+	pool := newDB(t)
+	for range 12 {
+		reserve(t, pool, defaultCard, oneLine)
+	}
+	runCaptures(t, pool, platform.Config{ProviderURL: url, EffectKeysDisabled: true})
+	twice := scalar[int](t, ledger, `SELECT count(*) FROM (SELECT reference FROM captures GROUP BY reference HAVING count(*) > 1) x`)
+	require.Positive(t, twice, "without keys, a lost answer must be captured again")
+}
