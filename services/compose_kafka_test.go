@@ -683,14 +683,16 @@ func TestComposeKafka(t *testing.T) {
 
 	// The services' environment as compose gives it. Only DATABASE_URL (the
 	// test's Postgres), KAFKA_BROKERS (kafka:9092 mapped like the broker's
-	// own addresses) and HTTP_ADDR (a free port) differ.
+	// own addresses), HTTP_ADDR (a free port) and PROVIDER_URL (the
+	// provider system.Start runs) differ.
 	const prefix = "compose_"
 	envFor := map[string][]string{}
+	pg.DropWhenDone(t, prefix+"provider")
 	for _, name := range system.Services {
 		pg.DropWhenDone(t, prefix+name)
 		for key, v := range service(t, p, name).Environment {
 			switch key {
-			case "DATABASE_URL", "HTTP_ADDR":
+			case "DATABASE_URL", "HTTP_ADDR", "PROVIDER_URL":
 			case "KAFKA_BROKERS":
 				require.Equal(t, ki.bootstrap, *v, "%s and kafka-init reach Kafka differently", name)
 				t.Setenv("KAFKA_BROKERS", h.addr(t, *v)) // system.Start hands it to the services

@@ -128,8 +128,18 @@ type Order struct {
 // CreateOrder creates an order. A retried create may create a second order
 // that is never paid; the checker only looks at paid orders.
 func (c *Client) CreateOrder(ctx context.Context, lines []events.Line) (Order, error) {
+	return c.CreateOrderWithCard(ctx, lines, "")
+}
+
+// CreateOrderWithCard creates an order paid with card (a token such as
+// tok_declined, which the payment provider declines; "" is the default).
+func (c *Client) CreateOrderWithCard(ctx context.Context, lines []events.Line, card string) (Order, error) {
+	body := map[string]any{"lines": lines}
+	if card != "" {
+		body["card"] = card
+	}
 	var o Order
-	err := c.do(ctx, c.Orders, http.MethodPost, "/orders", map[string]any{"lines": lines}, &o)
+	err := c.do(ctx, c.Orders, http.MethodPost, "/orders", body, &o)
 	return o, err
 }
 
@@ -142,11 +152,15 @@ func (c *Client) Pay(ctx context.Context, id string) (Order, error) {
 	return o, err
 }
 
+// DeclinedCard is the card token the payment provider always declines.
+const DeclinedCard = "tok_declined"
+
 // Plan describes a load run.
 type Plan struct {
 	Orders       int    // how many orders to create and pay
 	Concurrency  int    // concurrent clients. Defaults to 16.
 	DoubleSubmit int    // pay every Nth order twice at once (0: never)
+	DeclineEvery int    // every Nth order pays with a card the provider declines (0: none)
 	Seed         uint64 // seeds the order contents
 	// Rate, when > 0, caps orders per second across all clients.
 	Rate float64
@@ -256,7 +270,11 @@ func Run(ctx context.Context, c *Client, skus []string, plan Plan) (Result, erro
 					}
 				}
 				double := plan.DoubleSubmit > 0 && i%plan.DoubleSubmit == 0
-				o, out, err := createAndPay(ctx, c, Lines(r, skus), double)
+				card := ""
+				if plan.DeclineEvery > 0 && i%plan.DeclineEvery == 0 {
+					card = DeclinedCard
+				}
+				o, out, err := createAndPay(ctx, c, Lines(r, skus), card, double)
 				mu.Lock()
 				if err != nil && firstEr == nil {
 					firstEr = err
@@ -312,8 +330,8 @@ func payOutcome(err error) outcome {
 
 // createAndPay creates an order and pays it, once or twice at once. On an
 // error the order's outcome still says what the client knows of it.
-func createAndPay(ctx context.Context, c *Client, lines []events.Line, double bool) (Order, outcome, error) {
-	o, err := c.CreateOrder(ctx, lines)
+func createAndPay(ctx context.Context, c *Client, lines []events.Line, card string, double bool) (Order, outcome, error) {
+	o, err := c.CreateOrderWithCard(ctx, lines, card)
 	if err != nil {
 		return Order{}, notCreated, err
 	}

@@ -1,6 +1,8 @@
 // Package system starts the whole example system on this machine: Postgres
 // and a Kafka-protocol broker from internal/stack, one database per service,
-// and orders and inventory as real OS processes, any number of replicas each.
+// orders and inventory as real OS processes, any number of replicas each,
+// and the payment provider stand-in orders captures payments at, a process
+// with a database of its own.
 // The demo, the end-to-end tests and the chaos harness all start it here.
 package system
 
@@ -34,8 +36,11 @@ type Options struct {
 	// Env is added to every service process; EnvFor to one service's.
 	Env    []string
 	EnvFor map[string][]string
-	// EnvHook is set on every process (see procs.Proc.EnvHook).
+	// EnvHook is set on every service process (see procs.Proc.EnvHook).
 	EnvHook func(*procs.Proc) []string
+	// ProviderEnv is added to the payment provider's environment (its
+	// faults: PROVIDER_FAIL_RATE, PROVIDER_LOST_RESPONSE_RATE, ...).
+	ProviderEnv []string
 	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
 	Kafka stack.KafkaOptions
 	// DBPrefix prefixes the two database names, so several systems can
@@ -56,9 +61,10 @@ type System struct {
 	Work     string
 	PG       *pgtest.Server
 	Kafka    *stack.Kafka
-	DBURL    map[string]string        // service → database URL
-	Pools    map[string]*pgxpool.Pool // service → pool, for checks
+	DBURL    map[string]string        // service (and "provider") → database URL
+	Pools    map[string]*pgxpool.Pool // service (and "provider") → pool, for checks
 	Procs    map[string][]*procs.Proc // service → replicas
+	Provider *procs.Proc              // the payment provider stand-in
 	Client   *loadgen.Client
 	ownPG    bool
 	logFiles []*os.File
@@ -86,7 +92,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		}
 	}
 	log("building services into %s", s.Work)
-	bins, err := procs.Build(ctx, s.Work, "./services/orders", "./services/inventory")
+	bins, err := procs.Build(ctx, s.Work, "./services/orders", "./services/inventory", "./cmd/provider")
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +108,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	} else {
 		log("postgres: throwaway cluster in %s", s.PG.Dir())
 	}
-	for _, name := range Services {
+	for _, name := range append(Services, "provider") {
 		url, err := s.PG.CreateDatabase(ctx, opts.DBPrefix+name)
 		if err != nil {
 			return nil, err
@@ -120,6 +126,9 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	}
 	log("kafka: %s at %v", s.Kafka.Describe(), s.Kafka.Brokers())
 
+	if err := s.startProvider(bins["provider"], opts.ProviderEnv); err != nil {
+		return nil, err
+	}
 	var urls = map[string][]string{}
 	for _, name := range Services {
 		n := max(1, opts.Replicas[name])
@@ -145,6 +154,9 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 				"DATABASE_URL=" + dbURL,
 				"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ","),
 			}, opts.Env...)
+			if name == "orders" {
+				env = append(env, "PROVIDER_URL=http://"+s.Provider.Addr)
+			}
 			p := &procs.Proc{Service: name, Name: pname, Bin: bins[name], Addr: addr, Log: f, Env: append(env, opts.EnvFor[name]...), EnvHook: opts.EnvHook}
 			if err := p.Start(); err != nil {
 				return nil, err
@@ -155,7 +167,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	}
 	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	for _, p := range s.All() {
+	for _, p := range append(s.All(), s.Provider) {
 		if err := p.WaitReady(readyCtx); err != nil {
 			return nil, fmt.Errorf("%w (see %s)", err, filepath.Join(s.Work, p.Name+".log"))
 		}
@@ -165,7 +177,23 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	return s, nil
 }
 
-// All returns every service process.
+// startProvider starts the payment provider on its own database.
+func (s *System) startProvider(bin string, env []string) error {
+	addr, err := procs.FreeAddr()
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(s.Work, "provider.log"))
+	if err != nil {
+		return err
+	}
+	s.logFiles = append(s.logFiles, f)
+	s.Provider = &procs.Proc{Service: "provider", Name: "provider", Bin: bin, Addr: addr, Log: f,
+		Env: append([]string{"PROVIDER_DATABASE_URL=" + s.DBURL["provider"]}, env...)}
+	return s.Provider.Start()
+}
+
+// All returns every service process (the provider is not one).
 func (s *System) All() []*procs.Proc {
 	var all []*procs.Proc
 	for _, name := range Services {
@@ -191,6 +219,9 @@ func (s *System) Stop() {
 	for _, p := range s.All() {
 		p.Stop(5 * time.Second) //nolint:errcheck // tearing down
 	}
+	if s.Provider != nil {
+		s.Provider.Stop(5 * time.Second) //nolint:errcheck // tearing down
+	}
 	for _, p := range s.Pools {
 		p.Close()
 	}
@@ -207,9 +238,9 @@ func (s *System) Stop() {
 
 // Supervise restarts every service process that exits, after delay, until
 // ctx ends: what a container orchestrator does. onRestart, when set, is
-// called after each restart.
+// called after each restart. The provider is restarted too.
 func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRestart func(*procs.Proc)) {
-	for _, p := range s.All() {
+	for _, p := range append(s.All(), s.Provider) {
 		go func(p *procs.Proc) {
 			for {
 				select {

@@ -2,3 +2,5 @@
 -- one database per service (each service migrates its own at start).
 CREATE DATABASE orders;
 CREATE DATABASE inventory;
+-- The payment provider stand-in keeps its ledger in a database of its own.
+CREATE DATABASE provider;
