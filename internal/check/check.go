@@ -44,6 +44,7 @@ type Report struct {
 	DuplicatesSuppressed int64          // redeliveries the inboxes skipped (the first layer)
 	Refused              map[string]int // per service, events the domain guard refused (the second layer)
 	OutboxPending        map[string]int // unpublished outbox rows per service
+	CapturesPending      int            // payment captures recorded and not yet ended (pkg/effect)
 	Quarantined          map[string]int // "service/kind" → rows
 
 	Invariants []Invariant
@@ -136,11 +137,14 @@ func Run(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[string
 			r.Quarantined[name+"/"+kind] = n
 		}
 	}
+	if err := orders.QueryRow(ctx, `SELECT count(*) FROM effects WHERE state = 'pending'`).Scan(&r.CapturesPending); err != nil {
+		return r, fmt.Errorf("counting pending captures: %w", err)
+	}
 	lost := r.Unsettled + r.NotApplied
 	r.Invariants = append(r.Invariants, Invariant{NothingLost,
-		lost == 0 && r.OutboxPending["orders"] == 0 && r.OutboxPending["inventory"] == 0,
-		fmt.Sprintf("%d paid orders unsettled, %d never applied by inventory; outbox rows pending: orders %d, inventory %d",
-			r.Unsettled, r.NotApplied, r.OutboxPending["orders"], r.OutboxPending["inventory"])})
+		lost == 0 && r.OutboxPending["orders"] == 0 && r.OutboxPending["inventory"] == 0 && r.CapturesPending == 0,
+		fmt.Sprintf("%d paid orders unsettled, %d never applied by inventory; outbox rows pending: orders %d, inventory %d; captures pending: %d",
+			r.Unsettled, r.NotApplied, r.OutboxPending["orders"], r.OutboxPending["inventory"], r.CapturesPending)})
 	return r, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -85,6 +86,7 @@ func serviceDatabase(t *testing.T, ctx context.Context, service string) *pgxpool
 	pool := pg.TestDatabase(t)
 	require.NoError(t, outbox.Migrate(ctx, pool))
 	require.NoError(t, inbox.Migrate(ctx, pool))
+	require.NoError(t, effect.Migrate(ctx, pool)) // orders' captures
 	require.NoError(t, migrate.Apply(ctx, pool, service, os.DirFS("../../services/"+service+"/migrations")))
 	return pool
 }
