@@ -62,12 +62,28 @@ define chaos-guard
 	@grep -Eq '"attribution": true' chaos-control-inbox-off-$(1).json || { echo "FAIL: the $(1) control run 1: a crash window's copy was not refused by the guard (see attribution)"; exit 1; }
 endef
 
+# chaos-effects PROFILE ORDERS: the effect control: payment captures sent
+# without their idempotency key must fail the provider's ledger check
+# (payments-once) with double captures, and the after-effect-before-record
+# kills must account for some of them: each such capture called again was
+# captured twice (chaos/effects.go).
+define chaos-effects
+	@echo "== effect control ($(1)): captures without their idempotency key; the ledger check must catch double captures =="
+	@if ./bin/chaos -profile $(1) -orders $(2) -seed $(SEED) -effect-keys=off -report chaos-control-effects-$(1).json; then \
+		echo "FAIL: the $(1) effect control passed, so the ledger check cannot see double captures"; exit 1; fi
+	@grep -Eq '"payments-once": false' chaos-control-effects-$(1).json || { echo "FAIL: the $(1) effect control failed, but not on the provider's ledger"; exit 1; }
+	@grep -Eq '"effect_window_double_captures": [1-9]' chaos-control-effects-$(1).json || { echo "FAIL: the $(1) effect control: no double capture came from after-effect-before-record"; exit 1; }
+	@grep -Eq '"effect_attribution": true' chaos-control-effects-$(1).json || { echo "FAIL: the $(1) effect control: a capture called again after the provider made it was not captured twice (see attribution)"; exit 1; }
+	@echo "effect control ($(1)) failed with double captures, those after-effect-before-record called again each captured twice, as it must"
+endef
+
 .PHONY: chaos-ci
-chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass; with inbox and guard off they must fail; ci with the inbox alone off must pass on the guard
+chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass; with inbox and guard off they must fail; ci with the inbox alone off must pass on the guard; apache with effect keys off must fail with double captures
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-proof,ci)
 	$(call chaos-guard,ci)
 	$(call chaos-proof,apache)
+	$(call chaos-effects,apache,2500)
 
 .PHONY: chaos-apache
 chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) and its control run: SEED=7

@@ -17,7 +17,9 @@ package main
 //     least two, the killed relay's and the next relay's), and the trace
 //     shows them handed to the consumer (after the kill; twice);
 //   - the HTTP window's order: a later trace line of the payment answered
-//     again (the client retried).
+//     again (the client retried);
+//   - an effect window's capture (effects.go): a later trace line of another
+//     process calling the provider with the same key.
 //
 // Then, per subject, the consumer's own tables say how often the message
 // was applied (reservations and rejections, or order_events, by message
@@ -50,7 +52,7 @@ import (
 )
 
 // traced are the windows every process of a run traces (FAILPOINT_TRACE).
-var traced = []failpoint.Name{failpoint.BeforeBegin, failpoint.AfterCommitBeforeResponse}
+var traced = []failpoint.Name{failpoint.BeforeBegin, failpoint.AfterCommitBeforeResponse, failpoint.BeforeEffect}
 
 // fpKill is one kill line of the failpoint log.
 type fpKill struct {
@@ -128,7 +130,7 @@ type subjectFacts struct {
 // committedBeforeKill: windows whose kill leaves the effect committed, so
 // a copy that comes back meets it.
 func committedBeforeKill(w failpoint.Name) bool {
-	return w == failpoint.AfterCommitBeforeAck || w == failpoint.AfterPublishBeforeMark
+	return w == failpoint.AfterCommitBeforeAck || w == failpoint.AfterPublishBeforeMark || w == failpoint.AfterEffectBeforeRecord
 }
 
 func isConsumerWindow(w failpoint.Name) bool {
@@ -151,6 +153,8 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 		switch {
 		case k.window == failpoint.AfterCommitBeforeResponse:
 			service, consumer = "orders", "orders"
+		case effectWindow(k.window):
+			service, consumer = "orders", "provider"
 		case isConsumerWindow(k.window) && ok && !f.hostile:
 			service, consumer = f.consumer, f.consumer
 		case ok && !f.hostile:
@@ -178,6 +182,8 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 			again = f.copies >= 2 && (f.consumer == "" || l.deliveries(k.subject) >= 2)
 		case failpoint.AfterCommitBeforeResponse:
 			again = l.seenAfter(failpoint.AfterCommitBeforeResponse, k)
+		case failpoint.BeforeEffect, failpoint.AfterEffectBeforeRecord:
+			again = l.seenAfter(failpoint.BeforeEffect, k)
 		default:
 			again = l.seenAfter(failpoint.BeforeBegin, k)
 		}
@@ -236,6 +242,9 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 		}
 	}
 	for _, r := range rows {
+		if effectWindow(failpoint.Name(r.Window)) {
+			continue // judged by effectVerdict
+		}
 		name := r.Window + "/" + r.Service
 		own := r.Kills - r.Hostile
 		if own > 0 && r.Redelivered == 0 {
@@ -301,13 +310,18 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 		switch {
 		case k.window == failpoint.AfterCommitBeforeResponse:
 			orderIDs = append(orderIDs, k.subject)
+		case effectWindow(k.window):
+			// effects.go
 		case isConsumerWindow(k.window):
 			ids = append(ids, k.subject)
 		default:
 			ids, relayed = append(ids, k.subject), append(relayed, k.subject)
 		}
 	}
-	facts := map[string]subjectFacts{}
+	facts, err := h.effectFacts(ctx, l) // effects.go
+	if err != nil {
+		return nil, err
+	}
 	orders, inventory := h.sys.Pools["orders"], h.sys.Pools["inventory"]
 	for _, id := range ids {
 		if hostileIDs[id] {

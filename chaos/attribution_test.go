@@ -203,3 +203,41 @@ func TestHostileSubjectsAreLeftOut(t *testing.T) {
 		t.Fatalf("hostile row %+v: want 2 kills, both hostile, nothing else counted", r)
 	}
 }
+
+// TestEffectVerdict: with keys, a capture made twice or a repeated call
+// the provider did not replay fails; without keys, a repeated call that
+// did not capture again, or no repeated call at all, fails the control.
+func TestEffectVerdict(t *testing.T) {
+	before := WindowRow{Window: string(failpoint.BeforeEffect), Service: "orders", Consumer: "provider", Kills: 3, Redelivered: 3, AppliedOnce: 3}
+	after := func(mod func(*WindowRow)) []WindowRow {
+		r := WindowRow{Window: string(failpoint.AfterEffectBeforeRecord), Service: "orders", Consumer: "provider",
+			Kills: 4, Redelivered: 4, AppliedOnce: 4, Suppressed: 4, CopiesMetEffect: 4, CopiesCaught: 4}
+		mod(&r)
+		return []WindowRow{before, r}
+	}
+	for _, tc := range []struct {
+		name string
+		rows []WindowRow
+		keys bool
+		ok   bool
+	}{
+		{"keys: every repeat replayed", after(func(*WindowRow) {}), true, true},
+		{"keys: a capture made twice", after(func(r *WindowRow) { r.AppliedOnce, r.AppliedTwice = 3, 1 }), true, false},
+		{"keys: a repeat not replayed", after(func(r *WindowRow) { r.CopiesCaught = 3 }), true, false},
+		{"keys: a kill never called again", after(func(r *WindowRow) { r.Redelivered = 0 }), true, false},
+		{"no keys: every repeat captured twice", after(func(r *WindowRow) {
+			r.AppliedOnce, r.AppliedTwice, r.CopiesCaught, r.DoubleByWindow = 0, 4, 0, 4
+		}), false, true},
+		{"no keys: a repeat captured once", after(func(r *WindowRow) {
+			r.AppliedOnce, r.AppliedTwice, r.CopiesCaught, r.DoubleByWindow = 1, 3, 0, 3
+		}), false, false},
+		{"no keys: nothing called again", after(func(r *WindowRow) { r.Redelivered, r.CopiesMetEffect, r.Kills = 0, 0, 0 }), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, detail, _, _ := effectVerdict(tc.rows, tc.keys)
+			if ok != tc.ok {
+				t.Fatalf("effectVerdict = %v, want %v: %s", ok, tc.ok, detail)
+			}
+		})
+	}
+}

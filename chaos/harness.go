@@ -28,7 +28,7 @@ func windowsFor(service string, inbox bool) []failpoint.Name {
 	for _, n := range failpoint.All {
 		switch {
 		case n == failpoint.AfterCommitBeforeResponse && service != "orders": // inventory serves no payments
-		case effectWindow(n): // no service performs effects yet
+		case effectWindow(n) && service != "orders": // only orders performs effects (its captures)
 		case n == failpoint.AfterInboxInsert && !inbox: // no inbox row, no window
 		default:
 			w = append(w, n)
@@ -64,6 +64,7 @@ type harness struct {
 	seed  uint64
 	inbox bool
 	guard bool // the services' domain guard (DOMAIN_GUARD_DISABLED when off)
+	keys  bool // effects carry their idempotency key (EFFECT_KEYS_DISABLED when off)
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -82,12 +83,13 @@ type harness struct {
 	net         *netFaults    // its network faults, or nil
 	fpLog       string
 	sys         *system.System
+	payments    check.PaymentReport
 	start       time.Time
 }
 
-func newHarness(p profile, seed uint64, inbox, guard bool) *harness {
+func newHarness(p profile, seed uint64, inbox, guard, keys bool) *harness {
 	return &harness{
-		p: p, seed: seed, inbox: inbox, guard: guard,
+		p: p, seed: seed, inbox: inbox, guard: guard, keys: keys,
 		rng:     rand.New(rand.NewPCG(seed, 0xc4a05)),
 		pending: map[svcWindow]int{},
 		armedAs: map[string]failpoint.Name{},
@@ -204,8 +206,26 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"INBOX_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),
 			fmt.Sprintf("DOMAIN_GUARD_DISABLED=%t", !h.guard),
+			// Captures: a claimed capture whose runner died is called again
+			// after the lease.
+			"EFFECT_LEASE=3s",
+			"EFFECT_MIN_BACKOFF=50ms",
+			"EFFECT_MAX_BACKOFF=1s",
+			fmt.Sprintf("EFFECT_KEYS_DISABLED=%t", !h.keys),
 			"FAILPOINT_LOG=" + h.fpLog,
 			"FAILPOINT_TRACE=" + joinNames(traced), // attribution.go: was a killed subject seen again?
+		},
+		// The provider's own faults: 500s before anything is done, and
+		// captures performed whose answer is lost (the provider's half of
+		// after-effect-before-record), with latency.
+		ProviderEnv: []string{
+			"PROVIDER_FAIL_RATE=0.05",
+			"PROVIDER_LOST_RESPONSE_RATE=0.05",
+			"PROVIDER_LATENCY_MAX=20ms",
+			// A key whose request died with the provider's database
+			// connection (a Postgres restart) is taken over after this.
+			"PROVIDER_KEY_LOCK_TIMEOUT=3s",
+			fmt.Sprintf("PROVIDER_SEED=%d", h.seed),
 		},
 		Kafka:   kopts,
 		EnvHook: h.arm,
@@ -262,7 +282,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	loadCtx, cancelLoad := context.WithTimeout(ctx, time.Duration(float64(h.p.Orders)/h.p.Rate*float64(time.Second))*3+2*time.Minute)
 	defer cancelLoad()
 	res, loadErr := loadgen.Run(loadCtx, sys.Client, skus, loadgen.Plan{
-		Orders: h.p.Orders, Concurrency: 16, DoubleSubmit: 25, Seed: h.seed, Rate: h.p.Rate,
+		Orders: h.p.Orders, Concurrency: 16, DoubleSubmit: 25, DeclineEvery: 50, Seed: h.seed, Rate: h.p.Rate,
 		OnPaid: func(loadgen.Order) {
 			n := paid.Add(1)
 			// The second control sends no hostile message: its
@@ -313,6 +333,11 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	if waitErr != nil {
 		h.say("drain deadline passed: judging the state as it is")
 	}
+	// The third row: the provider's ledger against the orders.
+	if h.payments, err = check.CheckPayments(ctx, sys.Pools["orders"], sys.Pools["provider"]); err != nil {
+		return nil, fmt.Errorf("reading the payments: %w", err)
+	}
+	final.Invariants = append(final.Invariants, h.payments.Invariant)
 	// Settled says nothing of copies still in Kafka (a relay's last
 	// republish): wait until no delivery has been traced for 3 s, so the
 	// attribution judges copies that were handed out.

@@ -7,6 +7,7 @@
 //	go run ./chaos -profile ci -seed 7 -report chaos-report.json
 //	go run ./chaos -profile ci -seed 7 -inbox=off   # control: the domain guard alone must hold
 //	go run ./chaos -profile ci -seed 7 -inbox=off -guard=off   # control: must FAIL
+//	go run ./chaos -profile smoke -seed 7 -effect-keys=off     # control: must FAIL with double captures
 //	go run ./chaos -profile apache -seed 7          # real Apache Kafka: 3 brokers, broker and network faults
 //	go run ./chaos -scenario after-commit-before-ack # one kill, narrated
 //
@@ -44,6 +45,7 @@ func run(ctx context.Context) error {
 		reportPath  = flag.String("report", "", "write the JSON report here")
 		inboxFlag   = flag.String("inbox", "on", "on, or off for the control runs: the guard must then catch every redelivery")
 		guardFlag   = flag.String("guard", "on", "the services' domain guard: on, or off (with -inbox=off) for the second control run, which must fail")
+		keysFlag    = flag.String("effect-keys", "on", "idempotency keys on payment captures: on, or off for the effect control run, which must fail with double captures")
 		scenario    = flag.String("scenario", "", "learning mode: one order, one kill at this window, narrated")
 		orders      = flag.Int("orders", 0, "override the profile's order count")
 	)
@@ -65,7 +67,10 @@ func run(ctx context.Context) error {
 	if *guardFlag != "on" && *guardFlag != "off" {
 		return fmt.Errorf("-guard must be on or off, not %q", *guardFlag)
 	}
-	h := newHarness(p, *seed, *inboxFlag == "on", *guardFlag == "on")
+	if *keysFlag != "on" && *keysFlag != "off" {
+		return fmt.Errorf("-effect-keys must be on or off, not %q", *keysFlag)
+	}
+	h := newHarness(p, *seed, *inboxFlag == "on", *guardFlag == "on", *keysFlag == "on")
 	report, err := h.run(ctx)
 	writeFinalStatus(report) // status.go: the dashboard shows the verdict
 	if report != nil {

@@ -41,9 +41,24 @@ type Report struct {
 	// The crash windows' own double-applies (hostile messages excluded) and
 	// the floor they must reach in the second control run: every copy that
 	// met an effect committed before its kill (attribution.go).
-	CrashWindowDoubleApplied int  `json:"crash_window_double_applied"`
-	CrashWindowFloor         int  `json:"crash_window_floor"`
-	Passed                   bool `json:"passed"`
+	CrashWindowDoubleApplied int `json:"crash_window_double_applied"`
+	CrashWindowFloor         int `json:"crash_window_floor"`
+	// The same for the effect windows: captures after-effect-before-record
+	// kills made twice (only without keys), and the floor for the effect
+	// control run: every such capture that was called again (effects.go).
+	EffectKeys                 bool        `json:"effect_keys"`
+	EffectAttribution          bool        `json:"effect_attribution"` // the effect windows' part of the attribution held
+	EffectWindowDoubleCaptures int         `json:"effect_window_double_captures"`
+	EffectWindowFloor          int         `json:"effect_window_floor"`
+	Payments                   PaymentsRow `json:"payments"`
+	Passed                     bool        `json:"passed"`
+}
+
+// PaymentsRow is what the provider's ledger holds (check.CheckPayments).
+type PaymentsRow struct {
+	Captured      int `json:"captured"`       // reserved orders captured once
+	Declined      int `json:"declined"`       // reserved orders declined once
+	CapturedTwice int `json:"captured_twice"` // orders with more than one attempt
 }
 
 // WindowRow is what one crash window's kills in one service did to the
@@ -85,7 +100,7 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	}
 	fired := h.countFired(log)
 	r := &Report{
-		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Refused: final.Refused,
+		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, EffectKeys: h.keys, Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
 		OrdersPaid:           final.OrdersPaid,
 		Kills:                map[string]int{},
@@ -127,7 +142,11 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	r.Windows = attribute(log, facts)
 	var attribOK bool
 	attribOK, r.Details[invAttrib], r.CrashWindowDoubleApplied, r.CrashWindowFloor = attributionVerdict(r.Windows, h.inbox, h.guard)
-	r.Invariants[invAttrib] = attribOK
+	effectsOK, effectDetail, doubleCaptures, effectFloor := effectVerdict(r.Windows, h.keys) // effects.go
+	r.Details[invAttrib] += "; " + effectDetail
+	r.EffectWindowDoubleCaptures, r.EffectWindowFloor, r.EffectAttribution = doubleCaptures, effectFloor, effectsOK
+	r.Invariants[invAttrib] = attribOK && effectsOK
+	r.Payments = PaymentsRow{Captured: h.payments.Captured, Declined: h.payments.Declined, CapturedTwice: h.payments.CapturedTwice}
 	r.TotalKills = total
 	if total < h.p.MinKills {
 		short = append(short, fmt.Sprintf("%d kills < %d", total, h.p.MinKills))
@@ -238,6 +257,8 @@ var windowNotes = map[failpoint.Name]string{
 	failpoint.AfterClaimBeforePublish:   "claimed, not sent: the next relay sent it (copies in Kafka ≥ 1)",
 	failpoint.AfterPublishBeforeMark:    "sent, not marked: sent again (copies in Kafka ≥ 2), the copy meets the effect",
 	failpoint.AfterCommitBeforeResponse: "paid, no answer: the client retried, got the paid order; OrderPaid rows = applied",
+	failpoint.BeforeEffect:              "capture intent committed, not called: called again after the lease; ledger attempts = applied",
+	failpoint.AfterEffectBeforeRecord:   "captured, not recorded: called again with its key, the provider replays (suppressed = replays)",
 }
 
 func (r *Report) print() {
@@ -245,6 +266,8 @@ func (r *Report) print() {
 	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.DurationS)
 	fmt.Printf("orders paid %d | kills %d (%d random) | restarts %d | postgres restarts %d | duplicates suppressed %d | refused by the domain guard %v (%d not hostile)\n",
 		r.OrdersPaid, r.TotalKills, r.RandomKills, r.Restarts, r.PostgresRestarts, r.DuplicatesSuppressed, r.Refused, r.RefusedNotHostile)
+	fmt.Printf("payments: %d captured once, %d declined once, %d orders with more than one attempt in the provider's ledger (effect keys %s)\n",
+		r.Payments.Captured, r.Payments.Declined, r.Payments.CapturedTwice, onOff(r.EffectKeys))
 	fmt.Printf("broker: %s\n", r.Broker)
 	fmt.Printf("broker faults: %v (broker kills %d)\n", r.BrokerFaults, r.BrokerKills)
 	if len(r.NetworkFaults) > 0 {

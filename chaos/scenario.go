@@ -9,11 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/internal/procs"
+	"github.com/outboxref/outbox-inbox/internal/provider"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
@@ -49,7 +51,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	sys, err := system.Start(ctx, system.Options{
 		Work: work,
 		Env: []string{"KAFKA_SESSION_TIMEOUT=1s", "KAFKA_REBALANCE_TIMEOUT=3s", "KAFKA_COMMIT_INTERVAL=200ms", "RELAY_POLL_INTERVAL=100ms",
-			"FAILPOINT_LOG=" + fpLog},
+			"EFFECT_LEASE=3s", "FAILPOINT_LOG=" + fpLog},
 		Kafka: stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
 		EnvHook: func(p *procs.Proc) []string {
 			if p.Service != sc.Victim || armed {
@@ -97,6 +99,11 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
 		return err
 	}
+	if effectWindow(w) {
+		if err := narrateCapture(ctx, sys, order.ID, note); err != nil {
+			return err
+		}
+	}
 
 	say("A supervisor restarts %s (unarmed this time), as an orchestrator would.", sc.Victim)
 	time.Sleep(200 * time.Millisecond)
@@ -126,6 +133,16 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	say("The order settled. What the databases say now:")
 	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
 		return err
+	}
+	if effectWindow(w) {
+		if err := narrateCapture(ctx, sys, order.ID, note); err != nil {
+			return err
+		}
+		pay, err := check.CheckPayments(ctx, orders, sys.Pools["provider"])
+		if err != nil {
+			return err
+		}
+		report.Invariants = append(report.Invariants, pay.Invariant)
 	}
 	say("Why nothing was applied twice: %s", sc.Why)
 	fmt.Println()
@@ -194,6 +211,43 @@ func narrateState(ctx context.Context, orders, inventory *pgxpool.Pool, orderID,
 	if subject != "" && subject != orderID && subject != msgID {
 		note("(the killed code was working on message %s)", short(subject))
 	}
+	return nil
+}
+
+// narrateCapture prints what orders, its effects table and the provider's
+// ledger and log say of the order's capture.
+func narrateCapture(ctx context.Context, sys *system.System, orderID string, note func(string, ...any)) error {
+	key := captureKeyPrefix + orderID
+	var payment, state, lastErr string
+	var attempts int
+	if err := sys.Pools["orders"].QueryRow(ctx, `SELECT coalesce(payment, '') FROM orders WHERE id = $1`, orderID).Scan(&payment); err != nil {
+		return err
+	}
+	if err := sys.Pools["orders"].QueryRow(ctx, `SELECT state, attempts, coalesce(last_error, '') FROM effects WHERE key = $1`, key).
+		Scan(&state, &attempts, &lastErr); err != nil {
+		return err
+	}
+	note("orders:    payment %q; effect %s: %s after %d call%s%s", payment, key, state, attempts,
+		map[bool]string{true: "", false: "s"}[attempts == 1], map[bool]string{true: "", false: " (last error: " + lastErr + ")"}[lastErr == ""])
+	rows, err := sys.Pools["provider"].Query(ctx, `SELECT id, status, amount FROM captures WHERE reference = $1 ORDER BY seq`, orderID)
+	if err != nil {
+		return err
+	}
+	var ledger []string
+	var id, status string
+	var amount int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &amount}, func() error {
+		ledger = append(ledger, fmt.Sprintf("%s %s %d", id, status, amount))
+		return nil
+	}); err != nil {
+		return err
+	}
+	replays, err := provider.ReadReplays(filepath.Join(sys.Work, "provider.log"))
+	if err != nil {
+		return err
+	}
+	note("provider:  captures in its ledger for the order: %d %v; requests with the key answered with the stored response (Idempotent-Replayed: true): %d",
+		len(ledger), ledger, replays[key])
 	return nil
 }
 

@@ -21,11 +21,13 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
+	"github.com/outboxref/outbox-inbox/internal/provider"
 	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
@@ -62,6 +64,12 @@ var Scenarios = map[failpoint.Name]Scenario{
 	failpoint.AfterCommitBeforeResponse: {"orders",
 		"orders had COMMITTED status=paid and the OrderPaid outbox row, but the client got no HTTP answer.",
 		"The client retried the payment. The order was no longer 'created', so the UPDATE matched nothing and no second OrderPaid was written: the status transition is the idempotency key."},
+	failpoint.BeforeEffect: {"orders",
+		"orders had COMMITTED the reservation with the intent to capture the payment (an effects row, capture-<order id>), and had claimed it, but had not called the provider.",
+		"The claim only moved the effect's due time past its lease. When the lease ran out, the restarted orders claimed it again and called the provider with the same Idempotency-Key: the provider captured it, once, because nothing had been captured before."},
+	failpoint.AfterEffectBeforeRecord: {"orders",
+		"the provider had CAPTURED the payment and answered, but orders had not committed the outcome: the effect was still pending, the order still 'capturing'.",
+		"After the lease the restarted orders called the provider again with the same Idempotency-Key. The provider found the key completed and answered with the stored response (Idempotent-Replayed: true) instead of capturing again: one capture in its ledger, recorded once on the order."},
 }
 
 // order is the order in which the page offers the windows: the four
@@ -69,6 +77,7 @@ var Scenarios = map[failpoint.Name]Scenario{
 var order = []failpoint.Name{
 	failpoint.BeforeBegin, failpoint.AfterInboxInsert, failpoint.AfterHandlerBeforeCommit, failpoint.AfterCommitBeforeAck,
 	failpoint.AfterClaimBeforePublish, failpoint.AfterPublishBeforeMark, failpoint.AfterCommitBeforeResponse,
+	failpoint.BeforeEffect, failpoint.AfterEffectBeforeRecord,
 }
 
 // SKU is the item the lessons' orders buy; New stocks it.
@@ -126,7 +135,7 @@ func (l *Lab) Busy() bool {
 // not shrink under a learner.
 func Prepare(opts *system.Options, fpLog string) {
 	opts.Env = append(opts.Env, "FAILPOINT_LOG="+fpLog, "FAILPOINT_TRACE="+string(failpoint.BeforeBegin),
-		"KAFKA_SESSION_TIMEOUT=2s", "KAFKA_REBALANCE_TIMEOUT=3s", "RELAY_RETENTION=24h")
+		"KAFKA_SESSION_TIMEOUT=2s", "KAFKA_REBALANCE_TIMEOUT=3s", "RELAY_RETENTION=24h", "EFFECT_LEASE=3s")
 	opts.Kafka.MinSessionTimeout = 500 * time.Millisecond
 }
 
@@ -275,13 +284,16 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	subject := kill.subject
 	// Another order may have met the window first: follow the one killed.
 	followed := order.ID
-	if w != failpoint.AfterCommitBeforeResponse {
+	switch {
+	case w == failpoint.AfterCommitBeforeResponse:
+		followed = subject
+	case strings.HasPrefix(subject, captureKeyPrefix):
+		followed = strings.TrimPrefix(subject, captureKeyPrefix)
+	default:
 		var key string
 		if err := l.sys.Pools["orders"].QueryRow(ctx, `SELECT partition_key FROM outbox_messages WHERE message_id::text = $1`, subject).Scan(&key); err == nil {
 			followed = key
 		}
-	} else {
-		followed = subject
 	}
 	l.set(func(les *dashboard.Lesson) { les.Message, les.Order = subject, followed })
 	if ctx.Err() != nil {
@@ -298,6 +310,21 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	l.step("restarted", "The demo restarted %s (pid %d), as an orchestrator would: it rejoins its Kafka consumer group.", sc.Victim, victim.Pid())
 
 	switch w {
+	case failpoint.BeforeEffect, failpoint.AfterEffectBeforeRecord:
+		if err := <-paid; err != nil {
+			return fmt.Errorf("paying: %w", err)
+		}
+		c, err := l.captureOutcome(ctx, followed)
+		if err != nil {
+			return err
+		}
+		if w == failpoint.AfterEffectBeforeRecord {
+			l.step("retried", "After its lease, orders called the provider again with Idempotency-Key %s: the provider answered with the stored response %d time%s (Idempotent-Replayed: true) and did not capture again. Its ledger holds %d capture for the order; the order is %s (%s).",
+				subject, c.replays, map[bool]string{true: "", false: "s"}[c.replays == 1], c.ledger, c.payment, w)
+		} else {
+			l.step("retried", "After its lease, orders called the provider with Idempotency-Key %s, and the provider captured it: %d capture in its ledger; the order is %s (%s).",
+				subject, c.ledger, c.payment, w)
+		}
 	case failpoint.AfterCommitBeforeResponse:
 		if err := <-paid; err != nil {
 			return fmt.Errorf("paying: %w", err)
@@ -355,6 +382,36 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	}
 	l.step("settled", "Order %s is %s at orders, its answer applied once. Why nothing was applied twice: %s", followed, status, sc.Why)
 	return nil
+}
+
+// captureKeyPrefix is how orders derives a capture's idempotency key from
+// the order (services/orders CaptureKey).
+const captureKeyPrefix = "capture-"
+
+// capture is what became of an order's capture.
+type capture struct {
+	payment string // the order's payment state
+	ledger  int    // attempts in the provider's ledger
+	replays int    // calls the provider answered with the stored response
+}
+
+// captureOutcome waits for orders to record the order's capture and reads
+// the provider's ledger and log.
+func (l *Lab) captureOutcome(ctx context.Context, orderID string) (capture, error) {
+	var c capture
+	err := waitFor(ctx, func() (bool, error) {
+		err := l.sys.Pools["orders"].QueryRow(ctx, `SELECT coalesce(payment, '') FROM orders WHERE id = $1`, orderID).Scan(&c.payment)
+		return c.payment != "" && c.payment != "capturing", err
+	})
+	if err != nil {
+		return c, fmt.Errorf("the capture of order %s was not recorded (payment %q): %w", orderID, c.payment, err)
+	}
+	if err := l.sys.Pools["provider"].QueryRow(ctx, `SELECT count(*) FROM captures WHERE reference = $1`, orderID).Scan(&c.ledger); err != nil {
+		return c, err
+	}
+	replays, err := provider.ReadReplays(filepath.Join(l.sys.Work, "provider.log"))
+	c.replays = replays[captureKeyPrefix+orderID]
+	return c, err
 }
 
 // outcome waits for what inventory's inbox did with the copy and says it.
