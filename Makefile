@@ -83,7 +83,7 @@ chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 broke
 	$(call chaos-proof,ci)
 	$(call chaos-guard,ci)
 	$(call chaos-proof,apache)
-	$(call chaos-effects,apache,2500)
+	$(call chaos-effects,apache,3000)
 
 .PHONY: chaos-apache
 chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) and its control run: SEED=7
