@@ -3,14 +3,17 @@ package main
 // The effect windows (pkg/effect): orders' payment captures, killed on
 // either side of the call to the provider. A capture's subject in the
 // failpoint log is its idempotency key, capture-<order id>. What happened to
-// it is measured on the provider's side:
+// it:
 //
-//   - seen again: a later trace line of another process calling the
-//     provider with the key (FAILPOINT_TRACE=before-effect);
+//   - seen again: a later trace line of another orders process about to
+//     call the provider with the key (FAILPOINT_TRACE=before-effect);
 //   - applied: the attempts the provider's ledger holds for the order (its
-//     own database, read with the harness's own SQL);
+//     own database, read with the harness's own SQL): the measure a double
+//     capture cannot escape;
 //   - caught: the provider's log lines that answered the key with the
-//     stored response (Idempotent-Replayed), instead of capturing again.
+//     stored response (Idempotent-Replayed), over the whole run: a replay of
+//     an earlier lost answer counts too, so "caught" says the provider
+//     replayed the key, and "applied" says it captured once.
 //
 // With keys on, a kill after the capture (after-effect-before-record) must
 // come back as a replay, and no capture may be made twice; with keys off
@@ -25,10 +28,8 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/provider"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/services/events"
 )
-
-// captureKeyPrefix is how orders derives a capture's key from the order.
-const captureKeyPrefix = "capture-"
 
 // effectFacts returns the facts of the effect windows' subjects.
 func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectFacts, error) {
@@ -37,7 +38,7 @@ func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectF
 	for _, k := range l.kills {
 		if effectWindow(k.window) {
 			facts[k.subject] = subjectFacts{producer: "orders", consumer: "provider"}
-			orderIDs = append(orderIDs, strings.TrimPrefix(k.subject, captureKeyPrefix))
+			orderIDs = append(orderIDs, strings.TrimPrefix(k.subject, events.CaptureKeyPrefix))
 		}
 	}
 	if len(orderIDs) == 0 {
@@ -55,9 +56,9 @@ func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectF
 		if err := rows.Scan(&ref, &n); err != nil {
 			return nil, err
 		}
-		f := facts[captureKeyPrefix+ref]
+		f := facts[events.CaptureKeyPrefix+ref]
 		f.applied = n
-		facts[captureKeyPrefix+ref] = f
+		facts[events.CaptureKeyPrefix+ref] = f
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -217,7 +217,7 @@ func narrateState(ctx context.Context, orders, inventory *pgxpool.Pool, orderID,
 // narrateCapture prints what orders, its effects table and the provider's
 // ledger and log say of the order's capture.
 func narrateCapture(ctx context.Context, sys *system.System, orderID string, note func(string, ...any)) error {
-	key := captureKeyPrefix + orderID
+	key := events.CaptureKey(orderID)
 	var payment, state, lastErr string
 	var attempts int
 	if err := sys.Pools["orders"].QueryRow(ctx, `SELECT coalesce(payment, '') FROM orders WHERE id = $1`, orderID).Scan(&payment); err != nil {

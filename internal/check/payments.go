@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/provider"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -30,8 +31,8 @@ type PaymentReport struct {
 
 // ledgerRow is one attempt in the provider's ledger.
 type ledgerRow struct {
-	id, status, currency string
-	amount               int64
+	id, status, currency, source string
+	amount                       int64
 }
 
 // paymentRow is an order as orders records its payment.
@@ -41,10 +42,12 @@ type paymentRow struct {
 	lines                            []events.Line
 }
 
-// CheckPayments compares the provider's ledger with the orders. Read the
-// orders first: a capture is made after its order is reserved, so every
-// attempt the ledger holds at the second read belongs to an order the
-// first read saw (or to none, a phantom).
+// CheckPayments compares the provider's ledger with the orders, once the
+// run is quiet: no order paid and unsettled, no capture pending (nothing-
+// lost). While captures are still being made, an order reserved and
+// captured between the two reads looks like a paid order with a capture.
+// The orders are read first, so an attempt for an order that exists is
+// never taken for a phantom.
 func CheckPayments(ctx context.Context, orders, ledger *pgxpool.Pool) (PaymentReport, error) {
 	var r PaymentReport
 	ord := map[string]paymentRow{}
@@ -67,13 +70,13 @@ func CheckPayments(ctx context.Context, orders, ledger *pgxpool.Pool) (PaymentRe
 	}
 	attempts := map[string][]ledgerRow{}
 	err = snapshot(ctx, ledger, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT reference, id, status, currency, amount FROM captures ORDER BY created_at, id`)
+		rows, err := tx.Query(ctx, `SELECT reference, id, status, currency, source, amount FROM captures ORDER BY created_at, id`)
 		if err != nil {
 			return fmt.Errorf("reading the provider's ledger: %w", err)
 		}
 		var ref string
 		var l ledgerRow
-		_, err = pgx.ForEachRow(rows, []any{&ref, &l.id, &l.status, &l.currency, &l.amount}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&ref, &l.id, &l.status, &l.currency, &l.source, &l.amount}, func() error {
 			attempts[ref] = append(attempts[ref], l)
 			return nil
 		})
@@ -136,15 +139,14 @@ func paymentProblem(o paymentRow, list []ledgerRow) string {
 		return fmt.Sprintf("the order's amount is %d, its lines cost %d", o.amount, want)
 	case list[0].amount != want || list[0].currency != events.Currency:
 		return fmt.Sprintf("the ledger holds %d %s, the order costs %d %s", list[0].amount, list[0].currency, want, events.Currency)
+	case list[0].source != o.card:
+		return fmt.Sprintf("the ledger charged card %s, the order pays with %s", list[0].source, o.card)
 	case list[0].status != o.payment:
 		return fmt.Sprintf("the ledger says %s, the order says %q", list[0].status, o.payment)
-	case o.payment == "captured" && list[0].id != o.captureID:
-		return fmt.Sprintf("the order records capture %s, the ledger holds %s", o.captureID, list[0].id)
-	case (o.payment == "declined") != declines(o.card):
+	case list[0].id != o.captureID:
+		return fmt.Sprintf("the order records capture %q, the ledger holds %s", o.captureID, list[0].id)
+	case (o.payment == "declined") != provider.DeclinedSources[o.card]:
 		return fmt.Sprintf("card %s was %s", o.card, o.payment)
 	}
 	return ""
 }
-
-// declines reports whether the provider declines card (its test tokens).
-func declines(card string) bool { return card == "tok_declined" || card == "tok_chargeDeclined" }

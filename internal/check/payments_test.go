@@ -80,6 +80,15 @@ func TestPaymentsChecker(t *testing.T) {
 		{"declined in the ledger, captured in the order", "the ledger says declined", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
 			b.exec(t, l, `UPDATE captures SET status = 'declined' WHERE reference = $1`, b.reserved)
 		}},
+		{"another currency", "the ledger holds", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			b.exec(t, l, `UPDATE captures SET currency = 'usd' WHERE reference = $1`, b.reserved)
+		}},
+		{"another card charged", "the ledger charged card tok_mastercard", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			b.exec(t, l, `UPDATE captures SET source = 'tok_mastercard' WHERE reference = $1`, b.reserved)
+		}},
+		{"the order names another capture", "the order records capture", func(t *testing.T, b *testBundle, _ *pgxpool.Pool) {
+			b.exec(t, b.orders, `UPDATE orders SET capture_id = 'cap_other' WHERE id = $1`, b.reserved)
+		}},
 		{"a good card declined", "card tok_visa was declined", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
 			b.exec(t, l, `UPDATE captures SET status = 'declined' WHERE reference = $1`, b.reserved)
 			b.exec(t, b.orders, `UPDATE orders SET payment = 'declined' WHERE id = $1`, b.reserved)

@@ -287,8 +287,8 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	switch {
 	case w == failpoint.AfterCommitBeforeResponse:
 		followed = subject
-	case strings.HasPrefix(subject, captureKeyPrefix):
-		followed = strings.TrimPrefix(subject, captureKeyPrefix)
+	case strings.HasPrefix(subject, events.CaptureKeyPrefix):
+		followed = strings.TrimPrefix(subject, events.CaptureKeyPrefix)
 	default:
 		var key string
 		if err := l.sys.Pools["orders"].QueryRow(ctx, `SELECT partition_key FROM outbox_messages WHERE message_id::text = $1`, subject).Scan(&key); err == nil {
@@ -384,10 +384,6 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	return nil
 }
 
-// captureKeyPrefix is how orders derives a capture's idempotency key from
-// the order (services/orders CaptureKey).
-const captureKeyPrefix = "capture-"
-
 // capture is what became of an order's capture.
 type capture struct {
 	payment string // the order's payment state
@@ -410,7 +406,7 @@ func (l *Lab) captureOutcome(ctx context.Context, orderID string) (capture, erro
 		return c, err
 	}
 	replays, err := provider.ReadReplays(filepath.Join(l.sys.Work, "provider.log"))
-	c.replays = replays[captureKeyPrefix+orderID]
+	c.replays = replays[events.CaptureKey(orderID)]
 	return c, err
 }
 

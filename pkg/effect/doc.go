@@ -35,8 +35,16 @@
 // died) is this second window seen from the network, and closes the same
 // way. So does a runner that outlived its lease beside the one that claimed
 // the effect next: both calls carry the key, the outside system performs
-// one, and the first record to commit ends the effect (the other's is
-// discarded).
+// one (answering the other 409, in flight, or with the stored response),
+// and the first record to commit ends the effect; the other finds it ended
+// and records nothing. The late runner cannot shorten the new lease either:
+// a retry it schedules is fenced by the attempt it claimed.
+//
+// The key holds only while the outside system remembers it (Stripe: 24
+// hours). An effect still pending after Config.MaxAge, set below that, is
+// not called again but ended failed (ErrTooOld) for a person to settle. A
+// Record that fails leaves the effect pending with its reason in last_error
+// and retries it after the backoff, like a failed call.
 //
 // A permanent refusal is an outcome, not a retry loop: Do returns a
 // decline as its result (Record writes it where a person can see it, a

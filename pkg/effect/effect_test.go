@@ -276,3 +276,84 @@ func TestLeaseExpiredMidCall(t *testing.T) {
 	require.Equal(t, 1, w.performed["k0"])
 	require.GreaterOrEqual(t, w.calls, 2, "the second runner never called")
 }
+
+// A runner whose lease ran out while it called cannot move the due time of
+// the runner that claimed the effect next: its failed call's retry is
+// fenced by the attempt it claimed. Without the fence, the late failure
+// makes the effect due at once and a third call starts inside the second
+// runner's lease.
+func TestLateRunnerCannotShortenTheLease(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 1)
+	lease := 600 * time.Millisecond
+	var calls atomic.Int32
+	release := make(chan struct{})
+	third := make(chan time.Time, 1)
+	do := func(context.Context, effect.Effect) (string, error) {
+		switch calls.Add(1) {
+		case 1: // the late runner: outlives its lease, then fails
+			<-release
+			return "", errors.New("503 after a long wait")
+		case 2: // the next claim: slow, inside its own lease
+			close(release)
+			time.Sleep(lease / 3)
+			return "charged", nil
+		default:
+			third <- time.Now()
+			return "charged", nil
+		}
+	}
+	start(t, effect.Config[string]{Pool: pool, Do: do, Lease: lease, Workers: 1, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	start(t, effect.Config[string]{Pool: pool, Do: do, Lease: lease, Workers: 1, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	got := waitEnded(t, pool)
+	require.Equal(t, []string{"charged"}, got["k0"])
+	select {
+	case <-third:
+		t.Fatal("a third call started: the late runner's retry cut the second runner's lease short")
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A Record that fails does not end the effect, nor repeat its call once a
+// lease: the effect waits the backoff, and its last_error says why.
+func TestRecordFailureIsRetriedVisibly(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 1)
+	var calls atomic.Int32
+	r, err := effect.NewRunner(effect.Config[string]{Pool: pool, Kind: "charge", Lease: time.Minute,
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, PollInterval: 10 * time.Millisecond,
+		Do: func(context.Context, effect.Effect) (string, error) { calls.Add(1); return "charged", nil },
+		Record: func(context.Context, pgx.Tx, effect.Effect, string, error) error {
+			return errors.New("the order table is locked")
+		}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return calls.Load() >= 3 }, 5*time.Second, 10*time.Millisecond,
+		"a failed record must be retried after the backoff, not the minute-long lease")
+	cancel()
+	require.NoError(t, <-done)
+	s, err := effect.ReadStats(context.Background(), pool, "charge")
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Retrying, "the failing record must show as retrying")
+	var lastErr string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT last_error FROM effects`).Scan(&lastErr))
+	require.Contains(t, lastErr, "the order table is locked")
+}
+
+// An effect older than MaxAge is not called again: the outside system may
+// have forgotten its key. It ends failed with ErrTooOld.
+func TestMaxAge(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 1)
+	_, err := pool.Exec(context.Background(), `UPDATE effects SET created_at = now() - interval '25 hours'`)
+	require.NoError(t, err)
+	var calls atomic.Int32
+	start(t, effect.Config[string]{Pool: pool, MaxAge: 23 * time.Hour,
+		Do: func(context.Context, effect.Effect) (string, error) { calls.Add(1); return "charged", nil }})
+	got := waitEnded(t, pool)
+	require.Len(t, got["k0"], 1)
+	require.Contains(t, got["k0"][0], "older than MaxAge")
+	require.Zero(t, calls.Load())
+}

@@ -58,9 +58,17 @@ type Config[R any] struct {
 	// each further one, with jitter, up to MaxBackoff. Defaults to
 	// DefaultMinBackoff and DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// MaxAge, when set, ends an effect older than this as failed instead
+	// of calling it (ErrTooOld, handed to Record): set it below the time
+	// the outside system remembers a key (Stripe: 24 hours), after which a
+	// repeated call would be performed again. 0: no limit.
+	MaxAge time.Duration
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
+
+// ErrTooOld is the error Record gets for an effect older than MaxAge.
+var ErrTooOld = errors.New("effect: older than MaxAge: the outside system may have forgotten its key, so it is not called again")
 
 // Runner performs the effects of one kind that transactions recorded with
 // EnqueueTx: it claims each due effect, calls Do with its key, and records
@@ -91,7 +99,7 @@ func NewRunner[R any](cfg Config[R]) (*Runner[R], error) {
 		return nil, errors.New("effect: Config.Kind is required")
 	case cfg.Do == nil || cfg.Record == nil:
 		return nil, errors.New("effect: Config.Do and Config.Record are required")
-	case cfg.Workers < 0 || cfg.Lease < 0 || cfg.PollInterval < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0:
+	case cfg.Workers < 0 || cfg.Lease < 0 || cfg.PollInterval < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 || cfg.MaxAge < 0:
 		return nil, errors.New("effect: Config's counts and durations must not be negative")
 	}
 	cfg.Workers = cmp.Or(cfg.Workers, DefaultWorkers)
@@ -148,7 +156,11 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 			wait = 10 * time.Millisecond
 			continue
 		}
-		effects, err := r.claim(ctx, free)
+		// The claim itself is not cancelled: one that commits as ctx ends
+		// would leave its effects leased and uncalled for a whole lease.
+		claimCtx, cancelClaim := context.WithTimeout(work, r.cfg.Lease/2)
+		effects, err := r.claim(claimCtx, free)
+		cancelClaim()
 		for range free - len(effects) {
 			<-slots
 		}
@@ -203,23 +215,32 @@ func (r *Runner[R]) claim(ctx context.Context, n int) ([]Effect, error) {
 func (r *Runner[R]) perform(ctx context.Context, e Effect) {
 	r.count(func(s *RunnerStats) { s.Calls++ })
 	fields := watermill.LogFields{"kind": e.Kind, "key": e.Key, "attempt": e.Attempt}
-	failpoint.Hit(failpoint.BeforeEffect, e.Key) // intent committed, call not made
-	callCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
-	result, err := r.cfg.Do(callCtx, e)
-	cancel()
-	if err != nil && !IsPermanent(err) {
-		r.retryLater(ctx, e, err, fields)
-		return
+	var result R
+	var err error
+	if r.cfg.MaxAge > 0 && time.Since(e.Created) > r.cfg.MaxAge {
+		err = Permanent(ErrTooOld)
+	} else {
+		failpoint.Hit(failpoint.BeforeEffect, e.Key) // intent committed, call not made
+		callCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+		result, err = r.cfg.Do(callCtx, e)
+		cancel()
+		if err != nil && !IsPermanent(err) {
+			r.retryLater(ctx, e, err, fields)
+			return
+		}
+		if err == nil {
+			failpoint.Hit(failpoint.AfterEffectBeforeRecord, e.Key) // performed, outcome not recorded
+		}
 	}
-	failpoint.Hit(failpoint.AfterEffectBeforeRecord, e.Key) // performed, outcome not recorded
 	recordCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
 	defer cancel()
 	recorded, rerr := r.record(recordCtx, e, result, err)
 	switch {
 	case rerr != nil:
-		// The effect stays pending and is called again after the lease; the
-		// key makes that call return this outcome.
-		r.cfg.Logger.Error("effect: recording the outcome failed; the call is repeated after the lease", rerr, fields)
+		// The effect stays pending and is called again after the backoff;
+		// the key makes that call return this outcome. last_error shows
+		// why, and effects_retrying counts it.
+		r.retryLater(ctx, e, fmt.Errorf("recording the outcome: %w", rerr), fields)
 	case !recorded:
 		r.count(func(s *RunnerStats) { s.Overtook++ })
 		r.cfg.Logger.Info("effect: another runner recorded this effect first", fields)
@@ -258,7 +279,10 @@ func (r *Runner[R]) record(ctx context.Context, e Effect, result R, callErr erro
 	return recorded && err == nil, err
 }
 
-// retryLater makes the effect due again after the backoff for its attempt.
+// retryLater makes the effect due again after the backoff for its attempt,
+// unless another runner claimed it since (its lease expired under this
+// one): attempts is the claim's fencing token, so a late runner cannot cut
+// short the lease of the one calling now.
 func (r *Runner[R]) retryLater(ctx context.Context, e Effect, callErr error, fields watermill.LogFields) {
 	r.count(func(s *RunnerStats) { s.Retried++ })
 	wait := r.backoff(e.Attempt)
@@ -266,7 +290,7 @@ func (r *Runner[R]) retryLater(ctx context.Context, e Effect, callErr error, fie
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
 	defer cancel()
 	if _, err := r.cfg.Pool.Exec(ctx, `UPDATE effects SET due_at = now() + $2::interval, last_error = $3
-		WHERE id = $1 AND state = 'pending'`, e.ID, wait, callErr.Error()); err != nil {
+		WHERE id = $1 AND state = 'pending' AND attempts = $4`, e.ID, wait, callErr.Error(), e.Attempt); err != nil {
 		r.cfg.Logger.Error("effect: scheduling the retry failed; the call is repeated after the lease", err, fields)
 	}
 }

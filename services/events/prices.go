@@ -5,6 +5,18 @@ import "hash/fnv"
 // Currency is the currency of every order.
 const Currency = "eur"
 
+// MaxAmount is the largest amount an order may cost, in cents: what the
+// payment provider captures at most (eight digits, as Stripe's limit).
+const MaxAmount = 99_999_999
+
+// CaptureKey is the idempotency key of an order's payment capture: derived
+// from the order, so every call, by any replica, after any crash, carries
+// the same one.
+func CaptureKey(orderID string) string { return CaptureKeyPrefix + orderID }
+
+// CaptureKeyPrefix starts every capture's key.
+const CaptureKeyPrefix = "capture-"
+
 // Price is what one unit of sku costs, in cents: between 1.00 and 99.99,
 // drawn from the SKU's name. The example has no catalogue; a price that
 // follows from the name lets every party (orders, the provider's ledger,

@@ -74,6 +74,10 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "order refused: "+err.Error())
 			return
 		}
+		if amount := events.Amount(req.Lines); amount > events.MaxAmount {
+			platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("order refused: it costs %d cents, more than the %d one payment may capture", amount, events.MaxAmount))
+			return
+		}
 		if req.Card == "" {
 			req.Card = defaultCard
 		}
@@ -360,6 +364,9 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &lines, &amount, &card}, func() error {
 		settled[id] = lines
 		if status == "reserved" {
+			if amount == 0 { // an order created before its amount was recorded
+				amount = events.Amount(lines)
+			}
 			reserved = append(reserved, capture{OrderID: id, Amount: amount, Currency: events.Currency, Card: card})
 		}
 		lines = nil

@@ -1,8 +1,8 @@
 package main
 
-// Capturing the payment: the third row of the pattern. The customer's card
-// is authorized when the order is paid; the money is captured once
-// inventory reserves the order. The capture is a call to the payment
+// Capturing the payment: the third row of the pattern. The customer pays
+// the order with a card token; the money is captured only once inventory
+// has reserved the order. The capture is a call to the payment
 // provider, outside this database, so it cannot share the inbox's
 // transaction. Instead:
 //
@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
 )
 
@@ -53,10 +54,6 @@ type capture struct {
 	Card     string `json:"card"`
 }
 
-// CaptureKey is the idempotency key of an order's capture: derived from the
-// order, so every attempt, by any replica, after any crash, carries it.
-func CaptureKey(orderID string) string { return "capture-" + orderID }
-
 // enqueueCaptures records the captures reserved orders ask for, in tx.
 func enqueueCaptures(ctx context.Context, tx pgx.Tx, captures []capture) error {
 	for _, c := range captures {
@@ -64,7 +61,7 @@ func enqueueCaptures(ctx context.Context, tx pgx.Tx, captures []capture) error {
 		if err != nil {
 			return err
 		}
-		if _, err := effect.EnqueueTx(ctx, tx, captureKind, CaptureKey(c.OrderID), payload); err != nil {
+		if _, err := effect.EnqueueTx(ctx, tx, captureKind, events.CaptureKey(c.OrderID), payload); err != nil {
 			return err
 		}
 	}
@@ -91,6 +88,9 @@ func captures(pool *pgxpool.Pool, cfg platform.Config, log watermill.LoggerAdapt
 	r, err := effect.NewRunner(effect.Config[captured]{
 		Pool: pool, Kind: captureKind, Do: c.do, Record: recordCapture, Logger: log,
 		Workers: cfg.EffectWorkers, Lease: cfg.EffectLease, MinBackoff: cfg.EffectMinBackoff, MaxBackoff: cfg.EffectMaxBackoff,
+		// The provider remembers a key for 24 hours; a capture still
+		// pending after 23 is handed to a person, never called again.
+		MaxAge: 23 * time.Hour,
 	})
 	if err != nil {
 		return platform.Effects{}, err
@@ -107,8 +107,11 @@ type captureClient struct {
 }
 
 // do makes one capture call. A 200 or 402 (declined) ends the effect; a
-// 409 (the key is in flight elsewhere), a 5xx or a network failure is
-// retried; any other answer is a request that can never succeed.
+// 409 (the key is in flight elsewhere), a 429, a 5xx, a network failure
+// and the answers that mean this side is misconfigured (401, 403, 404:
+// fixed by a person, then the capture goes on) are retried, visibly
+// (effects_retrying, last_error); any other 4xx is a request that can
+// never succeed.
 func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, error) {
 	var intent capture
 	if err := json.Unmarshal(e.Payload, &intent); err != nil {
@@ -148,7 +151,8 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 		if err == nil && declined.Error.Capture != nil {
 			out = *declined.Error.Capture
 		}
-	case http.StatusConflict, http.StatusTooManyRequests:
+	case http.StatusConflict, http.StatusTooManyRequests, http.StatusRequestTimeout, http.StatusTooEarly,
+		http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
 		return captured{}, fmt.Errorf("provider: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
 	default:
 		if resp.StatusCode >= 500 {
@@ -156,8 +160,13 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 		}
 		return captured{}, effect.Permanent(fmt.Errorf("provider refused the request: %d %s", resp.StatusCode, bytes.TrimSpace(raw)))
 	}
-	if err == nil && out.ID == "" {
+	switch {
+	case err != nil:
+	case out.ID == "":
 		err = errors.New("no capture in the answer")
+	case resp.StatusCode == http.StatusOK && out.Status != "captured",
+		resp.StatusCode == http.StatusPaymentRequired && out.Status != "declined":
+		err = fmt.Errorf("capture %s has status %q", out.ID, out.Status)
 	}
 	if err != nil {
 		return captured{}, fmt.Errorf("provider: %d with an answer this client cannot read: %w", resp.StatusCode, err)
@@ -176,9 +185,12 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 func recordCapture(ctx context.Context, tx pgx.Tx, e effect.Effect, c captured, callErr error) error {
 	var intent capture
 	if err := json.Unmarshal(e.Payload, &intent); err != nil {
+		if callErr != nil {
+			return nil // do refused it for the same reason: the effect ends failed, its last_error says why
+		}
 		return fmt.Errorf("decoding the capture intent: %w", err)
 	}
-	state, captureID, reason := "captured", &c.ID, (*string)(nil)
+	state, captureID, reason := "captured", &c.ID, (*string)(nil) // a decline has an id too
 	switch {
 	case callErr != nil:
 		state, captureID = "failed", nil
