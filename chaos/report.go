@@ -50,8 +50,9 @@ type Report struct {
 // subjects they interrupted (attribution.go). Every count is measured.
 type WindowRow struct {
 	Window      string `json:"window"`
-	Service     string `json:"service"`  // the killed service ("hostile": the subject was a hostile message)
-	Consumer    string `json:"consumer"` // the service that consumes the subject ("" for dead letters)
+	Service     string `json:"service"`         // the killed service ("hostile": the subject was a hostile message)
+	Consumer    string `json:"consumer"`        // the service that consumes the subject ("" for dead letters and probe messages)
+	Topic       string `json:"topic,omitempty"` // where a subject nobody consumes went: <service>.dlq or <service>.probe
 	Kills       int    `json:"kills"`
 	Hostile     int    `json:"hostile"`     // of those, on hostile messages: left out of everything below
 	Redelivered int    `json:"redelivered"` // subjects seen again after the kill
@@ -120,7 +121,11 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, h.p.MinPerWindow))
 		}
 	}
-	facts, err := h.gatherFacts(ctx, log, hostile.ids())
+	records, err := h.readKafka(ctx)
+	if err != nil {
+		return r, fmt.Errorf("reading what Kafka holds: %w", err)
+	}
+	facts, err := h.gatherFacts(ctx, log, hostile.ids(), records)
 	if err != nil {
 		return r, fmt.Errorf("attributing the kills: %w", err)
 	}
@@ -240,6 +245,14 @@ var windowNotes = map[failpoint.Name]string{
 	failpoint.AfterCommitBeforeResponse: "paid, no answer: the client retried, got the paid order; OrderPaid rows = applied",
 }
 
+// unconsumedNotes are the relay windows' notes for messages nobody
+// consumes (dead letters, probe messages): their copies in Kafka are all
+// there is to measure.
+var unconsumedNotes = map[failpoint.Name]string{
+	failpoint.AfterClaimBeforePublish: "claimed, not sent: the next relay sent it (copies in Kafka ≥ 1); nobody consumes it",
+	failpoint.AfterPublishBeforeMark:  "sent, not marked: sent again (copies in Kafka ≥ 2); nobody consumes it",
+}
+
 func (r *Report) print() {
 	fmt.Println()
 	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.DurationS)
@@ -260,7 +273,10 @@ func (r *Report) print() {
 			met = fmt.Sprintf("%d (caught %d, 2× %d)", w.CopiesMetEffect, w.CopiesCaught, w.DoubleByWindow)
 		}
 		consumer := w.Consumer
-		if consumer == "" {
+		switch {
+		case consumer == "" && w.Topic != "":
+			consumer = "- (" + w.Topic + ")"
+		case consumer == "":
 			consumer = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", w.Window, w.Service, consumer, w.Kills, w.Hostile,
