@@ -62,8 +62,9 @@ type harness struct {
 	restarts    atomic.Int64
 	pgRestarts  atomic.Int64
 	faults      faultInjector
-	apache      *apacheFaults // the real-Kafka profile's broker faults, or nil
-	net         *netFaults    // its network faults, or nil
+	apache      *apacheFaults  // the real-Kafka profile's broker faults, or nil
+	net         *netFaults     // its network faults, or nil
+	probes      []*probeWriter // each service's probe stream (probe.go)
 	fpLog       string
 	sys         *system.System
 	start       time.Time
@@ -159,10 +160,10 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	h.fpLog = filepath.Join(work, "failpoints.log")
-	h.say("seed %d, profile %s (%d orders at %.0f/s), inbox %s, domain guard %s", h.seed, h.p.Name, h.p.Orders, h.p.Rate, onOff(h.inbox), onOff(h.guard))
+	h.say("seed %d, profile %s (%d orders at %.0f/s), inbox %s, domain guard %s, relays %s", h.seed, h.p.Name, h.p.Orders, h.p.Rate, onOff(h.inbox), onOff(h.guard), h.p.relay())
 	h.say("logs in %s", work)
 
-	kopts := stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond, Impl: h.p.Broker, Nodes: h.p.Nodes}
+	kopts := stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond, Impl: h.p.Broker, Nodes: h.p.Nodes, Topics: probeTopics()}
 	kopts.Apache.Log = h.say
 	var serviceDBURL func(string) string
 	if h.p.NetFault > 0 {
@@ -177,20 +178,19 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		ServiceDBURL: serviceDBURL,
 		Work:         work,
 		Replicas:     map[string]int{"orders": 2, "inventory": 3},
-		Env: []string{
+		Env: append(h.p.relayEnv(),
 			"KAFKA_SESSION_TIMEOUT=1s",
 			"KAFKA_REBALANCE_TIMEOUT=3s",
 			"KAFKA_COMMIT_INTERVAL=200ms",
 			"RELAY_POLL_INTERVAL=100ms",
-			fmt.Sprintf("RELAY_SHARDS=%d", h.p.RelayShards),
 			"RELAY_LEASE_TTL=2s",
 			"INBOX_RETRY_BACKOFF=20ms",
 			"INBOX_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),
 			fmt.Sprintf("DOMAIN_GUARD_DISABLED=%t", !h.guard),
-			"FAILPOINT_LOG=" + h.fpLog,
-			"FAILPOINT_TRACE=" + joinNames(traced), // attribution.go: was a killed subject seen again?
-		},
+			"FAILPOINT_LOG="+h.fpLog,
+			"FAILPOINT_TRACE="+joinNames(traced), // attribution.go: was a killed subject seen again?
+		),
 		Kafka:   kopts,
 		EnvHook: h.arm,
 		Log:     func(f string, a ...any) { h.say(f, a...) },
@@ -223,6 +223,14 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		h.faults = newBrokerFaults(sys.Kafka.Cluster(), h.seed)
 	}
 	var wg sync.WaitGroup
+	// The probe streams (probe.go) run as long as the load, at a third of
+	// its pace in messages per service.
+	for _, svc := range system.Services {
+		w := newProbeWriter(svc, h.seed)
+		h.probes = append(h.probes, w)
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(chaosCtx, sys.DBURL[svc], h.p.Rate/3, h.say) }()
+	}
 	wg.Add(4)
 	go func() { defer wg.Done(); h.killRandomly(chaosCtx) }()
 	go func() { defer wg.Done(); h.faults.run(chaosCtx, h.p.BrokerFault) }()
@@ -282,6 +290,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	h.mu.Unlock()
 	stopChaos()
 	wg.Wait()
+	for _, w := range h.probes {
+		h.say("probe stream %s", w.summary())
+	}
 	h.say("draining: chaos stopped, waiting for every paid order to settle")
 	drainCtx, cancelDrain := context.WithTimeout(ctx, h.p.Drain)
 	defer cancelDrain()

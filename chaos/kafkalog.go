@@ -23,11 +23,12 @@ type kafkaRecord struct {
 	payload   []byte
 }
 
-// readKafka reads everything the run's topics hold (the events' and the
-// dead letters'). The cluster may still be electing leaders after the last
-// fault: it tries for a minute before giving up on the run.
+// readKafka reads everything the run's topics hold (the events', the dead
+// letters' and the probe streams'). The cluster may still be electing
+// leaders after the last fault: it tries for a minute before giving up on
+// the run.
 func (h *harness) readKafka(ctx context.Context) ([]kafkaRecord, error) {
-	topics := system.Topics
+	topics := append(append([]string(nil), system.Topics...), probeTopics()...)
 	for try := 0; ; try++ {
 		records, err := readTopics(ctx, h.sys.Kafka.DirectBrokers(), topics...)
 		if err == nil || try == 12 {

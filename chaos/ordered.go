@@ -28,11 +28,16 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/services/events"
 )
 
 // probeEntry is one probe message the harness committed, or may have.
@@ -259,4 +264,33 @@ func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 		detail = strings.Join(bad, " | ") + " | checked: " + strings.Join(parts, "; ")
 	}
 	return len(bad) == 0, detail
+}
+
+// orderedPerKey judges what Kafka holds: each probe topic against its
+// writer's ledger, each event topic against its producer's outbox.
+func (h *harness) orderedPerKey(ctx context.Context, records []kafkaRecord) ([]TopicOrder, error) {
+	on := map[string][]kafkaRecord{}
+	for _, r := range records {
+		on[r.topic] = append(on[r.topic], r)
+	}
+	var topics []TopicOrder
+	for _, w := range h.probes {
+		topic := probeTopic(w.service)
+		topics = append(topics, judgeProbes(topic, on[topic], w.ledger))
+	}
+	for _, src := range []struct{ producer, topic string }{{"orders", events.TopicOrders}, {"inventory", events.TopicInventory}} {
+		producer, topic := src.producer, src.topic
+		position := map[string]int64{}
+		rows, err := h.sys.Pools[producer].Query(ctx, `SELECT message_id::text, id FROM outbox_messages WHERE topic = $1`, topic)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
+		}
+		var id string
+		var pos int64
+		if _, err := pgx.ForEachRow(rows, []any{&id, &pos}, func() error { position[id] = pos; return nil }); err != nil {
+			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
+		}
+		topics = append(topics, judgeDomain(topic, on[topic], position))
+	}
+	return topics, nil
 }

@@ -18,6 +18,7 @@ type Report struct {
 	Profile              string                   `json:"profile"`
 	Inbox                bool                     `json:"inbox"`
 	Guard                bool                     `json:"guard"`
+	Relay                string                   `json:"relay"` // the services' relays: one leader, sharded, or parallel (the ordering control)
 	DurationS            float64                  `json:"duration_s"`
 	OrdersPaid           int                      `json:"orders_paid"`
 	Kills                map[string]int           `json:"kills"` // crash window → SIGKILLs it caused
@@ -41,9 +42,15 @@ type Report struct {
 	// The crash windows' own double-applies (hostile messages excluded) and
 	// the floor they must reach in the second control run: every copy that
 	// met an effect committed before its kill (attribution.go).
-	CrashWindowDoubleApplied int  `json:"crash_window_double_applied"`
-	CrashWindowFloor         int  `json:"crash_window_floor"`
-	Passed                   bool `json:"passed"`
+	CrashWindowDoubleApplied int `json:"crash_window_double_applied"`
+	CrashWindowFloor         int `json:"crash_window_floor"`
+	// What ordered-per-key found, per topic: the probe streams' and the
+	// events' (ordered.go).
+	OrderedPerKey []TopicOrder `json:"ordered_per_key"`
+	Passed        bool         `json:"passed"`
+	// Failed names the invariants that failed, comma-separated ("" when
+	// it passed), for a control run to show it failed for its reason.
+	Failed string `json:"failed"`
 }
 
 // WindowRow is what one crash window's kills in one service did to the
@@ -73,10 +80,11 @@ type WindowRow struct {
 
 // The invariants beyond internal/check's.
 const (
-	invFaultsBit = "faults-bit"     // kills, restarts and duplicates reached the profile's minimums
-	invHostile   = "hostile-caught" // every hostile class quarantined or dead-lettered with a reason
-	invLayers    = "layers"         // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
-	invAttrib    = "attribution"    // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
+	invFaultsBit = "faults-bit"      // kills, restarts and duplicates reached the profile's minimums
+	invHostile   = "hostile-caught"  // every hostile class quarantined or dead-lettered with a reason
+	invLayers    = "layers"          // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
+	invAttrib    = "attribution"     // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
+	invOrdered   = "ordered-per-key" // per key in Kafka: one partition, first copies in commit order, none lost, none invented (ordered.go)
 )
 
 func (h *harness) report(ctx context.Context, final check.Report, hostile *hostile) (*Report, error) {
@@ -86,7 +94,7 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	}
 	fired := h.countFired(log)
 	r := &Report{
-		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Refused: final.Refused,
+		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, Relay: h.p.relay(), Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
 		OrdersPaid:           final.OrdersPaid,
 		Kills:                map[string]int{},
@@ -228,10 +236,18 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		}
 	}
 
-	r.Passed = true
-	for _, ok := range r.Invariants {
-		r.Passed = r.Passed && ok
+	if r.OrderedPerKey, err = h.orderedPerKey(ctx, records); err != nil {
+		return r, err
 	}
+	r.Invariants[invOrdered], r.Details[invOrdered] = orderedVerdict(r.OrderedPerKey)
+
+	var failed []string
+	for _, name := range sortedKeys(r.Invariants) {
+		if !r.Invariants[name] {
+			failed = append(failed, name)
+		}
+	}
+	r.Passed, r.Failed = len(failed) == 0, strings.Join(failed, ",")
 	return r, nil
 }
 
@@ -255,7 +271,7 @@ var unconsumedNotes = map[failpoint.Name]string{
 
 func (r *Report) print() {
 	fmt.Println()
-	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.DurationS)
+	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, relays %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.Relay, r.DurationS)
 	fmt.Printf("orders paid %d | kills %d (%d random) | restarts %d | postgres restarts %d | duplicates suppressed %d | refused by the domain guard %v (%d not hostile)\n",
 		r.OrdersPaid, r.TotalKills, r.RandomKills, r.Restarts, r.PostgresRestarts, r.DuplicatesSuppressed, r.Refused, r.RefusedNotHostile)
 	fmt.Printf("broker: %s\n", r.Broker)
