@@ -2,13 +2,14 @@
 // real processes, kills them with SIGKILL at every named crash window and at
 // random moments, restarts Postgres, injects broker faults and hostile
 // messages, and then proves with SQL that nothing was applied twice and
-// nothing was lost.
+// nothing was lost, and from what Kafka holds that each key's messages
+// arrived in commit order (probe streams the harness writes itself).
 //
 //	go run ./chaos -profile ci -seed 7 -report chaos-report.json
 //	go run ./chaos -profile ci -seed 7 -inbox=off   # control: the domain guard alone must hold
 //	go run ./chaos -profile ci -seed 7 -inbox=off -guard=off   # control: must FAIL
 //	go run ./chaos -profile apache -seed 7          # real Apache Kafka: 3 brokers, broker and network faults
-//	go run ./chaos -profile smoke -seed 7 -relay=parallel   # control: ordered-per-key must FAIL
+//	go run ./chaos -profile smoke -orders 2000 -seed 7 -relay=parallel   # control: ordered-per-key must FAIL
 //	go run ./chaos -scenario after-commit-before-ack # one kill, narrated
 //
 // It exits non-zero when any invariant fails.
