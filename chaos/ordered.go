@@ -58,6 +58,7 @@ type probeMessage struct {
 // TopicOrder is what ordered-per-key found on one topic.
 type TopicOrder struct {
 	Topic    string `json:"topic"`
+	Probe    bool   `json:"probe"` // a probe stream: it must have keys with an order to check
 	Keys     int    `json:"keys"`
 	Messages int    `json:"messages"` // distinct messages: first copies
 	Repeats  int    `json:"repeats"`  // copies of a message already there
@@ -119,7 +120,7 @@ func partitions(records []kafkaRecord) []int32 {
 // judgeProbes holds a probe topic's records to the ledger of what was
 // committed into it.
 func judgeProbes(topic string, records []kafkaRecord, ledger probeLedger) TopicOrder {
-	t := TopicOrder{Topic: topic}
+	t := TopicOrder{Topic: topic, Probe: true}
 	keys := byKey(records)
 	all := map[string]bool{}
 	for k := range keys {
@@ -257,6 +258,11 @@ func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 		if t.violations() > 0 {
 			bad = append(bad, fmt.Sprintf("%s: %d split, %d reordered, %d lost, %d phantom: %s",
 				t.Topic, t.Split, t.Reordered, t.Lost, t.Phantom, strings.Join(t.Examples, "; ")))
+		}
+		if t.Probe && t.KeysOrdered == 0 {
+			// A probe stream that wrote nothing (its pool never
+			// connected, say) would pass by proving nothing.
+			bad = append(bad, t.Topic+": no key with more than one message in Kafka: the probe stream proves nothing")
 		}
 	}
 	detail = "each key on one partition, first copies in commit order: " + strings.Join(parts, "; ")

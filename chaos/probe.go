@@ -62,8 +62,9 @@ func newProbeWriter(service string, seed uint64) *probeWriter {
 	return &probeWriter{service: service, rng: rand.New(rand.NewPCG(seed, stream)), ledger: probeLedger{}}
 }
 
-// run commits a transaction about every interval, so perSecond messages a
-// second, until ctx ends. Read the ledger only after it returned.
+// run commits a transaction every probeMeanTx/perSecond seconds, so about
+// perSecond messages a second, until ctx ends. Read the ledger only after
+// it returned.
 func (w *probeWriter) run(ctx context.Context, dbURL string, perSecond float64, say func(string, ...any)) {
 	// Its own pool: the checks' pool is not slowed by it, nor it by them.
 	pool, err := pgxpool.New(ctx, dbURL)
