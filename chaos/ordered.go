@@ -44,6 +44,7 @@ import (
 type probeEntry struct {
 	id    string // the message id it gave it
 	maybe bool   // its COMMIT failed: it may have committed or not
+	tx    int    // the writer's transaction that wrote it, numbered from 1
 }
 
 // probeLedger is what a probe writer committed: key → seq → message.
@@ -74,11 +75,14 @@ type TopicOrder struct {
 	// (the hostile messages), left out of the order check.
 	Unpositioned int `json:"unpositioned,omitempty"`
 
-	Split     int      `json:"split"`     // keys on more than one partition
-	Reordered int      `json:"reordered"` // first copies after a later message's
-	Lost      int      `json:"lost"`      // probe messages committed and not there
-	Phantom   int      `json:"phantom"`   // probe records never committed
-	Examples  []string `json:"examples,omitempty"`
+	Split     int `json:"split"`     // keys on more than one partition
+	Reordered int `json:"reordered"` // first copies after a later message's
+	// ReorderedAcrossTx are the probe streams' reordered first copies whose
+	// later message came from another transaction, not the same one.
+	ReorderedAcrossTx int      `json:"reordered_across_transactions"`
+	Lost              int      `json:"lost"`    // probe messages committed and not there
+	Phantom           int      `json:"phantom"` // probe records never committed
+	Examples          []string `json:"examples,omitempty"`
 }
 
 func (t *TopicOrder) violations() int { return t.Split + t.Reordered + t.Lost + t.Phantom }
@@ -177,7 +181,12 @@ func judgeProbeKey(t *TopicOrder, key string, records []kafkaRecord, committed m
 			}
 			if p.Seq < top && len(parts) == 1 {
 				t.Reordered++
-				t.example("key %s: seq %d first arrived at %s, after seq %d at %s", key, p.Seq, at, top, topAt)
+				txs := fmt.Sprintf("both of transaction %d", e.tx)
+				if later := committed[top].tx; later != e.tx {
+					t.ReorderedAcrossTx++
+					txs = fmt.Sprintf("transactions %d and %d", e.tx, later)
+				}
+				t.example("key %s: seq %d first arrived at %s, after seq %d at %s (%s)", key, p.Seq, at, top, topAt, txs)
 			}
 			if p.Seq > top {
 				top, topAt = p.Seq, at
@@ -256,8 +265,12 @@ func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 		}
 		parts = append(parts, s)
 		if t.violations() > 0 {
-			bad = append(bad, fmt.Sprintf("%s: %d split, %d reordered, %d lost, %d phantom: %s",
-				t.Topic, t.Split, t.Reordered, t.Lost, t.Phantom, strings.Join(t.Examples, "; ")))
+			reordered := fmt.Sprint(t.Reordered)
+			if t.Probe {
+				reordered += fmt.Sprintf(" (%d across transactions)", t.ReorderedAcrossTx)
+			}
+			bad = append(bad, fmt.Sprintf("%s: %d split, %s reordered, %d lost, %d phantom: %s",
+				t.Topic, t.Split, reordered, t.Lost, t.Phantom, strings.Join(t.Examples, "; ")))
 		}
 		if t.Probe && t.KeysOrdered == 0 {
 			// A probe stream that wrote nothing (its pool never

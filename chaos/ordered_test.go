@@ -32,14 +32,25 @@ func arrivals(spec ...string) []kafkaRecord {
 	return records
 }
 
-// ledgerOf says what was committed: sure seqs and maybe seqs per key.
+// ledgerOf says what was committed: sure seqs and maybe seqs per key, each
+// seq s in transaction s+1.
 func ledgerOf(key string, sure []int, maybe ...int) probeLedger {
 	l := probeLedger{key: {}}
 	for _, s := range sure {
-		l[key][s] = probeEntry{id: probeID(key, s)}
+		l[key][s] = probeEntry{id: probeID(key, s), tx: s + 1}
 	}
 	for _, s := range maybe {
-		l[key][s] = probeEntry{id: probeID(key, s), maybe: true}
+		l[key][s] = probeEntry{id: probeID(key, s), maybe: true, tx: s + 1}
+	}
+	return l
+}
+
+// oneTx puts seqs of key in one transaction.
+func oneTx(l probeLedger, key string, tx int, seqs ...int) probeLedger {
+	for _, s := range seqs {
+		e := l[key][s]
+		e.tx = tx
+		l[key][s] = e
 	}
 	return l
 }
@@ -65,8 +76,11 @@ func TestOrderedProbes(t *testing.T) {
 		{name: "in order", records: arrivals("0:k 0 1 2 3"), ledger: ledgerOf("k", seqs(4)),
 			want: TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4}},
 		{name: "first copies reordered", records: arrivals("0:k 0 2 1 3"), ledger: ledgerOf("k", seqs(4)),
+			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4, Reordered: 1, ReorderedAcrossTx: 1},
+			example: "key k: seq 1 first arrived at 0/2, after seq 2 at 0/1 (transactions 2 and 3)"},
+		{name: "first copies of one transaction reordered", records: arrivals("0:k 0 2 1 3"), ledger: oneTx(ledgerOf("k", seqs(4)), "k", 2, 1, 2),
 			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4, Reordered: 1},
-			example: "key k: seq 1 first arrived at 0/2, after seq 2 at 0/1"},
+			example: "key k: seq 1 first arrived at 0/2, after seq 2 at 0/1 (both of transaction 2)"},
 		{name: "a gap: seq 2 lost", records: arrivals("0:k 0 1 3"), ledger: ledgerOf("k", seqs(4)),
 			want:    TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Committed: 4, Lost: 1},
 			example: "key k: seq 2 (message id-k-2) committed, not in Kafka"},
@@ -90,8 +104,8 @@ func TestOrderedProbes(t *testing.T) {
 		{name: "a maybe seq there, in order", records: arrivals("0:k 0 1 2 3"), ledger: ledgerOf("k", []int{0, 1, 3}, 2),
 			want: TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 3, Maybe: 1, MaybeThere: 1}},
 		{name: "a maybe seq there, out of order", records: arrivals("0:k 0 1 3 2"), ledger: ledgerOf("k", []int{0, 1, 3}, 2),
-			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 3, Maybe: 1, MaybeThere: 1, Reordered: 1},
-			example: "key k: seq 2 first arrived at 0/3, after seq 3 at 0/2"},
+			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 3, Maybe: 1, MaybeThere: 1, Reordered: 1, ReorderedAcrossTx: 1},
+			example: "key k: seq 2 first arrived at 0/3, after seq 3 at 0/2 (transactions 3 and 4)"},
 		{name: "nothing committed, nothing in Kafka: no order was checked", records: nil, ledger: probeLedger{},
 			want: TopicOrder{}},
 		{name: "a record that is no probe message", records: []kafkaRecord{{key: "k", payload: []byte("x")}}, ledger: probeLedger{},

@@ -9,6 +9,13 @@ package main
 // keys interleaved. Nothing consumes the probe topics; the services'
 // relays publish the rows with everything else, across the same kills,
 // Postgres restarts and shard handovers.
+//
+// The transactions come in pairs on the same keys, back to back: a key's
+// rows of two transactions then sit a few rows apart in the outbox, as
+// close as its rows of one, so relays that split a run of rows between
+// them and publish the halves out of order (the ordering control run,
+// RELAY_PARALLEL) put a key out of order across transactions too, not only
+// within one.
 
 import (
 	"context"
@@ -29,7 +36,8 @@ import (
 const (
 	probeKeys      = 50 // keys per service
 	probeKeysPerTx = 3  // keys a transaction writes, one or two messages each
-	probeMeanTx    = probeKeysPerTx * 1.5
+	probeTxPerTick = 2  // transactions back to back on the same keys
+	probeMeanTick  = probeTxPerTick * probeKeysPerTx * 1.5
 )
 
 // probeTopic is the probe stream of service's outbox.
@@ -50,7 +58,7 @@ type probeWriter struct {
 	rng     *rand.Rand
 	next    [probeKeys]int // each key's next seq
 	ledger  probeLedger
-	// Transactions by outcome.
+	// Transactions by outcome; their sum numbers the next one.
 	committed, unknown, rolledBack int
 }
 
@@ -62,9 +70,9 @@ func newProbeWriter(service string, seed uint64) *probeWriter {
 	return &probeWriter{service: service, rng: rand.New(rand.NewPCG(seed, stream)), ledger: probeLedger{}}
 }
 
-// run commits a transaction every probeMeanTx/perSecond seconds, so about
-// perSecond messages a second, until ctx ends. Read the ledger only after
-// it returned.
+// run commits a pair of transactions every probeMeanTick/perSecond
+// seconds, so about perSecond messages a second, until ctx ends. Read the
+// ledger only after it returned.
 func (w *probeWriter) run(ctx context.Context, dbURL string, perSecond float64, say func(string, ...any)) {
 	// Its own pool: the checks' pool is not slowed by it, nor it by them.
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -73,7 +81,7 @@ func (w *probeWriter) run(ctx context.Context, dbURL string, perSecond float64, 
 		return
 	}
 	defer pool.Close()
-	t := time.NewTicker(time.Duration(probeMeanTx / perSecond * float64(time.Second)))
+	t := time.NewTicker(time.Duration(probeMeanTick / perSecond * float64(time.Second)))
 	defer t.Stop()
 	for {
 		select {
@@ -81,7 +89,10 @@ func (w *probeWriter) run(ctx context.Context, dbURL string, perSecond float64, 
 			return
 		case <-t.C:
 		}
-		w.commitOne(ctx, pool)
+		keys := w.rng.Perm(probeKeys)[:probeKeysPerTx]
+		for range probeTxPerTick {
+			w.commitOne(ctx, pool, keys)
+		}
 	}
 }
 
@@ -97,8 +108,9 @@ const (
 // commitOne writes one batch and records it by its outcome. The seqs a
 // transaction took are never given out again, so one that was rolled back
 // and turns up in Kafka is a phantom.
-func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool) {
-	batch := w.batch()
+func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool, keys []int) {
+	tx := w.committed + w.unknown + w.rolledBack + 1
+	batch := w.batch(keys)
 	msgs := make([]*message.Message, len(batch))
 	for i, p := range batch {
 		payload, err := json.Marshal(p)
@@ -125,7 +137,7 @@ func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool) {
 		if w.ledger[p.Key] == nil {
 			w.ledger[p.Key] = map[int]probeEntry{}
 		}
-		w.ledger[p.Key][p.Seq] = probeEntry{id: msgs[i].UUID, maybe: out == unknown}
+		w.ledger[p.Key][p.Seq] = probeEntry{id: msgs[i].UUID, maybe: out == unknown, tx: tx}
 	}
 }
 
@@ -153,12 +165,11 @@ func publishProbes(ctx context.Context, pool *pgxpool.Pool, topic string, msgs [
 	}
 }
 
-// batch takes the next seqs of probeKeysPerTx distinct keys, one or two
-// each, interleaved: every key's first, then the second ones (k1/s, k2/t,
-// k3/u, k1/s+1, k3/u+1).
-func (w *probeWriter) batch() []probeMessage {
+// batch takes the next seqs of keys, one or two each, interleaved: every
+// key's first, then the second ones (k1/s, k2/t, k3/u, k1/s+1, k3/u+1).
+func (w *probeWriter) batch(keys []int) []probeMessage {
 	var rounds [2][]probeMessage
-	for _, k := range w.rng.Perm(probeKeys)[:probeKeysPerTx] {
+	for _, k := range keys {
 		key := fmt.Sprintf("probe-%02d", k)
 		for i := range 1 + w.rng.IntN(2) {
 			rounds[i] = append(rounds[i], probeMessage{Key: key, Seq: w.next[k]})
