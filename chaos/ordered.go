@@ -256,7 +256,7 @@ func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 	var parts, bad []string
 	for _, t := range topics {
 		s := fmt.Sprintf("%s %d keys, %d messages (%d with an order to check), %d repeats", t.Topic, t.Keys, t.Messages, t.KeysOrdered, t.Repeats)
-		if t.Committed+t.Maybe > 0 {
+		if t.Probe {
 			s = fmt.Sprintf("%s %d keys (%d with an order to check), %d messages in Kafka of %d committed and %d of unknown outcome (%d of those there), %d repeats",
 				t.Topic, t.Keys, t.KeysOrdered, t.Messages, t.Committed, t.Maybe, t.MaybeThere, t.Repeats)
 		}

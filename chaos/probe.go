@@ -37,7 +37,8 @@ const (
 	probeKeys      = 50 // keys per service
 	probeKeysPerTx = 3  // keys a transaction writes, one or two messages each
 	probeTxPerTick = 2  // transactions back to back on the same keys
-	probeMeanTick  = probeTxPerTick * probeKeysPerTx * 1.5
+	// probeMeanTick is how many messages a pair writes, on average.
+	probeMeanTick = probeTxPerTick * probeKeysPerTx * 1.5
 )
 
 // probeTopic is the probe stream of service's outbox.
