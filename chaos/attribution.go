@@ -40,13 +40,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
@@ -149,7 +145,7 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 	var order []string
 	for _, k := range l.kills {
 		f, ok := facts[k.subject]
-		service, consumer := "hostile", ""
+		service, consumer, topic := "hostile", "", ""
 		switch {
 		case k.window == failpoint.AfterCommitBeforeResponse:
 			service, consumer = "orders", "orders"
@@ -159,11 +155,19 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 			service, consumer = f.consumer, f.consumer
 		case ok && !f.hostile:
 			service, consumer = f.producer, f.consumer
+			if consumer == "" {
+				// Nobody consumes it: a dead letter or a probe message
+				// (probe.go), a row of their own per topic.
+				topic = f.topic
+			}
 		}
-		key := string(k.window) + "/" + service + "/" + consumer
+		key := string(k.window) + "/" + service + "/" + consumer + "/" + topic
 		r := rows[key]
 		if r == nil {
-			r = &WindowRow{Window: string(k.window), Service: service, Consumer: consumer, Note: windowNotes[k.window]}
+			r = &WindowRow{Window: string(k.window), Service: service, Consumer: consumer, Topic: topic, Note: windowNotes[k.window]}
+			if topic != "" {
+				r.Note = unconsumedNotes[k.window]
+			}
 			rows[key] = r
 			order = append(order, key)
 		}
@@ -217,7 +221,7 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 			}
 		}
 		slices.SortFunc(these, func(a, b WindowRow) int {
-			return strings.Compare(a.Service+"/"+a.Consumer, b.Service+"/"+b.Consumer)
+			return strings.Compare(a.Service+"/"+a.Consumer+"/"+a.Topic, b.Service+"/"+b.Consumer+"/"+b.Topic)
 		})
 		out = append(out, these...)
 	}
@@ -246,6 +250,9 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 			continue // judged by effectVerdict
 		}
 		name := r.Window + "/" + r.Service
+		if r.Topic != "" {
+			name += "/" + r.Topic
+		}
 		own := r.Kills - r.Hostile
 		if own > 0 && r.Redelivered == 0 {
 			bad = append(bad, fmt.Sprintf("%s: %d kills, no subject seen again", name, own))
@@ -303,8 +310,9 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 }
 
 // gatherFacts looks every kill's subject up in both services' databases and
-// counts the copies of the relay windows' messages in Kafka.
-func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[string]bool) (map[string]subjectFacts, error) {
+// counts the copies of the relay windows' messages among records, what
+// Kafka holds.
+func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[string]bool, records []kafkaRecord) (map[string]subjectFacts, error) {
 	var ids, orderIDs, relayed []string
 	for _, k := range l.kills {
 		switch {
@@ -422,103 +430,15 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	// The topics the relay windows' messages went to: the events', and the
-	// dead letters' (<consumer>.dlq).
-	var topics []string
+	// The relay windows' messages: their copies on their own topic, as the
+	// harness's client read them (the events', the dead letters' or the
+	// probe streams').
+	copies := copiesByID(records)
 	for _, id := range relayed {
-		if t := facts[id].topic; t != "" && !slices.Contains(topics, t) {
-			topics = append(topics, t)
-		}
-	}
-	if len(topics) > 0 {
-		// The cluster may still be electing leaders after the last fault:
-		// try for a while before giving up on the run.
-		var copies map[string]int
-		var err error
-		for try := 0; ; try++ {
-			if copies, err = kafkaCopies(ctx, h.sys.Kafka.DirectBrokers(), topics...); err == nil || try == 12 {
-				break
-			}
-			h.say("counting copies in Kafka: %v (trying again)", err)
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(5 * time.Second):
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("counting copies in Kafka: %w", err)
-		}
-		for id, f := range facts {
-			f.copies = copies[id]
+		if f, ok := facts[id]; ok && f.topic != "" {
+			f.copies = copies[f.topic][id]
 			facts[id] = f
 		}
 	}
 	return facts, nil
-}
-
-// kafkaCopies reads topics from their first to their last offset with the
-// harness's own client and counts the records per message id.
-func kafkaCopies(ctx context.Context, brokers []string, topics ...string) (map[string]int, error) {
-	client, err := sarama.NewClient(brokers, kafkaconf.Sarama())
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, err
-	}
-	defer consumer.Close()
-	counts := map[string]int{}
-	for _, topic := range topics {
-		parts, err := client.Partitions(topic)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range parts {
-			first, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-			if err != nil {
-				return nil, err
-			}
-			end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-			if err != nil {
-				return nil, err
-			}
-			if end <= first {
-				continue
-			}
-			if err := readPartition(ctx, consumer, topic, p, first, end, counts); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return counts, nil
-}
-
-func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, first, end int64, counts map[string]int) error {
-	pc, err := consumer.ConsumePartition(topic, p, first)
-	if err != nil {
-		return err
-	}
-	defer pc.Close()
-	for {
-		select {
-		case m := <-pc.Messages():
-			for _, hd := range m.Headers {
-				if string(hd.Key) == kafka.UUIDHeaderKey {
-					counts[string(hd.Value)]++
-				}
-			}
-			if m.Offset >= end-1 {
-				return nil
-			}
-		case err := <-pc.Errors():
-			return fmt.Errorf("%s/%d: %w", topic, p, err)
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("%s/%d: nothing read for 30s before offset %d", topic, p, end)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }

@@ -241,3 +241,38 @@ func TestEffectVerdict(t *testing.T) {
 		})
 	}
 }
+
+// TestProbeSubjectsHaveRowsOfTheirOwn: a relay window's kill on a message
+// nobody consumes (a probe message, a dead letter) is judged by its copies
+// in Kafka alone, in a row of its topic, apart from the events' rows.
+func TestProbeSubjectsHaveRowsOfTheirOwn(t *testing.T) {
+	l := logOf("kill "+mark+" p-1", "kill "+mark+" m-1", "hit "+begin+" m-1", "hit "+begin+" m-1", "kill "+mark+" d-1")
+	rows := attribute(l, map[string]subjectFacts{
+		"p-1": {producer: "orders", topic: "orders.probe", copies: 2},
+		"m-1": paid(subjectFacts{topic: "orders.events", applied: 1, copies: 2, dups: 1}),
+		"d-1": {producer: "orders", topic: "orders.dlq", copies: 1},
+	})
+	var probe, dlq, events WindowRow
+	for _, r := range rows {
+		switch {
+		case r.Topic == "orders.probe":
+			probe = r
+		case r.Topic == "orders.dlq":
+			dlq = r
+		case r.Consumer == "inventory":
+			events = r
+		}
+	}
+	if probe.Kills != 1 || probe.Redelivered != 1 || probe.Consumer != "" || probe.CopiesMetEffect != 0 {
+		t.Errorf("probe row %+v: want 1 kill, seen again by its 2 copies, no consumer, no effect to meet", probe)
+	}
+	if dlq.Kills != 1 || dlq.Redelivered != 0 {
+		t.Errorf("dead letter row %+v: want 1 kill, one copy: not seen again", dlq)
+	}
+	if events.Kills != 1 || events.CopiesMetEffect != 1 {
+		t.Errorf("the events' row %+v: want its one kill alone", events)
+	}
+	if ok, detail, _, _ := attributionVerdict(rows, true, true); !strings.Contains(detail, mark+"/orders/orders.dlq: 1 kills, no subject seen again") || ok {
+		t.Errorf("verdict %v %q: want the dead letter's row named by its topic", ok, detail)
+	}
+}

@@ -2,13 +2,15 @@
 // real processes, kills them with SIGKILL at every named crash window and at
 // random moments, restarts Postgres, injects broker faults and hostile
 // messages, and then proves with SQL that nothing was applied twice and
-// nothing was lost.
+// nothing was lost, and from what Kafka holds that each key's messages
+// arrived in commit order (probe streams the harness writes itself).
 //
 //	go run ./chaos -profile ci -seed 7 -report chaos-report.json
 //	go run ./chaos -profile ci -seed 7 -inbox=off   # control: the domain guard alone must hold
 //	go run ./chaos -profile ci -seed 7 -inbox=off -guard=off   # control: must FAIL
 //	go run ./chaos -profile smoke -seed 7 -effect-keys=off     # control: must FAIL with double captures
 //	go run ./chaos -profile apache -seed 7          # real Apache Kafka: 3 brokers, broker and network faults
+//	go run ./chaos -profile smoke -orders 2000 -seed 7 -relay=parallel   # control: ordered-per-key must FAIL
 //	go run ./chaos -scenario after-commit-before-ack # one kill, narrated
 //
 // It exits non-zero when any invariant fails.
@@ -48,6 +50,7 @@ func run(ctx context.Context) error {
 		keysFlag    = flag.String("effect-keys", "on", "idempotency keys on payment captures: on, or off for the effect control run, which must fail with double captures")
 		scenario    = flag.String("scenario", "", "learning mode: one order, one kill at this window, narrated")
 		orders      = flag.Int("orders", 0, "override the profile's order count")
+		relay       = flag.String("relay", "", "the services' relays: leader (one leads each outbox), sharded (RELAY_SHARDS), or parallel for the ordering control run, which must fail ordered-per-key; default: the profile's")
 	)
 	flag.Parse()
 
@@ -60,6 +63,9 @@ func run(ctx context.Context) error {
 	}
 	if *orders > 0 {
 		p.Orders = *orders
+	}
+	if err := p.setRelay(*relay); err != nil {
+		return err
 	}
 	if *inboxFlag != "on" && *inboxFlag != "off" {
 		return fmt.Errorf("-inbox must be on or off, not %q", *inboxFlag)
@@ -123,6 +129,47 @@ type profile struct {
 	// inventory's three relays all publish, and move shards as they are
 	// killed and restarted.
 	RelayShards int
+	// RelayParallel, the ordering control run (-relay=parallel), has every
+	// replica's relay publish at once (RELAY_PARALLEL) in small batches,
+	// so that they claim interleaved runs of the outbox and a key's
+	// messages overtake each other: ordered-per-key must fail.
+	RelayParallel bool
+}
+
+// setRelay applies -relay: "" keeps the profile's relays.
+func (p *profile) setRelay(mode string) error {
+	switch mode {
+	case "":
+	case "leader":
+		p.RelayShards = 0
+	case "sharded":
+		p.RelayShards = max(p.RelayShards, 8)
+	case "parallel":
+		p.RelayShards, p.RelayParallel = 0, true
+	default:
+		return fmt.Errorf("-relay must be leader, sharded or parallel, not %q", mode)
+	}
+	return nil
+}
+
+// relay names the profile's relays for the log and the report.
+func (p profile) relay() string {
+	switch {
+	case p.RelayParallel:
+		return "parallel (control run: each key's order given up)"
+	case p.RelayShards > 1:
+		return fmt.Sprintf("sharded (%d shards)", p.RelayShards)
+	}
+	return "one leader per outbox"
+}
+
+// relayEnv is the services' relay configuration.
+func (p profile) relayEnv() []string {
+	env := []string{fmt.Sprintf("RELAY_SHARDS=%d", p.RelayShards)}
+	if p.RelayParallel {
+		env = append(env, "RELAY_PARALLEL=true", "RELAY_BATCH_SIZE=4")
+	}
+	return env
 }
 
 var profiles = map[string]profile{

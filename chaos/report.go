@@ -18,6 +18,7 @@ type Report struct {
 	Profile              string                   `json:"profile"`
 	Inbox                bool                     `json:"inbox"`
 	Guard                bool                     `json:"guard"`
+	Relay                string                   `json:"relay"` // the services' relays: one leader, sharded, or parallel (the ordering control)
 	DurationS            float64                  `json:"duration_s"`
 	OrdersPaid           int                      `json:"orders_paid"`
 	Kills                map[string]int           `json:"kills"` // crash window → SIGKILLs it caused
@@ -51,7 +52,13 @@ type Report struct {
 	EffectWindowDoubleCaptures int         `json:"effect_window_double_captures"`
 	EffectWindowFloor          int         `json:"effect_window_floor"`
 	Payments                   PaymentsRow `json:"payments"`
-	Passed                     bool        `json:"passed"`
+	// What ordered-per-key found, per topic: the probe streams' and the
+	// events' (ordered.go).
+	OrderedPerKey []TopicOrder `json:"ordered_per_key"`
+	Passed        bool         `json:"passed"`
+	// Failed names the invariants that failed, comma-separated ("" when
+	// it passed), for a control run to show it failed for its reason.
+	Failed string `json:"failed"`
 }
 
 // PaymentsRow is what the provider's ledger holds (check.CheckPayments).
@@ -65,8 +72,9 @@ type PaymentsRow struct {
 // subjects they interrupted (attribution.go). Every count is measured.
 type WindowRow struct {
 	Window      string `json:"window"`
-	Service     string `json:"service"`  // the killed service ("hostile": the subject was a hostile message)
-	Consumer    string `json:"consumer"` // the service that consumes the subject ("" for dead letters)
+	Service     string `json:"service"`         // the killed service ("hostile": the subject was a hostile message)
+	Consumer    string `json:"consumer"`        // the service that consumes the subject ("" for dead letters and probe messages)
+	Topic       string `json:"topic,omitempty"` // where a subject nobody consumes went: <service>.dlq or <service>.probe
 	Kills       int    `json:"kills"`
 	Hostile     int    `json:"hostile"`     // of those, on hostile messages: left out of everything below
 	Redelivered int    `json:"redelivered"` // subjects seen again after the kill
@@ -87,10 +95,11 @@ type WindowRow struct {
 
 // The invariants beyond internal/check's.
 const (
-	invFaultsBit = "faults-bit"     // kills, restarts and duplicates reached the profile's minimums
-	invHostile   = "hostile-caught" // every hostile class quarantined or dead-lettered with a reason
-	invLayers    = "layers"         // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
-	invAttrib    = "attribution"    // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
+	invFaultsBit = "faults-bit"      // kills, restarts and duplicates reached the profile's minimums
+	invHostile   = "hostile-caught"  // every hostile class quarantined or dead-lettered with a reason
+	invLayers    = "layers"          // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
+	invAttrib    = "attribution"     // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
+	invOrdered   = "ordered-per-key" // per key in Kafka: one partition, first copies in commit order, none lost, none invented (ordered.go)
 )
 
 func (h *harness) report(ctx context.Context, final check.Report, hostile *hostile) (*Report, error) {
@@ -100,7 +109,7 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	}
 	fired := h.countFired(log)
 	r := &Report{
-		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, EffectKeys: h.keys, Refused: final.Refused,
+		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, EffectKeys: h.keys, Relay: h.p.relay(), Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
 		OrdersPaid:           final.OrdersPaid,
 		Kills:                map[string]int{},
@@ -135,7 +144,11 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, h.p.MinPerWindow))
 		}
 	}
-	facts, err := h.gatherFacts(ctx, log, hostile.ids())
+	records, err := h.readKafka(ctx)
+	if err != nil {
+		return r, fmt.Errorf("reading what Kafka holds: %w", err)
+	}
+	facts, err := h.gatherFacts(ctx, log, hostile.ids(), records)
 	if err != nil {
 		return r, fmt.Errorf("attributing the kills: %w", err)
 	}
@@ -242,10 +255,18 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		}
 	}
 
-	r.Passed = true
-	for _, ok := range r.Invariants {
-		r.Passed = r.Passed && ok
+	if r.OrderedPerKey, err = h.orderedPerKey(ctx, records); err != nil {
+		return r, err
 	}
+	r.Invariants[invOrdered], r.Details[invOrdered] = orderedVerdict(r.OrderedPerKey)
+
+	var failed []string
+	for _, name := range sortedKeys(r.Invariants) {
+		if !r.Invariants[name] {
+			failed = append(failed, name)
+		}
+	}
+	r.Passed, r.Failed = len(failed) == 0, strings.Join(failed, ",")
 	return r, nil
 }
 
@@ -261,9 +282,17 @@ var windowNotes = map[failpoint.Name]string{
 	failpoint.AfterEffectBeforeRecord:   "captured, not recorded: called again with its key, the provider replays (suppressed = replays)",
 }
 
+// unconsumedNotes are the relay windows' notes for messages nobody
+// consumes (dead letters, probe messages): their copies in Kafka are all
+// there is to measure.
+var unconsumedNotes = map[failpoint.Name]string{
+	failpoint.AfterClaimBeforePublish: "claimed, not sent: the next relay sent it (copies in Kafka ≥ 1); nobody consumes it",
+	failpoint.AfterPublishBeforeMark:  "sent, not marked: sent again (copies in Kafka ≥ 2); nobody consumes it",
+}
+
 func (r *Report) print() {
 	fmt.Println()
-	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.DurationS)
+	fmt.Printf("chaos run: profile %s, seed %d, inbox %s, relays %s, %.0fs\n", r.Profile, r.Seed, onOff(r.Inbox), r.Relay, r.DurationS)
 	fmt.Printf("orders paid %d | kills %d (%d random) | restarts %d | postgres restarts %d | duplicates suppressed %d | refused by the domain guard %v (%d not hostile)\n",
 		r.OrdersPaid, r.TotalKills, r.RandomKills, r.Restarts, r.PostgresRestarts, r.DuplicatesSuppressed, r.Refused, r.RefusedNotHostile)
 	fmt.Printf("payments: %d captured once, %d declined once, %d orders with more than one attempt in the provider's ledger (effect keys %s)\n",
@@ -283,7 +312,10 @@ func (r *Report) print() {
 			met = fmt.Sprintf("%d (caught %d, 2× %d)", w.CopiesMetEffect, w.CopiesCaught, w.DoubleByWindow)
 		}
 		consumer := w.Consumer
-		if consumer == "" {
+		switch {
+		case consumer == "" && w.Topic != "":
+			consumer = "- (" + w.Topic + ")"
+		case consumer == "":
 			consumer = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", w.Window, w.Service, consumer, w.Kills, w.Hostile,

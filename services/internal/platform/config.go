@@ -91,6 +91,12 @@ type Config struct {
 	// replica must use the same count.
 	RelayShards   int           `env:"RELAY_SHARDS" default:"0"`     // 0: one relay leads
 	RelayLeaseTTL time.Duration `env:"RELAY_LEASE_TTL" default:"0s"` // 0: outbox.DefaultLeaseTTL
+	// RelayParallel lets every replica's relay publish at once, each
+	// claiming rows with SKIP LOCKED (pkg/outbox RelayConfig.Parallel), and
+	// gives up each key's order. Only the chaos harness's ordering control
+	// run sets it, to prove the harness sees keys reordered; it excludes
+	// RELAY_SHARDS > 1.
+	RelayParallel bool `env:"RELAY_PARALLEL" default:"false"`
 
 	// Effects outside the database (pkg/effect): orders captures payments
 	// at PROVIDER_URL (unset: captures are recorded and wait, none is made).

@@ -136,7 +136,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		Pool: pool, Publisher: publisher, Logger: wlog,
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
-		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance,
+		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
 	})
 	if err != nil {
 		return err
@@ -164,6 +164,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 	if cfg.DomainGuardDisabled {
 		log.Warn("DOMAIN GUARD DISABLED: an event for an order already decided is applied again")
+	}
+	if cfg.RelayParallel {
+		log.Warn("RELAY PARALLEL: every replica's relay publishes at once; a key's messages may reach Kafka out of commit order")
 	}
 	mtr.register(ibx, relay, cfg.RelayShards)
 	if effects.Kind != "" {

@@ -1,0 +1,315 @@
+package main
+
+// The ordered-per-key invariant: per partition key, Kafka holds a key's
+// messages in outbox commit order, across relay kills, restarts and shard
+// handovers; the one deviation allowed is a repeat of a message already
+// sent (a batch sent and not marked is sent again), which an inbox
+// suppresses (pkg/outbox doc.go, "The order promised" and "Sharded
+// relays").
+//
+// In the example domain every key (an order id) has one message per topic,
+// so the domain topics alone could never show a key out of order. The probe
+// streams can (probe.go): numbered messages the harness commits itself into
+// each service's outbox. Reading a probe key's records in offset order:
+//
+//   - split: they all sit on one partition;
+//   - reordered: the first copy of each seq comes after the first copies of
+//     every lower seq (a copy of a seq already seen is a repeat, allowed; a
+//     new seq below one already seen is out of order);
+//   - lost: every seq whose COMMIT returned is there;
+//   - phantom: every record is a seq the harness committed, surely or maybe
+//     (a COMMIT that failed may have committed), under the message id it
+//     gave it.
+//
+// On orders.events and inventory.events, per key: one partition, and the
+// first copies of its messages in the order of their outbox rows' ids,
+// where the producer's outbox still holds the row (not the hostile
+// messages, which no outbox wrote).
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// probeEntry is one probe message the harness committed, or may have.
+type probeEntry struct {
+	id    string // the message id it gave it
+	maybe bool   // its COMMIT failed: it may have committed or not
+	tx    int    // the writer's transaction that wrote it, numbered from 1
+}
+
+// probeLedger is what a probe writer committed: key → seq → message.
+type probeLedger map[string]map[int]probeEntry
+
+// probeMessage is a probe's payload.
+type probeMessage struct {
+	Key string `json:"key"`
+	Seq int    `json:"seq"`
+}
+
+// TopicOrder is what ordered-per-key found on one topic.
+type TopicOrder struct {
+	Topic    string `json:"topic"`
+	Probe    bool   `json:"probe"` // a probe stream: it must have keys with an order to check
+	Keys     int    `json:"keys"`
+	Messages int    `json:"messages"` // distinct messages: first copies
+	Repeats  int    `json:"repeats"`  // copies of a message already there
+	// KeysOrdered is how many keys have more than one message, so an order
+	// to check.
+	KeysOrdered int `json:"keys_ordered"`
+	// Probe streams: messages whose COMMIT returned, messages whose COMMIT
+	// failed (outcome unknown), and how many of those are in Kafka.
+	Committed  int `json:"committed,omitempty"`
+	Maybe      int `json:"maybe,omitempty"`
+	MaybeThere int `json:"maybe_there,omitempty"`
+	// Unpositioned are the domain topics' messages no outbox row places
+	// (the hostile messages), left out of the order check.
+	Unpositioned int `json:"unpositioned,omitempty"`
+
+	Split     int `json:"split"`     // keys on more than one partition
+	Reordered int `json:"reordered"` // first copies after a later message's
+	// ReorderedAcrossTx are the probe streams' reordered first copies whose
+	// later message came from another transaction, not the same one.
+	ReorderedAcrossTx int      `json:"reordered_across_transactions"`
+	Lost              int      `json:"lost"`    // probe messages committed and not there
+	Phantom           int      `json:"phantom"` // probe records never committed
+	Examples          []string `json:"examples,omitempty"`
+}
+
+func (t *TopicOrder) violations() int { return t.Split + t.Reordered + t.Lost + t.Phantom }
+
+func (t *TopicOrder) example(format string, args ...any) {
+	if len(t.Examples) < maxExamples {
+		t.Examples = append(t.Examples, fmt.Sprintf(format, args...))
+	}
+}
+
+// maxExamples bounds the examples a topic quotes, as internal/check's do.
+const maxExamples = 3
+
+// byKey groups records by key, each key's in partition and offset order.
+func byKey(records []kafkaRecord) map[string][]kafkaRecord {
+	m := map[string][]kafkaRecord{}
+	for _, r := range records {
+		m[r.key] = append(m[r.key], r)
+	}
+	for _, rs := range m {
+		slices.SortFunc(rs, func(a, b kafkaRecord) int {
+			return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
+		})
+	}
+	return m
+}
+
+// partitions lists the partitions records sit on.
+func partitions(records []kafkaRecord) []int32 {
+	var ps []int32
+	for _, r := range records {
+		if !slices.Contains(ps, r.partition) {
+			ps = append(ps, r.partition)
+		}
+	}
+	return ps
+}
+
+// judgeProbes holds a probe topic's records to the ledger of what was
+// committed into it.
+func judgeProbes(topic string, records []kafkaRecord, ledger probeLedger) TopicOrder {
+	t := TopicOrder{Topic: topic, Probe: true}
+	keys := byKey(records)
+	all := map[string]bool{}
+	for k := range keys {
+		all[k] = true
+	}
+	for k, seqs := range ledger {
+		all[k] = true
+		for _, e := range seqs {
+			if e.maybe {
+				t.Maybe++
+			} else {
+				t.Committed++
+			}
+		}
+	}
+	for _, key := range sortedKeys(all) {
+		t.Keys++
+		judgeProbeKey(&t, key, keys[key], ledger[key])
+	}
+	return t
+}
+
+// judgeProbeKey walks one probe key's records in offset order.
+func judgeProbeKey(t *TopicOrder, key string, records []kafkaRecord, committed map[int]probeEntry) {
+	parts := partitions(records)
+	if len(parts) > 1 {
+		// Offsets of two partitions have no order between them: the
+		// order check below is left out, the split is the violation.
+		t.Split++
+		t.example("key %s on partitions %v", key, parts)
+	}
+	seen := map[int]bool{}
+	top, topAt := -1, ""
+	for _, r := range records {
+		at := fmt.Sprintf("%d/%d", r.partition, r.offset)
+		var p probeMessage
+		if err := json.Unmarshal(r.payload, &p); err != nil || p.Key != key {
+			t.Phantom++
+			t.example("key %s: record %s is not one of its probe messages: %q", key, at, r.payload)
+			continue
+		}
+		e, ok := committed[p.Seq]
+		switch {
+		case !ok || e.id != r.id:
+			t.Phantom++
+			t.example("key %s: seq %d (message %s) at %s was never committed", key, p.Seq, r.id, at)
+		case seen[p.Seq]:
+			t.Repeats++
+		default:
+			seen[p.Seq] = true
+			t.Messages++
+			if e.maybe {
+				t.MaybeThere++
+			}
+			if p.Seq < top && len(parts) == 1 {
+				t.Reordered++
+				txs := fmt.Sprintf("both of transaction %d", e.tx)
+				if later := committed[top].tx; later != e.tx {
+					t.ReorderedAcrossTx++
+					txs = fmt.Sprintf("transactions %d and %d", e.tx, later)
+				}
+				t.example("key %s: seq %d first arrived at %s, after seq %d at %s (%s)", key, p.Seq, at, top, topAt, txs)
+			}
+			if p.Seq > top {
+				top, topAt = p.Seq, at
+			}
+		}
+	}
+	if len(seen) > 1 {
+		t.KeysOrdered++
+	}
+	for _, seq := range slices.Sorted(maps.Keys(committed)) {
+		if !seen[seq] && !committed[seq].maybe {
+			t.Lost++
+			t.example("key %s: seq %d (message %s) committed, not in Kafka", key, seq, committed[seq].id)
+		}
+	}
+}
+
+// judgeDomain holds an event topic's records to the order of their outbox
+// rows: position is message id → outbox_messages.id in the producer's
+// outbox.
+func judgeDomain(topic string, records []kafkaRecord, position map[string]int64) TopicOrder {
+	t := TopicOrder{Topic: topic}
+	keys := byKey(records)
+	for _, key := range sortedKeys(keys) {
+		t.Keys++
+		rs := keys[key]
+		parts := partitions(rs)
+		if len(parts) > 1 {
+			t.Split++
+			t.example("key %s on partitions %v", key, parts)
+		}
+		seen := map[string]bool{}
+		positioned := 0
+		var top int64 = -1
+		topID := ""
+		for _, r := range rs {
+			if seen[r.id] {
+				t.Repeats++
+				continue
+			}
+			seen[r.id] = true
+			t.Messages++
+			pos, ok := position[r.id]
+			if !ok {
+				t.Unpositioned++
+				continue
+			}
+			positioned++
+			if pos < top && len(parts) == 1 {
+				t.Reordered++
+				t.example("key %s: message %s (outbox row %d) first arrived at %d/%d, after message %s (row %d)",
+					key, r.id, pos, r.partition, r.offset, topID, top)
+			}
+			if pos > top {
+				top, topID = pos, r.id
+			}
+		}
+		if positioned > 1 {
+			t.KeysOrdered++
+		}
+	}
+	return t
+}
+
+// orderedVerdict judges the topics and says what was checked.
+func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
+	var parts, bad []string
+	for _, t := range topics {
+		s := fmt.Sprintf("%s %d keys, %d messages (%d with an order to check), %d repeats", t.Topic, t.Keys, t.Messages, t.KeysOrdered, t.Repeats)
+		if t.Probe {
+			s = fmt.Sprintf("%s %d keys (%d with an order to check), %d messages in Kafka of %d committed and %d of unknown outcome (%d of those there), %d repeats",
+				t.Topic, t.Keys, t.KeysOrdered, t.Messages, t.Committed, t.Maybe, t.MaybeThere, t.Repeats)
+		}
+		if t.Unpositioned > 0 {
+			s += fmt.Sprintf(", %d not from an outbox (order unchecked)", t.Unpositioned)
+		}
+		parts = append(parts, s)
+		if t.violations() > 0 {
+			reordered := fmt.Sprint(t.Reordered)
+			if t.Probe {
+				reordered += fmt.Sprintf(" (%d across transactions)", t.ReorderedAcrossTx)
+			}
+			bad = append(bad, fmt.Sprintf("%s: %d split, %s reordered, %d lost, %d phantom: %s",
+				t.Topic, t.Split, reordered, t.Lost, t.Phantom, strings.Join(t.Examples, "; ")))
+		}
+		if t.Probe && t.KeysOrdered == 0 {
+			// A probe stream that wrote nothing (its pool never
+			// connected, say) would pass by proving nothing.
+			bad = append(bad, t.Topic+": no key with more than one message in Kafka: the probe stream proves nothing")
+		}
+	}
+	detail = "each key on one partition, first copies in commit order: " + strings.Join(parts, "; ")
+	if len(bad) > 0 {
+		detail = strings.Join(bad, " | ") + " | checked: " + strings.Join(parts, "; ")
+	}
+	return len(bad) == 0, detail
+}
+
+// orderedPerKey judges what Kafka holds: each probe topic against its
+// writer's ledger, each event topic against its producer's outbox.
+func (h *harness) orderedPerKey(ctx context.Context, records []kafkaRecord) ([]TopicOrder, error) {
+	on := map[string][]kafkaRecord{}
+	for _, r := range records {
+		on[r.topic] = append(on[r.topic], r)
+	}
+	var topics []TopicOrder
+	for _, w := range h.probes {
+		topic := probeTopic(w.service)
+		topics = append(topics, judgeProbes(topic, on[topic], w.ledger))
+	}
+	for _, src := range []struct{ producer, topic string }{{"orders", events.TopicOrders}, {"inventory", events.TopicInventory}} {
+		producer, topic := src.producer, src.topic
+		position := map[string]int64{}
+		rows, err := h.sys.Pools[producer].Query(ctx, `SELECT message_id::text, id FROM outbox_messages WHERE topic = $1`, topic)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
+		}
+		var id string
+		var pos int64
+		if _, err := pgx.ForEachRow(rows, []any{&id, &pos}, func() error { position[id] = pos; return nil }); err != nil {
+			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
+		}
+		topics = append(topics, judgeDomain(topic, on[topic], position))
+	}
+	return topics, nil
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// probeID is the message id the tests' ledger gives key's seq.
+func probeID(key string, seq int) string { return fmt.Sprintf("id-%s-%d", key, seq) }
+
+// arrivals builds a probe topic's records: key k's seqs on partition p, in
+// offset order, as "p:k:seq seq …".
+func arrivals(spec ...string) []kafkaRecord {
+	var records []kafkaRecord
+	offsets := map[int32]int64{}
+	for _, s := range spec {
+		var p int32
+		var key string
+		head, list, _ := strings.Cut(s, " ")
+		if _, err := fmt.Sscanf(strings.Replace(head, ":", " ", 2), "%d %s", &p, &key); err != nil {
+			panic(s)
+		}
+		for _, f := range strings.Fields(list) {
+			var seq int
+			fmt.Sscan(f, &seq) //nolint:errcheck // the tests' own spelling
+			records = append(records, kafkaRecord{topic: "t.probe", partition: p, offset: offsets[p], key: key,
+				id: probeID(key, seq), payload: fmt.Appendf(nil, `{"key":%q,"seq":%d}`, key, seq)})
+			offsets[p]++
+		}
+	}
+	return records
+}
+
+// ledgerOf says what was committed: sure seqs and maybe seqs per key, each
+// seq s in transaction s+1.
+func ledgerOf(key string, sure []int, maybe ...int) probeLedger {
+	l := probeLedger{key: {}}
+	for _, s := range sure {
+		l[key][s] = probeEntry{id: probeID(key, s), tx: s + 1}
+	}
+	for _, s := range maybe {
+		l[key][s] = probeEntry{id: probeID(key, s), maybe: true, tx: s + 1}
+	}
+	return l
+}
+
+// oneTx puts seqs of key in one transaction.
+func oneTx(l probeLedger, key string, tx int, seqs ...int) probeLedger {
+	for _, s := range seqs {
+		e := l[key][s]
+		e.tx = tx
+		l[key][s] = e
+	}
+	return l
+}
+
+func seqs(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// TestOrderedProbes: the judge of the probe streams, each violation alone,
+// and what it must let pass.
+func TestOrderedProbes(t *testing.T) {
+	cases := []struct {
+		name    string
+		records []kafkaRecord
+		ledger  probeLedger
+		want    TopicOrder // the counts compared; Examples must name the violation
+		example string
+	}{
+		{name: "in order", records: arrivals("0:k 0 1 2 3"), ledger: ledgerOf("k", seqs(4)),
+			want: TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4}},
+		{name: "first copies reordered", records: arrivals("0:k 0 2 1 3"), ledger: ledgerOf("k", seqs(4)),
+			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4, Reordered: 1, ReorderedAcrossTx: 1},
+			example: "key k: seq 1 first arrived at 0/2, after seq 2 at 0/1 (transactions 2 and 3)"},
+		{name: "first copies of one transaction reordered", records: arrivals("0:k 0 2 1 3"), ledger: oneTx(ledgerOf("k", seqs(4)), "k", 2, 1, 2),
+			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4, Reordered: 1},
+			example: "key k: seq 1 first arrived at 0/2, after seq 2 at 0/1 (both of transaction 2)"},
+		{name: "a gap: seq 2 lost", records: arrivals("0:k 0 1 3"), ledger: ledgerOf("k", seqs(4)),
+			want:    TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Committed: 4, Lost: 1},
+			example: "key k: seq 2 (message id-k-2) committed, not in Kafka"},
+		{name: "a key with nothing in Kafka", records: nil, ledger: ledgerOf("k", seqs(2)),
+			want:    TopicOrder{Keys: 1, Committed: 2, Lost: 2},
+			example: "key k: seq 0 (message id-k-0) committed, not in Kafka"},
+		{name: "a phantom seq, never committed (a rolled-back one)", records: arrivals("0:k 0 1 2 3"), ledger: ledgerOf("k", seqs(3)),
+			want:    TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Committed: 3, Phantom: 1},
+			example: "key k: seq 3 (message id-k-3) at 0/3 was never committed"},
+		{name: "a committed seq under another message id", records: arrivals("0:k 0 1"),
+			ledger:  probeLedger{"k": {0: {id: probeID("k", 0)}, 1: {id: "another"}}},
+			want:    TopicOrder{Keys: 1, Messages: 1, Committed: 2, Phantom: 1, Lost: 1},
+			example: "key k: seq 1 (message id-k-1) at 0/1 was never committed"},
+		{name: "a key split across two partitions", records: arrivals("0:k 0 1", "3:k 2 3"), ledger: ledgerOf("k", seqs(4)),
+			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 4, Split: 1},
+			example: "key k on partitions [0 3]"},
+		{name: "a re-sent suffix", records: arrivals("0:k 0 1 2 3 2 3 4"), ledger: ledgerOf("k", seqs(5)),
+			want: TopicOrder{Keys: 1, Messages: 5, KeysOrdered: 1, Committed: 5, Repeats: 2}},
+		{name: "maybe seqs missing", records: arrivals("0:k 0 1 3"), ledger: ledgerOf("k", []int{0, 1, 3}, 2, 4),
+			want: TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Committed: 3, Maybe: 2}},
+		{name: "a maybe seq there, in order", records: arrivals("0:k 0 1 2 3"), ledger: ledgerOf("k", []int{0, 1, 3}, 2),
+			want: TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 3, Maybe: 1, MaybeThere: 1}},
+		{name: "a maybe seq there, out of order", records: arrivals("0:k 0 1 3 2"), ledger: ledgerOf("k", []int{0, 1, 3}, 2),
+			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 3, Maybe: 1, MaybeThere: 1, Reordered: 1, ReorderedAcrossTx: 1},
+			example: "key k: seq 2 first arrived at 0/3, after seq 3 at 0/2 (transactions 3 and 4)"},
+		{name: "nothing committed, nothing in Kafka: no order was checked", records: nil, ledger: probeLedger{},
+			want: TopicOrder{}},
+		{name: "a record that is no probe message", records: []kafkaRecord{{key: "k", payload: []byte("x")}}, ledger: probeLedger{},
+			want:    TopicOrder{Keys: 1, Phantom: 1},
+			example: `key k: record 0/0 is not one of its probe messages: "x"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := judgeProbes("t.probe", c.records, c.ledger)
+			examples := got.Examples
+			got.Examples, c.want.Topic, c.want.Probe = nil, "t.probe", true
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("got  %+v\nwant %+v", got, c.want)
+			}
+			if c.example == "" && len(examples) > 0 || c.example != "" && (len(examples) == 0 || examples[0] != c.example) {
+				t.Errorf("examples %q; want %q first", examples, c.example)
+			}
+			ok, detail := orderedVerdict([]TopicOrder{judgeProbes("t.probe", c.records, c.ledger)})
+			if ok != (c.example == "" && c.want.KeysOrdered > 0) {
+				t.Errorf("verdict %v: %s", ok, detail)
+			}
+		})
+	}
+}
+
+// TestOrderedEvents: the event topics' keys are held to their outbox rows'
+// order and to one partition; a message no outbox wrote is left out of the
+// order, and repeats are allowed.
+func TestOrderedEvents(t *testing.T) {
+	rec := func(p int32, off int64, key, id string) kafkaRecord {
+		return kafkaRecord{topic: "orders.events", partition: p, offset: off, key: key, id: id}
+	}
+	position := map[string]int64{"a": 10, "b": 20, "c": 30}
+	cases := []struct {
+		name    string
+		records []kafkaRecord
+		want    TopicOrder
+		example string
+	}{
+		{name: "in order, with a repeat and a hostile message",
+			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "h"), rec(1, 2, "o-1", "b"), rec(1, 3, "o-1", "a"), rec(2, 0, "o-2", "c")},
+			want:    TopicOrder{Keys: 2, Messages: 4, Repeats: 1, KeysOrdered: 1, Unpositioned: 1}},
+		{name: "out of outbox order",
+			records: []kafkaRecord{rec(1, 0, "o-1", "b"), rec(1, 1, "o-1", "a")},
+			want:    TopicOrder{Keys: 1, Messages: 2, KeysOrdered: 1, Reordered: 1},
+			example: "key o-1: message a (outbox row 10) first arrived at 1/1, after message b (row 20)"},
+		{name: "split",
+			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(2, 0, "o-1", "a")},
+			want:    TopicOrder{Keys: 1, Messages: 1, Repeats: 1, Split: 1},
+			example: "key o-1 on partitions [1 2]"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := judgeDomain("orders.events", c.records, position)
+			examples := got.Examples
+			got.Examples, c.want.Topic = nil, "orders.events"
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("got  %+v\nwant %+v", got, c.want)
+			}
+			if c.example == "" && len(examples) > 0 || c.example != "" && (len(examples) == 0 || examples[0] != c.example) {
+				t.Errorf("examples %q; want %q first", examples, c.example)
+			}
+		})
+	}
+}
