@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,7 +109,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	} else {
 		log("postgres: throwaway cluster in %s", s.PG.Dir())
 	}
-	for _, name := range append(Services, "provider") {
+	for _, name := range slices.Concat(Services, []string{"provider"}) {
 		url, err := s.PG.CreateDatabase(ctx, opts.DBPrefix+name)
 		if err != nil {
 			return nil, err

@@ -136,6 +136,7 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 	// not abandon a call the outside world may already have performed.
 	work := context.WithoutCancel(ctx)
 	wait := time.Duration(0)
+	failing := 0 // claims failed in a row
 	for {
 		select {
 		case <-ctx.Done():
@@ -165,11 +166,16 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 			<-slots
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				r.cfg.Logger.Error("effect: claiming failed", err, watermill.LogFields{"kind": r.cfg.Kind})
+			// One line when the database stops answering, not one a poll.
+			if failing++; failing == 1 && ctx.Err() == nil {
+				r.cfg.Logger.Error("effect: claiming failed; retrying every poll", err, watermill.LogFields{"kind": r.cfg.Kind})
 			}
 			wait = r.cfg.PollInterval
 			continue
+		}
+		if failing > 0 {
+			r.cfg.Logger.Info("effect: claiming works again", watermill.LogFields{"kind": r.cfg.Kind, "failed_polls": failing})
+			failing = 0
 		}
 		for _, e := range effects {
 			wg.Add(1)
