@@ -80,17 +80,19 @@ endef
 # chaos-order: the ordering control. The relays publish in parallel
 # (RELAY_PARALLEL, small batches, no shards), so replicas claim interleaved
 # runs of the outbox and a probe key's messages overtake each other: the run
-# must fail, on ordered-per-key alone (the inbox still suppresses every
-# repeat, so nothing else may fail), with first copies out of order across
+# must fail on ordered-per-key (the inbox still suppresses every repeat, so
+# no other invariant may fail), with first copies out of order across
 # transactions, not only within one, and nothing split, lost or invented.
-# The smoke profile with 2,000 orders: under a minute, yet long enough for
-# its crash windows to reach both consumers (at its own 800 orders a window
-# is missed now and then, and faults-bit or attribution fails too).
+# The smoke profile with 2,000 orders: under a minute, long enough for its
+# crash windows to reach both consumers, though not always every one of
+# orders' nine at its minimum of one (CI at 18b3f02: after-effect-before-
+# record 0), so faults-bit, which judges the run's reach and not what the
+# system did, may fail beside it.
 define chaos-order
 	@echo "== control run 3 (smoke): relays in parallel; the checker must catch keys out of order =="
 	@if ./bin/chaos -profile smoke -orders 2000 -seed $(SEED) -relay=parallel -report chaos-control-parallel.json; then \
 		echo "FAIL: control run 3 passed, so the checker cannot see a key's messages out of order"; exit 1; fi
-	@grep -Eq '"failed": "ordered-per-key"' chaos-control-parallel.json || { echo "FAIL: control run 3 failed, but not on ordered-per-key alone (see \"failed\" in chaos-control-parallel.json)"; exit 1; }
+	@grep -Eq '"failed": "(faults-bit,)?ordered-per-key"' chaos-control-parallel.json || { echo "FAIL: control run 3 failed, but not on ordered-per-key alone (see \"failed\" in chaos-control-parallel.json)"; exit 1; }
 	@grep -Eq '"reordered_across_transactions": [1-9]' chaos-control-parallel.json || { echo "FAIL: control run 3 failed ordered-per-key, but with no first copy out of order across transactions"; exit 1; }
 	@if grep -Eq '"(split|lost|phantom)": [1-9]' chaos-control-parallel.json; then echo "FAIL: control run 3 found keys split, lost or phantom messages: parallel relays only reorder"; exit 1; fi
 	@echo "control run 3 failed on ordered-per-key alone, with first copies out of order across transactions and nothing split, lost or invented, as it must"

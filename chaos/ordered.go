@@ -23,8 +23,8 @@ package main
 //
 // On orders.events and inventory.events, per key: one partition, and the
 // first copies of its messages in the order of their outbox rows' ids,
-// where the producer's outbox still holds the row (not the hostile
-// messages, which no outbox wrote).
+// under their rows' keys; a record no outbox wrote is a phantom, the
+// hostile messages (keyed hostile-…, judged by the hostile table) aside.
 
 import (
 	"cmp"
@@ -204,10 +204,22 @@ func judgeProbeKey(t *TopicOrder, key string, records []kafkaRecord, committed m
 	}
 }
 
-// judgeDomain holds an event topic's records to the order of their outbox
-// rows: position is message id → outbox_messages.id in the producer's
-// outbox.
-func judgeDomain(topic string, records []kafkaRecord, position map[string]int64) TopicOrder {
+// outboxRow is where the producer's outbox placed a message, and under
+// which key.
+type outboxRow struct {
+	pos int64 // outbox_messages.id: commit order per key
+	key string
+}
+
+// hostileKeyPrefix keys the hostile messages the harness puts on the event
+// topics itself (hostile.go), no outbox's.
+const hostileKeyPrefix = "hostile-"
+
+// judgeDomain holds an event topic's records to their outbox rows:
+// position is message id → its row in the producer's outbox. A record
+// under another key than its row's, or one no outbox wrote (a hostile
+// message aside), is a phantom.
+func judgeDomain(topic string, records []kafkaRecord, position map[string]outboxRow) TopicOrder {
 	t := TopicOrder{Topic: topic}
 	keys := byKey(records)
 	for _, key := range sortedKeys(keys) {
@@ -229,11 +241,21 @@ func judgeDomain(topic string, records []kafkaRecord, position map[string]int64)
 			}
 			seen[r.id] = true
 			t.Messages++
-			pos, ok := position[r.id]
-			if !ok {
-				t.Unpositioned++
+			row, ok := position[r.id]
+			switch {
+			case strings.HasPrefix(key, hostileKeyPrefix):
+				t.Unpositioned++ // the hostile table judges it
+				continue
+			case !ok:
+				t.Phantom++
+				t.example("key %s: message %s at %d/%d was written by no outbox", key, r.id, r.partition, r.offset)
+				continue
+			case row.key != key:
+				t.Phantom++
+				t.example("key %s: message %s at %d/%d is its outbox row's under key %s", key, r.id, r.partition, r.offset, row.key)
 				continue
 			}
+			pos := row.pos
 			positioned++
 			if pos < top && len(parts) == 1 {
 				t.Reordered++
@@ -294,19 +316,22 @@ func (h *harness) orderedPerKey(ctx context.Context, records []kafkaRecord) ([]T
 	}
 	var topics []TopicOrder
 	for _, w := range h.probes {
+		if err := w.resolve(ctx, h.sys.Pools[w.service]); err != nil {
+			return nil, err
+		}
 		topic := probeTopic(w.service)
-		topics = append(topics, judgeProbes(topic, on[topic], w.ledger))
+		topics = append(topics, judgeProbes(topic, w.ours(on[topic]), w.ledger))
 	}
 	for _, src := range []struct{ producer, topic string }{{"orders", events.TopicOrders}, {"inventory", events.TopicInventory}} {
 		producer, topic := src.producer, src.topic
-		position := map[string]int64{}
-		rows, err := h.sys.Pools[producer].Query(ctx, `SELECT message_id::text, id FROM outbox_messages WHERE topic = $1`, topic)
+		rows, err := h.sys.Pools[producer].Query(ctx, `SELECT message_id::text, id, partition_key FROM outbox_messages WHERE topic = $1`, topic)
 		if err != nil {
 			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
 		}
+		position := map[string]outboxRow{}
 		var id string
-		var pos int64
-		if _, err := pgx.ForEachRow(rows, []any{&id, &pos}, func() error { position[id] = pos; return nil }); err != nil {
+		var row outboxRow
+		if _, err := pgx.ForEachRow(rows, []any{&id, &row.pos, &row.key}, func() error { position[id] = row; return nil }); err != nil {
 			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
 		}
 		topics = append(topics, judgeDomain(topic, on[topic], position))

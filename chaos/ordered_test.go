@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -132,13 +133,14 @@ func TestOrderedProbes(t *testing.T) {
 }
 
 // TestOrderedEvents: the event topics' keys are held to their outbox rows'
-// order and to one partition; a message no outbox wrote is left out of the
-// order, and repeats are allowed.
+// order and to one partition, under its row's key; a hostile message is
+// left out of the order, a message no outbox wrote is a phantom, and
+// repeats are allowed.
 func TestOrderedEvents(t *testing.T) {
 	rec := func(p int32, off int64, key, id string) kafkaRecord {
 		return kafkaRecord{topic: "orders.events", partition: p, offset: off, key: key, id: id}
 	}
-	position := map[string]int64{"a": 10, "b": 20, "c": 30}
+	position := map[string]outboxRow{"a": {10, "o-1"}, "b": {20, "o-1"}, "c": {30, "o-2"}}
 	cases := []struct {
 		name    string
 		records []kafkaRecord
@@ -146,8 +148,16 @@ func TestOrderedEvents(t *testing.T) {
 		example string
 	}{
 		{name: "in order, with a repeat and a hostile message",
-			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "h"), rec(1, 2, "o-1", "b"), rec(1, 3, "o-1", "a"), rec(2, 0, "o-2", "c")},
-			want:    TopicOrder{Keys: 2, Messages: 4, Repeats: 1, KeysOrdered: 1, Unpositioned: 1}},
+			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(3, 1, "hostile-x", "a"), rec(1, 2, "o-1", "b"), rec(1, 3, "o-1", "a"), rec(2, 0, "o-2", "c")},
+			want:    TopicOrder{Keys: 3, Messages: 4, Repeats: 1, KeysOrdered: 1, Unpositioned: 1}},
+		{name: "a message no outbox wrote",
+			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "z"), rec(1, 2, "o-1", "b")},
+			want:    TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Phantom: 1},
+			example: "key o-1: message z at 1/1 was written by no outbox"},
+		{name: "a message under another key than its row's",
+			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "c")},
+			want:    TopicOrder{Keys: 1, Messages: 2, Phantom: 1},
+			example: "key o-1: message c at 1/1 is its outbox row's under key o-2"},
 		{name: "out of outbox order",
 			records: []kafkaRecord{rec(1, 0, "o-1", "b"), rec(1, 1, "o-1", "a")},
 			want:    TopicOrder{Keys: 1, Messages: 2, KeysOrdered: 1, Reordered: 1},
@@ -169,5 +179,37 @@ func TestOrderedEvents(t *testing.T) {
 				t.Errorf("examples %q; want %q first", examples, c.example)
 			}
 		})
+	}
+}
+
+// TestProbeUnknownOutcomesSettled: a transaction commits all of its rows or
+// none. Of a transaction whose COMMIT failed, one row found in the outbox
+// makes all of its messages surely committed, so one missing from Kafka is
+// lost; none found makes them never committed, so a copy in Kafka is a
+// phantom. Judged per message (before settle), both pass.
+func TestProbeUnknownOutcomesSettled(t *testing.T) {
+	newWriter := func() *probeWriter {
+		return &probeWriter{ledger: probeLedger{
+			"k1": {0: {id: "m0", tx: 1}, 1: {id: "m1", maybe: true, tx: 2}},
+			"k2": {0: {id: "m2", maybe: true, tx: 2}, 1: {id: "m3", maybe: true, tx: 3}},
+		}}
+	}
+	rec := func(off int64, key, id string, seq int) kafkaRecord {
+		payload, _ := json.Marshal(probeMessage{Key: key, Seq: seq})
+		return kafkaRecord{topic: "t.probe", partition: 0, offset: off, key: key, id: id, payload: payload}
+	}
+	// Kafka holds m0 and m1 (of transaction 2) but not m2 (also of
+	// transaction 2), and m3 (transaction 3, which never committed).
+	records := []kafkaRecord{rec(0, "k1", "m0", 0), rec(1, "k1", "m1", 1), rec(2, "k2", "m3", 1)}
+
+	before := judgeProbes("t.probe", records, newWriter().ledger)
+	if before.Lost != 0 || before.Phantom != 0 {
+		t.Fatalf("unsettled, the judge sees nothing wrong here: %+v", before)
+	}
+	w := newWriter()
+	w.settle([]string{"m1"}) // the outbox holds transaction 2's row m1, nothing of transaction 3
+	after := judgeProbes("t.probe", records, w.ledger)
+	if after.Lost != 1 || after.Phantom != 1 || w.settled != 1 {
+		t.Fatalf("settled: want m2 lost and m3 a phantom, got %+v (examples %q)", after, after.Examples)
 	}
 }

@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -56,11 +58,15 @@ func probeTopics() []string {
 // probeWriter commits one service's probe stream.
 type probeWriter struct {
 	service string
-	rng     *rand.Rand
-	next    [probeKeys]int // each key's next seq
-	ledger  probeLedger
+	// prefix starts every key of this run's stream: a Kafka kept from an
+	// earlier run (KAFKA_BROKERS) holds that run's probes under other keys.
+	prefix string
+	rng    *rand.Rand
+	next   [probeKeys]int // each key's next seq
+	ledger probeLedger
 	// Transactions by outcome; their sum numbers the next one.
 	committed, unknown, rolledBack int
+	settled                        int // of the unknown ones, those resolve found committed
 }
 
 func newProbeWriter(service string, seed uint64) *probeWriter {
@@ -68,7 +74,80 @@ func newProbeWriter(service string, seed uint64) *probeWriter {
 	for _, c := range service { // each service's stream its own choices
 		stream = stream*31 + uint64(c)
 	}
-	return &probeWriter{service: service, rng: rand.New(rand.NewPCG(seed, stream)), ledger: probeLedger{}}
+	run := time.Now().UnixNano() % 1_000_000_007
+	return &probeWriter{service: service, prefix: fmt.Sprintf("probe-%d-", run),
+		rng: rand.New(rand.NewPCG(seed, stream)), ledger: probeLedger{}}
+}
+
+// ours returns the records of this run's stream.
+func (w *probeWriter) ours(records []kafkaRecord) []kafkaRecord {
+	var mine []kafkaRecord
+	for _, r := range records {
+		if strings.HasPrefix(r.key, w.prefix) {
+			mine = append(mine, r)
+		}
+	}
+	return mine
+}
+
+// resolve settles the transactions of unknown outcome with the producer's
+// outbox, once the run is over: a transaction commits all of its rows or
+// none, so a row there means every message of it committed (then each must
+// be in Kafka), and none there means none did (then a copy in Kafka is a
+// phantom). Published rows stay RELAY_RETENTION (an hour by default),
+// longer than any profile runs.
+func (w *probeWriter) resolve(ctx context.Context, pool *pgxpool.Pool) error {
+	var ids []string
+	for _, seqs := range w.ledger {
+		for _, e := range seqs {
+			if e.maybe {
+				ids = append(ids, e.id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := pool.Query(ctx, `SELECT message_id::text FROM outbox_messages WHERE message_id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return fmt.Errorf("settling %s's probe transactions of unknown outcome: %w", w.service, err)
+	}
+	there, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("settling %s's probe transactions of unknown outcome: %w", w.service, err)
+	}
+	w.settle(there)
+	return nil
+}
+
+// settle makes every message of a transaction of unknown outcome surely
+// committed when one of its messages (ids there) is in the outbox, and
+// drops them all when none is.
+func (w *probeWriter) settle(there []string) {
+	committed := map[int]bool{} // transactions
+	for _, seqs := range w.ledger {
+		for _, e := range seqs {
+			if e.maybe && slices.Contains(there, e.id) {
+				committed[e.tx] = true
+			}
+		}
+	}
+	for key, seqs := range w.ledger {
+		for seq, e := range seqs {
+			switch {
+			case !e.maybe:
+			case committed[e.tx]:
+				e.maybe = false
+				seqs[seq] = e
+			default:
+				delete(seqs, seq)
+			}
+		}
+		if len(seqs) == 0 {
+			delete(w.ledger, key)
+		}
+	}
+	w.settled = len(committed)
 }
 
 // run commits a pair of transactions every probeMeanTick/perSecond
@@ -171,7 +250,7 @@ func publishProbes(ctx context.Context, pool *pgxpool.Pool, topic string, msgs [
 func (w *probeWriter) batch(keys []int) []probeMessage {
 	var rounds [2][]probeMessage
 	for _, k := range keys {
-		key := fmt.Sprintf("probe-%02d", k)
+		key := fmt.Sprintf("%s%02d", w.prefix, k)
 		for i := range 1 + w.rng.IntN(2) {
 			rounds[i] = append(rounds[i], probeMessage{Key: key, Seq: w.next[k]})
 			w.next[k]++
