@@ -38,27 +38,33 @@ func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectF
 	for _, k := range l.kills {
 		if effectWindow(k.window) {
 			facts[k.subject] = subjectFacts{producer: "orders", consumer: "provider"}
-			orderIDs = append(orderIDs, strings.TrimPrefix(k.subject, events.CaptureKeyPrefix))
+			orderIDs = append(orderIDs, events.CaptureOrder(k.subject))
 		}
 	}
 	if len(orderIDs) == 0 {
 		return facts, nil
 	}
+	// The attempts under each key (the harness never retries a declined
+	// capture, so a key is an order's one capture).
 	rows, err := h.sys.Pools["provider"].Query(ctx,
-		`SELECT reference, count(*)::int FROM captures WHERE reference = ANY($1) GROUP BY 1`, orderIDs)
+		`SELECT idempotency_key, count(*)::int FROM captures WHERE reference = ANY($1) AND idempotency_key IS NOT NULL GROUP BY 1
+		 UNION ALL
+		 SELECT $2 || reference, count(*)::int FROM captures WHERE reference = ANY($1) AND idempotency_key IS NULL GROUP BY reference`,
+		orderIDs, events.CaptureKeyPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("reading the provider's ledger: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var ref string
+		var key string
 		var n int
-		if err := rows.Scan(&ref, &n); err != nil {
+		if err := rows.Scan(&key, &n); err != nil {
 			return nil, err
 		}
-		f := facts[events.CaptureKeyPrefix+ref]
-		f.applied = n
-		facts[events.CaptureKeyPrefix+ref] = f
+		if f, ok := facts[key]; ok {
+			f.applied += n
+			facts[key] = f
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -17,7 +17,9 @@ import (
 // reserved order (captured, or declined when the order's card declines),
 // none for any other order and none for an order that does not exist, each
 // for the order's amount, and the order records the outcome the ledger
-// holds.
+// holds. An order a person retried after a decline (capture_attempt n)
+// may hold up to n attempts: the earlier ones declined, the last one what
+// the order records.
 const Payments = "payments-once"
 
 // PaymentReport is what Payments found.
@@ -39,6 +41,7 @@ type ledgerRow struct {
 type paymentRow struct {
 	status, card, payment, captureID string
 	amount                           int64
+	attempt                          int // captures asked for: 1, more after a person's retries
 	lines                            []events.Line
 }
 
@@ -53,13 +56,13 @@ func CheckPayments(ctx context.Context, orders, ledger *pgxpool.Pool) (PaymentRe
 	ord := map[string]paymentRow{}
 	err := snapshot(ctx, orders, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT id::text, status, coalesce(amount, -1), card, lines,
-			coalesce(payment, ''), coalesce(capture_id, '') FROM orders`)
+			coalesce(payment, ''), coalesce(capture_id, ''), capture_attempt FROM orders`)
 		if err != nil {
 			return fmt.Errorf("reading orders' payments: %w", err)
 		}
 		var id string
 		var o paymentRow
-		_, err = pgx.ForEachRow(rows, []any{&id, &o.status, &o.amount, &o.card, &o.lines, &o.payment, &o.captureID}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&id, &o.status, &o.amount, &o.card, &o.lines, &o.payment, &o.captureID, &o.attempt}, func() error {
 			ord[id], o = o, paymentRow{}
 			return nil
 		})
@@ -94,7 +97,7 @@ func CheckPayments(ctx context.Context, orders, ledger *pgxpool.Pool) (PaymentRe
 	}
 	for id, o := range ord {
 		list := attempts[id]
-		if len(list) > 1 {
+		if captured(list) > 1 || len(list) > 1 && o.attempt == 1 {
 			r.CapturedTwice++
 			r.DoubleCaptures = append(r.DoubleCaptures, id)
 		}
@@ -133,20 +136,38 @@ func paymentProblem(o paymentRow, list []ledgerRow) string {
 		return fmt.Sprintf("reserved, its capture still pending (%d attempts in the ledger)", len(list))
 	case o.payment == "failed":
 		return "reserved, its capture failed for good"
-	case len(list) != 1:
+	case o.attempt == 1 && len(list) != 1:
 		return fmt.Sprintf("reserved, %d attempts in the ledger: want exactly one", len(list))
+	case len(list) == 0 || len(list) > o.attempt:
+		return fmt.Sprintf("reserved, %d attempts in the ledger after %d captures asked for: want 1 to %d", len(list), o.attempt, o.attempt)
+	case captured(list[:len(list)-1]) > 0:
+		return fmt.Sprintf("reserved, captured %d times in the ledger", captured(list))
 	case o.amount != want:
 		return fmt.Sprintf("the order's amount is %d, its lines cost %d", o.amount, want)
-	case list[0].amount != want || list[0].currency != events.Currency:
-		return fmt.Sprintf("the ledger holds %d %s, the order costs %d %s", list[0].amount, list[0].currency, want, events.Currency)
-	case list[0].source != o.card:
-		return fmt.Sprintf("the ledger charged card %s, the order pays with %s", list[0].source, o.card)
-	case list[0].status != o.payment:
-		return fmt.Sprintf("the ledger says %s, the order says %q", list[0].status, o.payment)
-	case list[0].id != o.captureID:
-		return fmt.Sprintf("the order records capture %q, the ledger holds %s", o.captureID, list[0].id)
+	}
+	last := list[len(list)-1] // the order's current attempt
+	switch {
+	case last.amount != want || last.currency != events.Currency:
+		return fmt.Sprintf("the ledger holds %d %s, the order costs %d %s", last.amount, last.currency, want, events.Currency)
+	case last.source != o.card:
+		return fmt.Sprintf("the ledger charged card %s, the order pays with %s", last.source, o.card)
+	case last.status != o.payment:
+		return fmt.Sprintf("the ledger says %s, the order says %q", last.status, o.payment)
+	case last.id != o.captureID:
+		return fmt.Sprintf("the order records capture %q, the ledger holds %s", o.captureID, last.id)
 	case (o.payment == "declined") != provider.DeclinedSources[o.card]:
 		return fmt.Sprintf("card %s was %s", o.card, o.payment)
 	}
 	return ""
+}
+
+// captured counts the captured attempts of list.
+func captured(list []ledgerRow) int {
+	n := 0
+	for _, l := range list {
+		if l.status == "captured" {
+			n++
+		}
+	}
+	return n
 }

@@ -38,6 +38,15 @@ func (b *testBundle) capture(t *testing.T, ledger *pgxpool.Pool, id, status stri
 	return capID
 }
 
+// retried makes the order's first attempt in the ledger firstStatus, and
+// adds the attempt a person's retry made, captured, as the order records it.
+func (b *testBundle) retried(t *testing.T, ledger *pgxpool.Pool, id, firstStatus string) {
+	t.Helper()
+	b.exec(t, ledger, `UPDATE captures SET status = $2 WHERE reference = $1`, id, firstStatus)
+	capID := b.capture(t, ledger, id, "captured")
+	b.exec(t, b.orders, `UPDATE orders SET capture_attempt = 2, payment = 'captured', capture_id = $2 WHERE id = $1`, id, capID)
+}
+
 // TestPaymentsChecker: a consistent ledger passes; every way a ledger can
 // disagree with the orders (twice, for nobody, for the wrong amount, for an
 // order never reserved, not yet made, or with another outcome) fails, each
@@ -49,6 +58,12 @@ func TestPaymentsChecker(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, r.Invariant.OK, r.Invariant.Detail)
 	require.Equal(t, 2, r.Captured)
+	// A person retried a declined capture: declined, then captured.
+	b.retried(t, ledger, b.reserved, "declined")
+	r, err = check.CheckPayments(b.ctx, b.orders, ledger)
+	require.NoError(t, err)
+	require.True(t, r.Invariant.OK, r.Invariant.Detail)
+	require.Zero(t, r.CapturedTwice)
 
 	for _, tc := range []struct {
 		name, want string
@@ -88,6 +103,13 @@ func TestPaymentsChecker(t *testing.T) {
 		}},
 		{"the order names another capture", "the order records capture", func(t *testing.T, b *testBundle, _ *pgxpool.Pool) {
 			b.exec(t, b.orders, `UPDATE orders SET capture_id = 'cap_other' WHERE id = $1`, b.reserved)
+		}},
+		{"a retry captured after a capture", "captured 2 times", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			b.retried(t, l, b.reserved, "captured")
+		}},
+		{"more attempts than asked for", "3 attempts in the ledger after 2 captures asked for", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			b.retried(t, l, b.reserved, "declined")
+			b.capture(t, l, b.reserved, "declined")
 		}},
 		{"a good card declined", "card tok_visa was declined", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
 			b.exec(t, l, `UPDATE captures SET status = 'declined' WHERE reference = $1`, b.reserved)

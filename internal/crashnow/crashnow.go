@@ -288,7 +288,7 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 	case w == failpoint.AfterCommitBeforeResponse:
 		followed = subject
 	case strings.HasPrefix(subject, events.CaptureKeyPrefix):
-		followed = strings.TrimPrefix(subject, events.CaptureKeyPrefix)
+		followed = events.CaptureOrder(subject)
 	default:
 		var key string
 		if err := l.sys.Pools["orders"].QueryRow(ctx, `SELECT partition_key FROM outbox_messages WHERE message_id::text = $1`, subject).Scan(&key); err == nil {

@@ -1,6 +1,11 @@
 package events
 
-import "hash/fnv"
+import (
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+)
 
 // Currency is the currency of every order.
 const Currency = "eur"
@@ -13,6 +18,39 @@ const MaxAmount = 99_999_999
 // from the order, so every call, by any replica, after any crash, carries
 // the same one.
 func CaptureKey(orderID string) string { return CaptureKeyPrefix + orderID }
+
+// RetryCaptureKey is the key of a person's attempt (2, 3, ...) to capture
+// an order's payment again after a decline: a new request, so a new key.
+func RetryCaptureKey(orderID string, attempt int) string {
+	if attempt <= 1 {
+		return CaptureKey(orderID)
+	}
+	return fmt.Sprintf("%s%s/%d", CaptureKeyPrefix, orderID, attempt)
+}
+
+// CaptureOrder returns the order id a capture key was derived from.
+func CaptureOrder(key string) string {
+	id, _ := parseCaptureKey(key)
+	return id
+}
+
+// CaptureAttempt returns the attempt a capture key was derived for: 1, or
+// the n of a retry's key.
+func CaptureAttempt(key string) int {
+	_, n := parseCaptureKey(key)
+	return n
+}
+
+func parseCaptureKey(key string) (orderID string, attempt int) {
+	id, n, ok := strings.Cut(strings.TrimPrefix(key, CaptureKeyPrefix), "/")
+	attempt = 1
+	if ok {
+		if a, err := strconv.Atoi(n); err == nil {
+			attempt = a
+		}
+	}
+	return id, attempt
+}
 
 // CaptureKeyPrefix starts every capture's key.
 const CaptureKeyPrefix = "capture-"

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"net/http"
@@ -53,6 +54,9 @@ type Order struct {
 	Payment      string `json:"payment,omitempty"`
 	CaptureID    string `json:"capture_id,omitempty"`
 	PaymentError string `json:"payment_error,omitempty"`
+	// CaptureAttempts counts the captures asked for: 1, and one more for
+	// each retry a person made after a decline.
+	CaptureAttempts int `json:"capture_attempts,omitempty"`
 }
 
 func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
@@ -106,6 +110,33 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 		default:
 			failpoint.Hit(failpoint.AfterCommitBeforeResponse, o.ID)
 			platform.WriteJSON(w, http.StatusOK, o)
+		}
+	})
+	mux.HandleFunc("POST /orders/{id}/payment/retry", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Card string `json:"card"` // the card to capture with now; the order's own when absent
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			platform.WriteError(w, http.StatusBadRequest, "decoding the retry: "+err.Error())
+			return
+		}
+		if req.Card != "" && !cardPattern.MatchString(req.Card) {
+			platform.WriteError(w, http.StatusBadRequest, "retry refused: card must be a card token (tok_ and 1 to 64 letters, digits or _)")
+			return
+		}
+		o, err := retryCapture(r.Context(), pool, r.PathValue("id"), req.Card) // payment.go
+		var refused errRetryRefused
+		switch {
+		case errors.Is(err, errNotFound):
+			platform.WriteError(w, http.StatusNotFound, err.Error())
+		case errors.As(err, &refused):
+			platform.WriteError(w, http.StatusConflict, err.Error())
+		case err != nil:
+			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+		default:
+			platform.WriteJSON(w, http.StatusAccepted, o)
 		}
 	})
 	mux.HandleFunc("GET /orders/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -240,11 +271,12 @@ func readOrders(ctx context.Context, tx pgx.Tx, ids []string, orders map[string]
 
 // orderColumns are the columns scanOrder reads.
 const orderColumns = `id::text, status, lines, coalesce(amount, 0), coalesce(reject_reason, ''),
-	coalesce(payment, ''), coalesce(capture_id, ''), coalesce(payment_error, '')`
+	coalesce(payment, ''), coalesce(capture_id, ''), coalesce(payment_error, ''),
+	CASE WHEN payment IS NULL THEN 0 ELSE capture_attempt END`
 
 func scanOrder(row pgx.CollectableRow) (Order, error) {
 	var o Order
-	err := row.Scan(&o.ID, &o.Status, &o.Lines, &o.Amount, &o.RejectReason, &o.Payment, &o.CaptureID, &o.PaymentError)
+	err := row.Scan(&o.ID, &o.Status, &o.Lines, &o.Amount, &o.RejectReason, &o.Payment, &o.CaptureID, &o.PaymentError, &o.CaptureAttempts)
 	return o, err
 }
 

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -66,6 +67,62 @@ func enqueueCaptures(ctx context.Context, tx pgx.Tx, captures []capture) error {
 		}
 	}
 	return nil
+}
+
+// errRetryRefused says why an order's capture cannot be retried.
+type errRetryRefused struct{ reason string }
+
+func (e errRetryRefused) Error() string { return "retry refused: " + e.reason }
+
+// retryCapture is a person acting on a declined or failed capture: it
+// records a new capture of the order, with card (or the order's own card
+// when empty), under the attempt's own key, in one transaction with the
+// order's move back to 'capturing'. Only a reserved order whose last
+// capture was declined or failed may be retried: a captured one is paid,
+// one still capturing is being made.
+func retryCapture(ctx context.Context, pool *pgxpool.Pool, id, card string) (Order, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return Order{}, errNotFound
+	}
+	var o Order
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var c capture
+		var attempt int
+		err := tx.QueryRow(ctx, `
+			UPDATE orders SET payment = 'capturing', card = coalesce(nullif($2, ''), card),
+				capture_attempt = capture_attempt + 1, capture_id = NULL, payment_error = NULL, payment_at = NULL
+			WHERE id = $1 AND status = 'reserved' AND payment IN ('declined', 'failed')
+			RETURNING id::text, coalesce(amount, 0), card, capture_attempt, lines`, id, card).
+			Scan(&c.OrderID, &c.Amount, &c.Card, &attempt, &o.Lines)
+		if errors.Is(err, pgx.ErrNoRows) {
+			cur, rerr := readOrder(ctx, tx, id)
+			switch {
+			case rerr != nil:
+				return rerr
+			case cur.Status != "reserved":
+				return errRetryRefused{fmt.Sprintf("order %s is %s: only a reserved order is captured", id, cur.Status)}
+			default:
+				return errRetryRefused{fmt.Sprintf("order %s's payment is %s: only a declined or failed capture is retried", id, cur.Payment)}
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("retrying the capture: %w", err)
+		}
+		if c.Amount == 0 {
+			c.Amount = events.Amount(o.Lines)
+		}
+		c.Currency = events.Currency
+		payload, err := json.Marshal(c)
+		if err != nil {
+			return err
+		}
+		if _, err := effect.EnqueueTx(ctx, tx, captureKind, events.RetryCaptureKey(c.OrderID, attempt), payload); err != nil {
+			return err
+		}
+		o, err = readOrder(ctx, tx, id)
+		return err
+	})
+	return o, err
 }
 
 // captured is the provider's answer that ends a capture: its capture
@@ -201,7 +258,9 @@ func recordCapture(ctx context.Context, tx pgx.Tx, e effect.Effect, c captured, 
 		msg := "the provider declined the card: " + c.DeclineCode
 		reason = &msg
 	}
+	// Only the order's current attempt records: its key names it.
 	_, err := tx.Exec(ctx, `UPDATE orders SET payment = $2, capture_id = $3, payment_error = $4, payment_at = $5
-		WHERE id = $1 AND payment = 'capturing'`, intent.OrderID, state, captureID, reason, time.Now())
+		WHERE id = $1 AND payment = 'capturing' AND capture_attempt = $6`,
+		intent.OrderID, state, captureID, reason, time.Now(), events.CaptureAttempt(e.Key))
 	return err
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -129,4 +130,53 @@ func TestCaptureWithoutKeysCapturesTwice(t *testing.T) {
 	runCaptures(t, pool, platform.Config{ProviderURL: url, EffectKeysDisabled: true})
 	twice := scalar[int](t, ledger, `SELECT count(*) FROM (SELECT reference FROM captures GROUP BY reference HAVING count(*) > 1) x`)
 	require.Positive(t, twice, "without keys, a lost answer must be captured again")
+}
+
+// TestRetryDeclinedCapture: a person acts on a declined capture. The retry
+// with another card is a new capture under the attempt's own key, made
+// once through the provider's faults; the ledger holds the decline and the
+// capture, and the order records the capture. A retry of a captured order,
+// of one still capturing, of one not reserved, of an unknown one, or with a
+// malformed card, is refused with its reason.
+func TestRetryDeclinedCapture(t *testing.T) {
+	t.Parallel()
+	url, ledger := startProvider(t, provider.Config{FailRate: 0.3, LostResponseRate: 0.3, Seed: 11})
+	pool := newDB(t)
+	declined := reserve(t, pool, "tok_declined", oneLine)
+	paid := reserve(t, pool, defaultCard, oneLine)
+	runCaptures(t, pool, platform.Config{ProviderURL: url})
+	o, err := getOrder(t.Context(), pool, declined)
+	require.NoError(t, err)
+	require.Equal(t, "declined", o.Payment)
+
+	o, err = retryCapture(t.Context(), pool, declined, "tok_mastercard")
+	require.NoError(t, err)
+	require.Equal(t, "capturing", o.Payment)
+	_, err = retryCapture(t.Context(), pool, declined, "")
+	require.ErrorAs(t, err, new(errRetryRefused), "a capture being made is not retried")
+	runCaptures(t, pool, platform.Config{ProviderURL: url})
+
+	o, err = getOrder(t.Context(), pool, declined)
+	require.NoError(t, err)
+	require.Equal(t, "captured", o.Payment)
+	require.Equal(t, [][]any{{"declined", "tok_declined", events.CaptureKey(declined)}, {"captured", "tok_mastercard", events.RetryCaptureKey(declined, 2)}},
+		rows(t, ledger, `SELECT status, source, idempotency_key FROM captures WHERE reference = $1 ORDER BY seq`, declined))
+	require.Equal(t, o.CaptureID, scalar[string](t, ledger, `SELECT id FROM captures WHERE reference = $1 AND status = 'captured'`, declined))
+
+	_, err = retryCapture(t.Context(), pool, paid, "")
+	require.ErrorContains(t, err, "payment is captured")
+	unpaid := newOrder(t, pool)
+	_, err = retryCapture(t.Context(), pool, unpaid, "")
+	require.ErrorContains(t, err, "is created")
+	_, err = retryCapture(t.Context(), pool, uuid.NewString(), "")
+	require.ErrorIs(t, err, errNotFound)
+}
+
+func rows(t *testing.T, pool *pgxpool.Pool, q string, args ...any) [][]any {
+	t.Helper()
+	r, err := pool.Query(t.Context(), q, args...)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(r, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
+	require.NoError(t, err)
+	return out
 }
