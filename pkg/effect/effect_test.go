@@ -2,13 +2,8 @@ package effect_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"log"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,38 +19,15 @@ import (
 
 var testPG *pgtest.Server
 
-func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		pg, err := pgtest.Start(ctx)
-		if err != nil {
-			log.Print(err)
-			return 1
-		}
-		defer pg.Stop() //nolint:errcheck
-		testPG = pg
-		return m.Run()
-	}())
-}
+func TestMain(m *testing.M) { pgtest.TestMain(m, &testPG) }
 
 // newPool returns a pool on a fresh database with the effects table and a
 // domain table, outcomes, that Record writes to.
 func newPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	name := "effect_" + strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name()))
-	name = name[:min(len(name), 50)] + "_" + hex.EncodeToString(b[:])
-	url, err := testPG.CreateDatabase(ctx, name)
-	require.NoError(t, err)
-	testPG.DropWhenDone(t, name)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, effect.Migrate(ctx, pool))
-	_, err = pool.Exec(ctx, `CREATE TABLE outcomes (key text NOT NULL, result text NOT NULL, failed bool NOT NULL)`)
+	pool := testPG.TestDatabase(t)
+	require.NoError(t, effect.Migrate(t.Context(), pool))
+	_, err := pool.Exec(t.Context(), `CREATE TABLE outcomes (key text NOT NULL, result text NOT NULL, failed bool NOT NULL)`)
 	require.NoError(t, err)
 	return pool
 }
