@@ -97,7 +97,7 @@ func readInventory(ctx context.Context, pool *pgxpool.Pool) (inventoryView, erro
 			return fmt.Errorf("reading decisions: %w", err)
 		}
 		rows, err = tx.Query(ctx, `
-			SELECT s.sku, s.available, s.reserved, coalesce(sum(r.quantity), 0)::int
+			SELECT s.sku, s.available, s.reserved, coalesce(sum(r.quantity), 0)::bigint
 			FROM stock s LEFT JOIN reservations r ON r.sku = s.sku
 			GROUP BY s.sku, s.available, s.reserved`)
 		if err != nil {

@@ -39,8 +39,9 @@ func Service() platform.Service {
 	}
 }
 
-// maxAvailable bounds the stock of one SKU set through the API: available
-// and reserved are int columns and never sum past what was set.
+// maxAvailable bounds the stock of one SKU set through the API: available is
+// an int column and only falls from what was set. reserved only grows, over
+// every restock, so it is a bigint (migration 003).
 const maxAvailable = 1 << 30
 
 // Stock is the API's view of one SKU.

@@ -110,7 +110,7 @@ func TestGuardDecidesEachOrderOnce(t *testing.T) {
 	apply(t, pool, []*message.Message{orderPaid(t, reserved, line), orderPaid(t, rejected, line),
 		orderPaid(t, inBatch, line), orderPaid(t, inBatch, line)})
 
-	require.Equal(t, [][]any{{"a", int32(4), int32(6)}}, rowsOf(t, pool, `SELECT sku, available, reserved FROM stock`))
+	require.Equal(t, [][]any{{"a", int32(4), int64(6)}}, rowsOf(t, pool, `SELECT sku, available, reserved FROM stock`))
 	require.Equal(t, [][]any{{reserved, int64(1)}, {inBatch, int64(1)}}, rowsOf(t, pool, `SELECT order_id, count(*) FROM reservations GROUP BY 1 ORDER BY min(id)`))
 	require.Equal(t, [][]any{{rejected, int64(1)}}, rowsOf(t, pool, `SELECT order_id, count(*) FROM rejections GROUP BY 1`))
 	refused := rowsOf(t, pool, `SELECT order_id, reason FROM refusals ORDER BY id`)
@@ -127,7 +127,7 @@ func TestGuardDecidesEachOrderOnce(t *testing.T) {
 			return reserver{unguarded: true}.apply(t.Context(), tx, []*message.Message{orderPaid(t, reserved, line)})
 		}))
 	}
-	require.Equal(t, [][]any{{"a", int32(4), int32(6)}}, rowsOf(t, unguarded, `SELECT sku, available, reserved FROM stock`), "unguarded: reserved twice")
+	require.Equal(t, [][]any{{"a", int32(4), int64(6)}}, rowsOf(t, unguarded, `SELECT sku, available, reserved FROM stock`), "unguarded: reserved twice")
 }
 
 func rowsOf(t *testing.T, pool *pgxpool.Pool, q string) [][]any {
@@ -137,4 +137,28 @@ func rowsOf(t *testing.T, pool *pgxpool.Pool, q string) [][]any {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
 	require.NoError(t, err)
 	return out
+}
+
+// TestReservedOutlivesInt32 drives a SKU's reserved units past 2^31 - 1, the
+// range of the int column they were first kept in: reserved only grows
+// (restocks refill available), so a SKU that lives long enough gets there,
+// and every later order of it then failed its transaction ("integer out of
+// range") and was dead-lettered, paid and never reserved. The SKU here has
+// reserved 2^31 - 5 units over its life; the next order of 10 must be
+// reserved like any other.
+func TestReservedOutlivesInt32(t *testing.T) {
+	t.Parallel()
+	const lifetime = 1<<31 - 5
+	pool := newDB(t, map[string]int{"a": 100})
+	_, err := pool.Exec(t.Context(), `UPDATE stock SET reserved = $1 WHERE sku = 'a'`, lifetime)
+	require.NoError(t, err)
+
+	order := uuid.NewString()
+	apply(t, pool, []*message.Message{orderPaid(t, order, events.Line{SKU: "a", Quantity: 10})})
+
+	var available, reserved int64
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT available, reserved FROM stock WHERE sku = 'a'`).Scan(&available, &reserved))
+	require.Equal(t, int64(90), available)
+	require.Equal(t, int64(lifetime+10), reserved, "past the int range")
+	require.Equal(t, [][]any{{order, "a", int32(10)}}, rowsOf(t, pool, `SELECT order_id, sku, quantity FROM reservations`))
 }
