@@ -197,9 +197,11 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 // to its duplicates: the row stays while Kafka holds any copy this consumer
 // saw (Config.LogStart), so it keeps the highest offset, or -1 for the
 // partition when copies came on several partitions (swept by age alone).
+// The count stops at the int column's maximum: a counter that overflowed
+// would fail the statement and send the copy back forever.
 func (in *Inbox) recordCopy(ctx context.Context, tx pgx.Tx, d *delivery, dup int) error {
 	_, err := tx.Exec(ctx, `
-		UPDATE inbox_messages SET duplicates = duplicates + $5,
+		UPDATE inbox_messages SET duplicates = least(duplicates::bigint + $5, 2147483647),
 			kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
 			kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
 		WHERE consumer = $1 AND message_id = $2`,
