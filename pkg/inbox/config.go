@@ -37,6 +37,14 @@ type Config struct {
 	// a urn: prefix) is a new key to the inbox, and a copy of an applied
 	// message sent under it is applied again unless the domain refuses it.
 	CheckID func(id string) error
+	// Verify, when set, authenticates each message before the inbox looks
+	// its id up: a message it returns an error for is quarantined as
+	// invalid, with the error as its reason, and never reaches the inbox row
+	// or the handler. With package signature: inboxkafka.Verify(verifier)
+	// checks each record's signature against the keys the consumer trusts
+	// for its topic, so a record written by anyone else who can write to
+	// the topic (a fresh id the inbox has never seen) is refused.
+	Verify func(*message.Message) error
 
 	// MaxAttempts is how many times a failing handler runs before its message
 	// is dead-lettered. Defaults to DefaultMaxAttempts.

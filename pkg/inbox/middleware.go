@@ -229,6 +229,11 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 			return d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err)
 		}
 	}
+	if in.cfg.Verify != nil {
+		if err := in.cfg.Verify(msg); err != nil {
+			return d, fmt.Sprintf("not authenticated: %v", err)
+		}
+	}
 	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
 		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/signature"
 )
 
 // Position is an inbox.Config.Position for messages a watermill-kafka
@@ -53,4 +54,13 @@ func ReadLogStart(client sarama.Client, topics ...string) (inbox.LogStart, error
 func Key(msg *message.Message) string {
 	k, _ := kafka.MessageKeyFromCtx(msg.Context())
 	return string(k)
+}
+
+// Verify returns an inbox.Config.Verify that checks each watermill-kafka
+// delivery's signature with v, over the topic it was read from and its Kafka
+// record's key (not a header, which a writer could set to anything).
+func Verify(v *signature.Verifier) func(*message.Message) error {
+	return func(msg *message.Message) error {
+		return v.Verify(message.SubscribeTopicFromCtx(msg.Context()), Key(msg), msg)
+	}
 }
