@@ -8,6 +8,7 @@ package system
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -55,6 +57,11 @@ type Options struct {
 	ServiceDBURL func(url string) string
 	// Log receives one line per step. Defaults to io.Discard.
 	Log func(format string, args ...any)
+	// Sign gives each service a signing key of its own (SIGNING_KEY) and
+	// the other's as its trusted key (TRUSTED_KEYS): events are signed by
+	// their producer's relay and verified by their consumer's inbox
+	// (pkg/signature). System.Keys holds the keys.
+	Sign bool
 }
 
 // System is a started system.
@@ -67,6 +74,7 @@ type System struct {
 	Procs    map[string][]*procs.Proc // service → replicas
 	Provider *procs.Proc              // the payment provider stand-in
 	Client   *loadgen.Client
+	Keys     map[string]signature.Key // service → its signing key, with Options.Sign
 	ownPG    bool
 	logFiles []*os.File
 }
@@ -130,6 +138,12 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	if err := s.startProvider(bins["provider"], opts.ProviderEnv); err != nil {
 		return nil, err
 	}
+	signEnv := map[string][]string{}
+	if opts.Sign {
+		if s.Keys, signEnv, err = newKeys(); err != nil {
+			return nil, err
+		}
+	}
 	var urls = map[string][]string{}
 	for _, name := range Services {
 		n := max(1, opts.Replicas[name])
@@ -158,6 +172,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 			if name == "orders" {
 				env = append(env, "PROVIDER_URL=http://"+s.Provider.Addr)
 			}
+			env = append(env, signEnv[name]...)
 			p := &procs.Proc{Service: name, Name: pname, Bin: bins[name], Addr: addr, Log: f, Env: append(env, opts.EnvFor[name]...), EnvHook: opts.EnvHook}
 			if err := p.Start(); err != nil {
 				return nil, err
@@ -263,4 +278,29 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 			}
 		}(p)
 	}
+}
+
+// newKeys makes a random signing key per service, and each service's
+// SIGNING_KEY and TRUSTED_KEYS: its own key, and the key of the other, whose
+// events it consumes.
+func newKeys() (map[string]signature.Key, map[string][]string, error) {
+	keys := map[string]signature.Key{}
+	for _, name := range Services {
+		k := signature.Key{ID: name + "-" + cryptorand.Text()[:8], Secret: make([]byte, 32)}
+		if _, err := cryptorand.Read(k.Secret); err != nil {
+			return nil, nil, err
+		}
+		keys[name] = k
+	}
+	env := map[string][]string{}
+	for _, name := range Services {
+		var trusted []string
+		for _, other := range Services {
+			if other != name {
+				trusted = append(trusted, signature.FormatKey(keys[other]))
+			}
+		}
+		env[name] = []string{"SIGNING_KEY=" + signature.FormatKey(keys[name]), "TRUSTED_KEYS=" + strings.Join(trusted, ",")}
+	}
+	return keys, env, nil
 }

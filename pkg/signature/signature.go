@@ -78,6 +78,27 @@ func (k Key) Validate() error {
 	return nil
 }
 
+// ParseKey reads a key written as FormatKey writes it: its id, a colon,
+// and its secret in base64url (padding optional), as in an environment
+// variable.
+func ParseKey(s string) (Key, error) {
+	id, secret, ok := strings.Cut(strings.TrimSpace(s), ":")
+	if !ok {
+		return Key{}, errors.New("signature: a key is written id:secret, the secret in base64url; got no colon")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(secret, "="))
+	if err != nil {
+		return Key{}, fmt.Errorf("signature: key %s: the secret is not base64url: %w", clip(id), err)
+	}
+	k := Key{ID: id, Secret: raw}
+	return k, k.Validate()
+}
+
+// FormatKey writes k as ParseKey reads it. The result holds the secret.
+func FormatKey(k Key) string {
+	return k.ID + ":" + base64.RawURLEncoding.EncodeToString(k.Secret)
+}
+
 // ErrInvalid wraps every reason Verify refuses a message for.
 var ErrInvalid = errors.New("signature invalid")
 

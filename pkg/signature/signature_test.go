@@ -128,3 +128,14 @@ func TestPublisherSigns(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, errors.Is(err, signature.ErrInvalid))
 }
+
+func TestParseKey(t *testing.T) {
+	t.Parallel()
+	k, err := signature.ParseKey(signature.FormatKey(orders2025))
+	require.NoError(t, err)
+	require.Equal(t, orders2025, k)
+	for _, bad := range []string{"", "no-colon", "id:!!!", "id:" + "c2hvcnQ", ":" + signature.FormatKey(orders2025)[len("orders-2025:"):]} {
+		_, err := signature.ParseKey(bad)
+		require.Error(t, err, "%q", bad)
+	}
+}

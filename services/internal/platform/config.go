@@ -111,6 +111,18 @@ type Config struct {
 	// captures twice without the key.
 	EffectKeysDisabled bool `env:"EFFECT_KEYS_DISABLED" default:"false"`
 
+	// Signed events (pkg/signature, signing.go). SIGNING_KEY is this
+	// service's key, "id:secret" with a secret of 32 bytes or more in
+	// base64url: its relay signs every message it publishes. TRUSTED_KEYS
+	// (comma-separated, same form) are the keys of the producers whose
+	// events it consumes: its inbox quarantines a message signed by none of
+	// them (nor by its own key: a redrive) as invalid, so a record written
+	// by anyone else who can write to the topic is never applied. Two keys
+	// of one producer may be trusted at once, while it rotates. Unset:
+	// nothing is signed, nothing verified.
+	SigningKey  string   `env:"SIGNING_KEY"`
+	TrustedKeys []string `env:"TRUSTED_KEYS"`
+
 	// Tracing (tracing.go): "otlp" exports OpenTelemetry spans, "off"
 	// records none; unset means otlp when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 	Tracing      string `env:"TRACING"`

@@ -126,11 +126,24 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	mtr := newMetrics(pool, log) // metrics.go
 
 	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
+	signing, err := newSigning(cfg, svc.Topic) // signing.go
+	if err != nil {
+		return err
+	}
+	if signing.sign == nil {
+		log.Warn("SIGNING_KEY is unset: the events this service publishes are not signed")
+	}
+	if signing.verify == nil {
+		log.Warn("TRUSTED_KEYS is unset: the inbox applies an event whoever wrote it to " + svc.Topic)
+	}
 	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler, wlog) // relay.go
 	if err != nil {
 		return err
 	}
 	defer publisher.Close()
+	if publisher, err = signing.publisher(publisher); err != nil {
+		return err
+	}
 
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		Pool: pool, Publisher: publisher, Logger: wlog,
@@ -152,6 +165,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
 		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
+		Verify:    signing.verify,                        // TRUSTED_KEYS: only what a trusted producer signed
 		Position:  inboxkafka.Position,                   // each row records where Kafka holds its message
 		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // and stays while Kafka holds it
 		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log

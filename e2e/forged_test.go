@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// TestForgedAnswerRefused: anyone who can write to inventory.events writes
+// an InventoryRejected under a fresh message id for an order that is paid
+// and not yet answered (inventory is down). The inbox has never seen the id
+// and the domain guard applies an order's first answer, so without
+// signatures the forgery settles the order as rejected (the control). With
+// signed events (SIGNING_KEY, TRUSTED_KEYS) orders' inbox quarantines the
+// unsigned record, and a record signed with a key orders does not trust,
+// as not authenticated; once inventory is back, its real answer reserves
+// the order.
+func TestForgedAnswerRefused(t *testing.T) {
+	t.Parallel()
+	for _, signed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("Signed=%t", signed), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, system.Options{Sign: signed})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			inventory := b.sys.Procs["inventory"][0]
+			require.NoError(t, inventory.Stop(10*time.Second))
+
+			o, err := b.sys.Client.CreateOrder(ctx, []events.Line{{SKU: b.skus[0], Quantity: 1}})
+			require.NoError(t, err)
+			_, err = b.sys.Client.Pay(ctx, o.ID)
+			require.NoError(t, err)
+
+			unsigned, otherKey := forgedAnswer(t, o.ID), forgedAnswer(t, o.ID)
+			otherKey.Metadata.Set("signature_key_id", "inventory-1")
+			otherKey.Metadata.Set("signature", "bm90IGEgcmVhbCBzaWduYXR1cmUgYXQgYWxsLCBqdXN0IGJ5dGVzIQ")
+			publish(t, b, events.TopicInventory, unsigned, otherKey)
+
+			status := func() (string, string) {
+				var status, reason string
+				require.NoError(t, b.sys.Pools["orders"].QueryRow(ctx,
+					`SELECT status, coalesce(reject_reason, '') FROM orders WHERE id = $1`, o.ID).Scan(&status, &reason))
+				return status, reason
+			}
+			if !signed {
+				require.Eventually(t, func() bool { s, _ := status(); return s == "rejected" }, time.Minute, 50*time.Millisecond,
+					"the control: without signatures the forgery settles the order")
+				_, reason := status()
+				require.Contains(t, reason, "forged")
+				return
+			}
+			require.Eventually(t, func() bool {
+				var n int
+				require.NoError(t, b.sys.Pools["orders"].QueryRow(ctx, `SELECT count(*) FROM inbox_quarantine
+					WHERE consumer = 'orders' AND kind = 'invalid' AND message_id = ANY($1) AND reason LIKE 'not authenticated: %'`,
+					[]string{unsigned.UUID, otherKey.UUID}).Scan(&n))
+				return n == 2
+			}, time.Minute, 50*time.Millisecond, "both forgeries quarantined as not authenticated")
+			s, _ := status()
+			require.Equal(t, "paid", s, "a forgery settled the order")
+
+			require.NoError(t, inventory.Start())
+			require.NoError(t, inventory.WaitReady(ctx))
+			require.Eventually(t, func() bool { s, _ := status(); return s == "reserved" }, time.Minute, 50*time.Millisecond,
+				"inventory's signed answer settles the order")
+		})
+	}
+}
+
+// forgedAnswer is an InventoryRejected for orderID under a fresh id, as
+// inventory would write it, keyed by the order id.
+func forgedAnswer(t *testing.T, orderID string) *message.Message {
+	t.Helper()
+	payload, err := events.Encode(events.InventoryRejected{
+		Envelope: events.NewEnvelope(events.TypeInventoryRejected, orderID), Reason: "forged: not inventory's answer",
+	})
+	require.NoError(t, err)
+	return outbox.NewMessage(orderID, payload)
+}
+
+// publish writes msgs to topic with a Kafka client of the test's own,
+// bypassing every outbox and relay.
+func publish(t *testing.T, b *testBundle, topic string, msgs ...*message.Message) {
+	t.Helper()
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
+		OverwriteSaramaConfig: kafkaconf.Sarama(),
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer pub.Close()
+	for _, m := range msgs {
+		if m.UUID == "" {
+			m.UUID = uuid.NewString()
+		}
+	}
+	require.NoError(t, pub.Publish(topic, msgs...))
+}
