@@ -35,7 +35,7 @@ func main() {
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dashboard", flag.ContinueOnError)
-	addr := fs.String("addr", envOr("DASHBOARD_ADDR", ":8090"), "listen address (DASHBOARD_ADDR)")
+	addr := fs.String("addr", envOr("DASHBOARD_ADDR", "127.0.0.1:8090"), "listen address (DASHBOARD_ADDR)")
 	ordersURL := fs.String("orders-db", os.Getenv("ORDERS_DATABASE_URL"), "the orders service's database (ORDERS_DATABASE_URL)")
 	inventoryURL := fs.String("inventory-db", os.Getenv("INVENTORY_DATABASE_URL"), "the inventory service's database (INVENTORY_DATABASE_URL)")
 	chaos := fs.String("chaos-status", os.Getenv("CHAOS_STATUS"), "a chaos run's JSON status or report file (CHAOS_STATUS); optional")

@@ -13,7 +13,7 @@ import (
 
 // Defaults of the settings where zero means "the default".
 const (
-	DefaultHTTPAddr      = ":8083"
+	DefaultHTTPAddr      = "127.0.0.1:8083"
 	DefaultKeyTTL        = 24 * time.Hour // Stripe prunes keys once they are at least 24 hours old
 	DefaultKeyLockTime   = 30 * time.Second
 	DefaultSweepInterval = time.Hour

@@ -24,7 +24,7 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	cfg, err := platform.LoadConfig(":8082")
+	cfg, err := platform.LoadConfig("127.0.0.1:8082")
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

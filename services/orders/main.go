@@ -23,7 +23,7 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	cfg, err := platform.LoadConfig(":8081")
+	cfg, err := platform.LoadConfig("127.0.0.1:8081")
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

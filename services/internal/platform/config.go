@@ -22,7 +22,7 @@ import (
 type Config struct {
 	DatabaseURL  string   `env:"DATABASE_URL" required:"true"`
 	KafkaBrokers []string `env:"KAFKA_BROKERS" required:"true"`
-	HTTPAddr     string   `env:"HTTP_ADDR" default:":8080"`
+	HTTPAddr     string   `env:"HTTP_ADDR" default:"127.0.0.1:8080"`
 	Instance     string   `env:"INSTANCE"` // replica name in logs; defaults to host-pid
 	LogLevel     string   `env:"LOG_LEVEL" default:"info"`
 	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.
