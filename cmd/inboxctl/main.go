@@ -26,6 +26,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -238,6 +239,14 @@ func printOne(out io.Writer, q inbox.Quarantined) {
 	}
 	meta, _ := json.Marshal(q.Metadata)
 	row("metadata", string(meta))
+	if q.RawMetadata != nil {
+		raw := make([]string, 0, len(q.RawMetadata))
+		for k, v := range q.RawMetadata {
+			raw = append(raw, fmt.Sprintf("%q: %q", k, v))
+		}
+		slices.Sort(raw)
+		row("headers as they arrived", "{"+strings.Join(raw, ", ")+"}")
+	}
 	if q.ResolvedAt != nil {
 		row("resolution", fmt.Sprintf("%s by %s at %s", q.Resolution, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339)))
 		row("note", q.ResolutionNote)
@@ -245,7 +254,10 @@ func printOne(out io.Writer, q inbox.Quarantined) {
 		row("resolution", "open")
 	}
 	payload := string(q.Payload)
-	if !utf8.Valid(q.Payload) {
+	switch {
+	case q.PayloadNull:
+		payload = "none: the record had no value (a tombstone)"
+	case !utf8.Valid(q.Payload):
 		payload = fmt.Sprintf("%d bytes, not UTF-8: %x", len(q.Payload), q.Payload[:min(len(q.Payload), 64)])
 	}
 	row("payload", opctl.Clip(payload, 4096))

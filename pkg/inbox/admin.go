@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -61,9 +62,17 @@ type Quarantined struct {
 	Topic          string
 	PayloadSHA256  []byte
 	OriginalSHA256 []byte // payload_conflict: the hash of the payload that was applied
-	Payload        []byte
-	Metadata       map[string]string
-	CreatedAt      time.Time
+	// Payload is what the record carried: nil when it had no value at all
+	// (a Kafka tombstone), empty when its value was empty (PayloadNull
+	// tells the two apart).
+	Payload     []byte
+	PayloadNull bool
+	Metadata    map[string]string
+	// RawMetadata is set when Metadata had to change a header to store it
+	// as text (a NUL byte, invalid UTF-8 become U+FFFD): every header
+	// exactly as it arrived.
+	RawMetadata map[string]string
+	CreatedAt   time.Time
 
 	// Set once an operator dealt with it.
 	ResolvedAt     *time.Time
@@ -83,13 +92,29 @@ type QuarantineFilter struct {
 }
 
 const quarantineColumns = `id, consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256,
-	payload, metadata, created_at, resolved_at, coalesce(resolution, ''), coalesce(resolved_by, ''), coalesce(resolution_note, '')`
+	payload, payload IS NULL, metadata, raw_metadata, created_at, resolved_at, coalesce(resolution, ''), coalesce(resolved_by, ''), coalesce(resolution_note, '')`
 
 func scanQuarantined(row pgx.Row) (Quarantined, error) {
 	var q Quarantined
+	var raw map[string]string
 	err := row.Scan(&q.ID, &q.Consumer, &q.MessageID, &q.Kind, &q.Reason, &q.Attempts, &q.Topic, &q.PayloadSHA256,
-		&q.OriginalSHA256, &q.Payload, &q.Metadata, &q.CreatedAt, &q.ResolvedAt, &q.Resolution, &q.ResolvedBy, &q.ResolutionNote)
-	return q, err
+		&q.OriginalSHA256, &q.Payload, &q.PayloadNull, &q.Metadata, &raw, &q.CreatedAt, &q.ResolvedAt, &q.Resolution, &q.ResolvedBy, &q.ResolutionNote)
+	if err != nil || raw == nil {
+		return q, err
+	}
+	q.RawMetadata = make(map[string]string, len(raw))
+	for k, v := range raw {
+		name, err := base64.StdEncoding.DecodeString(k)
+		if err != nil {
+			return q, fmt.Errorf("inbox: quarantined message %d: raw_metadata name %q: %w", q.ID, k, err)
+		}
+		value, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			return q, fmt.Errorf("inbox: quarantined message %d: raw_metadata value of %q: %w", q.ID, name, err)
+		}
+		q.RawMetadata[string(name)] = string(value)
+	}
+	return q, nil
 }
 
 // ListQuarantine returns the quarantined messages f selects, oldest first:
@@ -133,6 +158,9 @@ type RedriveResult struct {
 // Redrive writes a dead-lettered message back to the topic it came from,
 // under its original message id, with its original payload, partition key
 // and metadata, so the consumer (its handler fixed meanwhile) applies it.
+// What is written is what the outbox can carry: a record that had no value
+// goes back with an empty one, and headers that were not text go back as
+// Metadata holds them (RawMetadata keeps them as they arrived).
 // In one transaction it
 //
 //   - marks the quarantine row redriven (by whom, when),

@@ -41,8 +41,15 @@ func pgText(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
+// insertQuarantine records d as it arrived: a record with no value (a nil
+// payload) as a NULL payload, and its headers exactly in raw_metadata when
+// metadata had to change any of them to store them as text.
 func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
 	meta, err := metadataJSON(d.msg.Metadata)
+	if err != nil {
+		return err
+	}
+	raw, err := rawMetadataJSON(d.msg.Metadata)
 	if err != nil {
 		return err
 	}
@@ -51,9 +58,9 @@ func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, k
 		onConflict = ""
 	}
 	_, err = tx.Exec(ctx, `
-		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) `+onConflict,
-		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta)
+		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata, raw_metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) `+onConflict,
+		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta, raw)
 	if err != nil {
 		return fmt.Errorf("inbox: recording %s: %w", kind, err)
 	}

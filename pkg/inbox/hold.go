@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -156,6 +157,28 @@ func metadataJSON(md message.Metadata) ([]byte, error) {
 		return nil, fmt.Errorf("inbox: encoding metadata: %w", err)
 	}
 	return meta, nil
+}
+
+// rawMetadataJSON returns md with every name and value in standard base64,
+// as inbox_quarantine's raw_metadata keeps it, or nil when metadataJSON
+// keeps md exactly (every entry text Postgres can hold).
+func rawMetadataJSON(md message.Metadata) ([]byte, error) {
+	exact := true
+	for k, v := range md {
+		exact = exact && k == pgText(k) && v == pgText(v)
+	}
+	if exact {
+		return nil, nil
+	}
+	raw := make(map[string]string, len(md))
+	for k, v := range md {
+		raw[base64.StdEncoding.EncodeToString([]byte(k))] = base64.StdEncoding.EncodeToString([]byte(v))
+	}
+	out, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: encoding raw metadata: %w", err)
+	}
+	return out, nil
 }
 
 // release applies the parked messages of d's key, which d released or found
