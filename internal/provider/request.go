@@ -5,15 +5,14 @@ package provider
 // nothing refused here is stored under its idempotency key.
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"unicode"
-	"unicode/utf8"
+
+	"github.com/outboxref/outbox-inbox/internal/strictjson"
 )
 
 // CaptureRequest is the body of POST /v1/captures.
@@ -50,18 +49,10 @@ func invalid(param, format string, args ...any) error {
 // the source a token.
 func parseCaptureRequest(body []byte) (CaptureRequest, error) {
 	var req CaptureRequest
-	if !utf8.Valid(body) {
-		return req, invalid("", "body is not valid UTF-8")
-	}
-	if err := checkObject(body); err != nil {
-		return req, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			return req, invalid(typeErr.Field, "%s: want %s, got JSON %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
+	if err := strictjson.Decode(body, &req); err != nil {
+		var refused *strictjson.Error
+		if errors.As(err, &refused) {
+			return req, invalid(refused.Path, "%v", refused)
 		}
 		return req, invalid("", "body: %v", err)
 	}
@@ -86,44 +77,6 @@ func parseCaptureRequest(body []byte) (CaptureRequest, error) {
 		return req, invalid("source", "source must be a card token (tok_ followed by letters, digits or _)")
 	}
 	return req, nil
-}
-
-// checkObject checks that body is exactly one JSON object whose keys are
-// not repeated: encoding/json would keep the last of two "amount"s, and a
-// fingerprint of what it kept would hide the other.
-func checkObject(body []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return invalid("", "body must be a JSON object: %v", err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return invalid("", "body must be a JSON object")
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return invalid("", "body: %v", err)
-		}
-		key := tok.(string) // object keys are strings, or Token failed
-		if seen[key] {
-			return invalid(key, "field %q appears twice", truncate(key))
-		}
-		seen[key] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return invalid(key, "body: %v", err)
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return invalid("", "body: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return invalid("", "body: data after the JSON object")
-	}
-	return nil
 }
 
 // fingerprint identifies a request for its idempotency key: the method,
@@ -161,16 +114,6 @@ func validKey(k string) error {
 		}
 	}
 	return nil
-}
-
-func jsonKind(goKind string) string {
-	switch goKind {
-	case "int64":
-		return "an integer"
-	case "string":
-		return "a string"
-	}
-	return goKind
 }
 
 // truncate shortens what a client sent before it is echoed in an error.

@@ -7,7 +7,6 @@
 package events
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxref/outbox-inbox/internal/strictjson"
 )
 
 // SchemaVersion is the version this code writes and the only one it reads.
@@ -80,45 +81,56 @@ func NewEnvelope(typ, orderID string) Envelope {
 // type, a missing field, a value outside its domain (see ValidateLines).
 var ErrInvalid = errors.New("invalid event")
 
-// Decode reads an event strictly: unknown fields, wrong types, another
-// schema version or an unexpected type are errors wrapping ErrInvalid. It
-// returns one of *OrderPaid, *InventoryReserved, *InventoryRejected.
+// Decode reads an event strictly (internal/strictjson): valid UTF-8, one
+// JSON object and nothing after it, each of its type's fields exactly once,
+// spelled exactly, and no other; no null, no unpaired surrogate; then the
+// schema version, the type and every field's domain. Whatever a lenient
+// reader would read otherwise (a key twice, a key in another case, a second
+// value after the first) is refused, so no two readers of one record can
+// disagree on what it says. Every refusal wraps ErrInvalid. It returns one
+// of *OrderPaid, *InventoryReserved, *InventoryRejected.
 func Decode(payload []byte) (any, error) {
-	// encoding/json would replace invalid UTF-8 with U+FFFD and go on.
-	if !utf8.Valid(payload) {
-		return nil, fmt.Errorf("%w: the payload is not valid UTF-8", ErrInvalid)
-	}
-	var env Envelope
-	if err := json.Unmarshal(payload, &env); err != nil {
+	tree, err := strictjson.Parse(payload)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	if env.SchemaVersion != SchemaVersion {
-		return nil, fmt.Errorf("%w: schema_version %d, this consumer reads %d", ErrInvalid, env.SchemaVersion, SchemaVersion)
+	if tree.Kind != strictjson.Object {
+		return nil, fmt.Errorf("%w: want a JSON object, got %s", ErrInvalid, tree.Kind)
 	}
-	if env.OrderID == "" {
-		return nil, fmt.Errorf("%w: %s without order_id", ErrInvalid, env.Type)
+	if v, ok := tree.Field("schema_version"); !ok || v.Kind != strictjson.Number || v.Str != fmt.Sprint(SchemaVersion) {
+		got := "none"
+		if ok {
+			got = clip(string(v.Raw))
+		}
+		return nil, fmt.Errorf("%w: schema_version %s, this consumer reads %d", ErrInvalid, got, SchemaVersion)
 	}
-	if err := env.validate(); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, env.Type, err)
+	typ, ok := tree.Field("type")
+	if !ok || typ.Kind != strictjson.String {
+		return nil, fmt.Errorf("%w: no type (a string)", ErrInvalid)
 	}
 	var ev interface{ validate() error }
-	switch env.Type {
+	var env *Envelope
+	switch typ.Str {
 	case TypeOrderPaid:
-		ev = &OrderPaid{}
+		e := &OrderPaid{}
+		ev, env = e, &e.Envelope
 	case TypeInventoryReserved:
-		ev = &InventoryReserved{}
+		e := &InventoryReserved{}
+		ev, env = e, &e.Envelope
 	case TypeInventoryRejected:
-		ev = &InventoryRejected{}
+		e := &InventoryRejected{}
+		ev, env = e, &e.Envelope
 	default:
-		return nil, fmt.Errorf("%w: unknown type %q", ErrInvalid, env.Type)
+		return nil, fmt.Errorf("%w: unknown type %q", ErrInvalid, clip(typ.Str))
 	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(ev); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, env.Type, err)
+	if err := tree.Decode(ev); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, typ.Str, err)
+	}
+	if err := env.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, typ.Str, err)
 	}
 	if err := ev.validate(); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, env.Type, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, typ.Str, err)
 	}
 	return ev, nil
 }

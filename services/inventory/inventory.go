@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"net/http"
@@ -44,6 +44,13 @@ func Service() platform.Service {
 // every restock, so it is a bigint (migration 003).
 const maxAvailable = 1 << 30
 
+// StockLevel is one item of PUT /stock: what is available of a SKU. The
+// reserved units are inventory's to count, never a client's to set.
+type StockLevel struct {
+	SKU       string `json:"sku"`
+	Available int    `json:"available"`
+}
+
 // Stock is the API's view of one SKU.
 type Stock struct {
 	SKU       string `json:"sku"`
@@ -54,10 +61,11 @@ type Stock struct {
 func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 	// PUT /stock sets the available quantity of each SKU given (seeding).
 	mux.HandleFunc("PUT /stock", func(w http.ResponseWriter, r *http.Request) {
-		var items []Stock
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&items); err != nil {
+		var items []StockLevel
+		if err := platform.ReadJSON(w, r, 4<<20, &items); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New(`no body: want [{"sku": ..., "available": ...}]`)
+			}
 			platform.WriteError(w, http.StatusBadRequest, "decoding stock: "+err.Error())
 			return
 		}
@@ -100,7 +108,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 	})
 }
 
-func setStock(ctx context.Context, pool *pgxpool.Pool, items []Stock) error {
+func setStock(ctx context.Context, pool *pgxpool.Pool, items []StockLevel) error {
 	skus := make([]string, len(items))
 	avail := make([]int32, len(items))
 	for i, it := range items {

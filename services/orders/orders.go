@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -66,11 +65,12 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Lines []events.Line `json:"lines"`
-			Card  string        `json:"card"` // a card token; tok_visa when absent
+			Card  string        `json:"card,omitempty"` // a card token; tok_visa when absent
 		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
+		if err := platform.ReadJSON(w, r, 64<<10, &req); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("no body: want {\"lines\": [...]}")
+			}
 			platform.WriteError(w, http.StatusBadRequest, "decoding order: "+err.Error())
 			return
 		}
@@ -114,11 +114,9 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 	})
 	mux.HandleFunc("POST /orders/{id}/payment/retry", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
-			Card string `json:"card"` // the card to capture with now; the order's own when absent
+			Card string `json:"card,omitempty"` // the card to capture with now; the order's own when absent
 		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		if err := platform.ReadJSON(w, r, 4<<10, &req); err != nil && !errors.Is(err, io.EOF) {
 			platform.WriteError(w, http.StatusBadRequest, "decoding the retry: "+err.Error())
 			return
 		}

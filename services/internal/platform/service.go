@@ -1,10 +1,12 @@
 package platform
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/pgconnect"
+	"github.com/outboxref/outbox-inbox/internal/strictjson"
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -395,4 +398,23 @@ func deadLetterPolicy(s string) (inbox.DeadLetterPolicy, error) {
 		return inbox.HoldKey, nil
 	}
 	return 0, fmt.Errorf("INBOX_ON_DEAD_LETTER=%q: want skip or hold", s)
+}
+
+// ReadJSON reads r's body, at most limit bytes, into v with the strict
+// decoder (internal/strictjson): a key twice or in another case, unknown or
+// missing fields, null, data after the value are refused, with the reason.
+// An empty body is io.EOF, for routes where the body is optional.
+func ReadJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return fmt.Errorf("the body is over %d bytes", limit)
+		}
+		return fmt.Errorf("reading the body: %w", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return io.EOF
+	}
+	return strictjson.Decode(body, v)
 }

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+)
+
+// TestOrderBodiesReadOneWay: bodies that encoding/json reads one way and a
+// strict reader refuses (a key twice, a key in another case, null, a second
+// value, an unpaired surrogate) get a 400 with the reason, and nothing is
+// created. A lenient decoder created an order from each.
+func TestOrderBodiesReadOneWay(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	mux := http.NewServeMux()
+	routes(mux, pool, platform.Config{APIBatchSize: 1, APIBatchWorkers: 1})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	line := `[{"sku":"sku-01","quantity":1}]`
+	for name, c := range map[string]struct{ body, reason string }{
+		"KeyTwice":          {`{"lines":` + line + `,"lines":[{"sku":"sku-02","quantity":9}]}`, "lines: the key appears twice"},
+		"KeyInAnotherCase":  {`{"Lines":` + line + `}`, "Lines: unknown field"},
+		"CardInAnotherCase": {`{"lines":` + line + `,"CARD":"tok_visa"}`, "CARD: unknown field"},
+		"NullLines":         {`{"lines":null}`, "lines: null is not an array"},
+		"SecondValue":       {`{"lines":` + line + `}{"lines":[]}`, "data after the JSON value"},
+		"UnpairedSurrogate": {`{"lines":[{"sku":"sku-01\ud800","quantity":1}]}`, `unpaired UTF-16 surrogate`},
+		"FloatQuantity":     {`{"lines":[{"sku":"sku-01","quantity":1.5}]}`, "lines[0].quantity: want an integer"},
+		"NoBody":            {``, "no body"},
+	} {
+		resp, err := http.Post(srv.URL+"/orders", "application/json", strings.NewReader(c.body))
+		require.NoError(t, err, name)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s: %s", name, body)
+		require.Contains(t, string(body), c.reason, name)
+	}
+	require.Zero(t, scalar[int](t, pool, `SELECT count(*) FROM orders`), "an order was created from a refused body")
+
+	resp, err := http.Post(srv.URL+"/orders", "application/json", strings.NewReader(`{"lines":`+line+`}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the body they were made from")
+}
