@@ -2,9 +2,12 @@ package dashboard
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/outboxref/outbox-inbox/internal/strictjson"
 )
 
 // Crasher is the live demo's "crash it now" (internal/crashnow): it arms one
@@ -68,7 +71,7 @@ func (s *Server) picture(snap Snapshot) picture {
 	return p
 }
 
-// crashRoutes serves POST /crash (form value window) when Options.Crash is
+// crashRoutes serves POST /crash ({"window": name}) when Options.Crash is
 // set; without it there is no such route.
 func (s *Server) crashRoutes(mux *http.ServeMux) {
 	if s.opts.Crash == nil {
@@ -81,7 +84,18 @@ func (s *Server) crashRoutes(mux *http.ServeMux) {
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": "POST /crash needs the header " + crashHeader + ": 1 (the page sends it)"})
 			return
 		}
-		window := r.FormValue("window")
+		var req struct {
+			Window string `json:"window"`
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<10))
+		if err == nil {
+			err = strictjson.Decode(body, &req)
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": `POST /crash takes {"window": "<name>"}: ` + err.Error()})
+			return
+		}
+		window := req.Window
 		known := false
 		for _, cw := range s.opts.Crash.Windows() {
 			known = known || cw.Name == window
@@ -90,7 +104,7 @@ func (s *Server) crashRoutes(mux *http.ServeMux) {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "unknown crash window " + quote(window)})
 			return
 		}
-		err := s.opts.Crash.Crash(window)
+		err = s.opts.Crash.Crash(window)
 		switch {
 		case errors.Is(err, ErrLessonRunning):
 			writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})

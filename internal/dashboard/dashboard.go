@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/internal/httpserve"
 )
 
 //go:embed page.html flow.js
@@ -376,6 +378,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
+	// The stream outlives the server's write timeout, which bounds every
+	// other response.
+	http.NewResponseController(w).SetWriteDeadline(time.Time{}) //nolint:errcheck
 	tick := time.NewTicker(s.opts.Interval)
 	defer tick.Stop()
 	for {
@@ -420,8 +425,8 @@ func Start(ctx context.Context, addr string, opts Options) (string, error) {
 		return "", fmt.Errorf("dashboard: listening on %s: %w", addr, err)
 	}
 	// The event streams end with ctx, through the requests' base context.
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := httpserve.Server(addr, s.Handler(), httpserve.Options{}) // reads HTTP_ALLOWED_HOSTS
+	srv.BaseContext = func(net.Listener) context.Context { return ctx }
 	go srv.Serve(ln) //nolint:errcheck // ends with Close below
 	go func() {
 		<-ctx.Done()

@@ -25,6 +25,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
+	"github.com/outboxref/outbox-inbox/internal/httpserve"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
@@ -344,13 +345,21 @@ func TestBadRequestsRefused(t *testing.T) {
 	serve := func(crash dashboard.Crasher, method, target, body string) *httptest.ResponseRecorder {
 		srv, err := dashboard.New(dashboard.Options{Orders: down, Inventory: down, Crash: crash})
 		require.NoError(t, err)
-		req := httptest.NewRequest(method, target, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req := httptest.NewRequest(method, "http://127.0.0.1:8090"+target, strings.NewReader(body))
+		switch {
+		case strings.HasPrefix(body, "window="):
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		case body != "":
+			req.Header.Set("Content-Type", "application/json")
+		}
 		if !strings.Contains(target, "cross-site") {
 			req.Header.Set("X-Crash-It-Now", "1")
 		}
+		if strings.Contains(target, "sec-fetch") {
+			req.Header.Set("Sec-Fetch-Site", "cross-site")
+		}
 		rec := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(rec, req)
+		httpserve.Guard("127.0.0.1:8090", nil, srv.Handler()).ServeHTTP(rec, req) // as dashboard.Start serves it
 		return rec
 	}
 	for _, id := range []string{"", "42", "x' OR 1=1 --", strings.Repeat("a", 5000), "urn:uuid:not-one"} {
@@ -358,15 +367,22 @@ func TestBadRequestsRefused(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, rec.Code, "order %q: %s", id, rec.Body)
 		require.Contains(t, rec.Body.String(), "is not an order id")
 	}
-	rec := serve(stub, http.MethodPost, "/crash?cross-site", "window=after-commit-before-ack")
-	require.Equal(t, http.StatusForbidden, rec.Code, "a form another site posts: %s", rec.Body)
-	rec = serve(stub, http.MethodPost, "/crash", "window=rm+-rf")
+	rec := serve(stub, http.MethodPost, "/crash?cross-site", `{"window":"after-commit-before-ack"}`)
+	require.Equal(t, http.StatusForbidden, rec.Code, "a request another site's page sends without the header: %s", rec.Body)
+	rec = serve(stub, http.MethodPost, "/crash", "window=after-commit-before-ack")
+	require.Equal(t, http.StatusUnsupportedMediaType, rec.Code, "a form, which any page can post: %s", rec.Body)
+	rec = serve(stub, http.MethodPost, "/crash?sec-fetch", `{"window":"after-commit-before-ack"}`)
+	require.Equal(t, http.StatusForbidden, rec.Code, "a browser's cross-site request: %s", rec.Body)
+	require.Contains(t, rec.Body.String(), "cross-site request refused")
+	rec = serve(stub, http.MethodPost, "/crash", `{"window":"rm -rf"}`)
 	require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), `unknown crash window \"rm -rf\"`)
+	rec = serve(stub, http.MethodPost, "/crash", `{"window":"after-commit-before-ack","Window":"x"}`)
+	require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
 	require.Empty(t, stub.asked, "an unknown window never reaches the Crasher")
-	rec = serve(stub, http.MethodPost, "/crash", "window=after-commit-before-ack")
+	rec = serve(stub, http.MethodPost, "/crash", `{"window":"after-commit-before-ack"}`)
 	require.Equal(t, http.StatusConflict, rec.Code, "a lesson already running: %s", rec.Body)
 	require.Equal(t, []string{"after-commit-before-ack"}, stub.asked)
-	rec = serve(nil, http.MethodPost, "/crash", "window=after-commit-before-ack")
+	rec = serve(nil, http.MethodPost, "/crash", `{"window":"after-commit-before-ack"}`)
 	require.Equal(t, http.StatusNotFound, rec.Code, "no Crasher, no route: %s", rec.Body)
 }

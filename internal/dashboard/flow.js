@@ -273,8 +273,8 @@
     document.getElementById('follow-form').onsubmit = (e) => { e.preventDefault(); follow(document.getElementById('order-id').value.trim()); };
     document.getElementById('crash-form').onsubmit = async (e) => {
       e.preventDefault();
-      const body = new URLSearchParams({window: document.getElementById('crash-window').value});
-      const res = await fetch('crash', {method: 'POST', body, headers: {'X-Crash-It-Now': '1'}});
+      const body = JSON.stringify({window: document.getElementById('crash-window').value});
+      const res = await fetch('crash', {method: 'POST', body, headers: {'X-Crash-It-Now': '1', 'Content-Type': 'application/json'}});
       if (!res.ok) set('crash-where', (await res.json().catch(() => ({error: res.statusText}))).error);
       else document.getElementById('crash-now').disabled = true;
     };

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -220,6 +221,10 @@ func (p *Provider) loseResponse(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Provider) getCapture(w http.ResponseWriter, r *http.Request) {
+	if !storable(r.PathValue("id")) {
+		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "id", Message: "id must be printable text of at most 255 bytes"})
+		return
+	}
 	list, _, err := p.query(r.Context(), `WHERE id = $1`, 1, r.PathValue("id"))
 	switch {
 	case err != nil:
@@ -237,6 +242,10 @@ func (p *Provider) listByReference(w http.ResponseWriter, r *http.Request) {
 	ref := r.URL.Query().Get("reference")
 	if ref == "" {
 		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "reference", Message: "reference is required"})
+		return
+	}
+	if !storable(ref) {
+		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "reference", Message: "reference must be printable text of at most 255 bytes"})
 		return
 	}
 	list, more, err := p.query(r.Context(), `WHERE reference = $1`, 1000, ref)
@@ -263,7 +272,10 @@ func (p *Provider) ledger(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	var after int64
-	if id := q.Get("starting_after"); id != "" {
+	if id := q.Get("starting_after"); id != "" && !storable(id) {
+		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "starting_after", Message: "starting_after must be printable text of at most 255 bytes"})
+		return
+	} else if id != "" {
 		err := p.pool.QueryRow(r.Context(), `SELECT seq FROM captures WHERE id = $1`, id).Scan(&after)
 		if errors.Is(err, pgx.ErrNoRows) {
 			writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "starting_after", Message: "no such capture"})
@@ -331,4 +343,12 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	w.Write(body) //nolint:errcheck // the client went away
+}
+
+// storable reports whether an identifier from a path or a query is text
+// the database can compare (valid UTF-8, no NUL or other control
+// character, at most 255 bytes): anything else cannot name a capture, and
+// would fail the query with a 500.
+func storable(s string) bool {
+	return len(s) <= 255 && utf8.ValidString(s) && printable(s)
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/internal/httpserve"
 	"github.com/outboxref/outbox-inbox/internal/pgconnect"
 	"golang.org/x/sync/errgroup"
 )
@@ -39,7 +40,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := httpserve.Server(cfg.HTTPAddr, p.Handler(), httpserve.Options{}) // reads HTTP_ALLOWED_HOSTS
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {

@@ -69,7 +69,13 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "decoding stock: "+err.Error())
 			return
 		}
+		seen := map[string]bool{}
 		for i, it := range items {
+			if seen[it.SKU] {
+				platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("item %d: sku %s is given twice", i+1, it.SKU))
+				return
+			}
+			seen[it.SKU] = true
 			if err := events.ValidateSKU(it.SKU); err != nil {
 				platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("item %d: %v", i+1, err))
 				return
@@ -94,6 +100,10 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 		platform.WriteJSON(w, http.StatusOK, items)
 	})
 	mux.HandleFunc("GET /stock/{sku}", func(w http.ResponseWriter, r *http.Request) {
+		if err := events.ValidateSKU(r.PathValue("sku")); err != nil {
+			platform.WriteError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 		var s Stock
 		err := pool.QueryRow(r.Context(), `SELECT sku, available, reserved FROM stock WHERE sku = $1`, r.PathValue("sku")).
 			Scan(&s.SKU, &s.Available, &s.Reserved)

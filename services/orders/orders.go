@@ -279,11 +279,13 @@ func scanOrder(row pgx.CollectableRow) (Order, error) {
 }
 
 func getOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	u, err := uuid.Parse(id)
+	if err != nil {
 		return Order{}, errNotFound
 	}
+	id = u.String() // any spelling uuid.Parse takes (braces, urn:uuid:, upper case), as Postgres prints it
 	var o Order
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
 		o, err = readOrder(ctx, tx, id)
 		return err
 	})

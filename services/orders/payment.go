@@ -81,11 +81,13 @@ func (e errRetryRefused) Error() string { return "retry refused: " + e.reason }
 // capture was declined or failed may be retried: a captured one is paid,
 // one still capturing is being made.
 func retryCapture(ctx context.Context, pool *pgxpool.Pool, id, card string) (Order, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	u, err := uuid.Parse(id)
+	if err != nil {
 		return Order{}, errNotFound
 	}
+	id = u.String() // any spelling uuid.Parse takes, as Postgres prints it
 	var o Order
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var c capture
 		var attempt int
 		err := tx.QueryRow(ctx, `

@@ -23,8 +23,12 @@ type Config struct {
 	DatabaseURL  string   `env:"DATABASE_URL" required:"true"`
 	KafkaBrokers []string `env:"KAFKA_BROKERS" required:"true"`
 	HTTPAddr     string   `env:"HTTP_ADDR" default:"127.0.0.1:8080"`
-	Instance     string   `env:"INSTANCE"` // replica name in logs; defaults to host-pid
-	LogLevel     string   `env:"LOG_LEVEL" default:"info"`
+	// HTTPAllowedHosts are the host names (or name:port) the HTTP server
+	// answers besides loopback and HTTP_ADDR's host; any other Host header
+	// is refused with 421 (internal/httpserve: DNS rebinding).
+	HTTPAllowedHosts []string `env:"HTTP_ALLOWED_HOSTS"`
+	Instance         string   `env:"INSTANCE"` // replica name in logs; defaults to host-pid
+	LogLevel         string   `env:"LOG_LEVEL" default:"info"`
 	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.
 	DebugPprof bool `env:"DEBUG_PPROF" default:"false"`
 

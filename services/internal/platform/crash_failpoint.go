@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
@@ -17,7 +18,7 @@ import (
 // default build has no such route (crash_default.go).
 func crashRoute(mux *http.ServeMux, log *slog.Logger) {
 	mux.HandleFunc("POST /debug/crash", func(w http.ResponseWriter, r *http.Request) {
-		window := failpoint.Name(r.FormValue("window"))
+		window := failpoint.Name(r.URL.Query().Get("window"))
 		if err := failpoint.Once(window); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -26,7 +27,11 @@ func crashRoute(mux *http.ServeMux, log *slog.Logger) {
 		fmt.Fprintf(w, "armed %s: this process is killed with SIGKILL at its next hit\n", window)
 	})
 	mux.HandleFunc("DELETE /debug/crash", func(w http.ResponseWriter, r *http.Request) {
-		window := failpoint.Name(r.FormValue("window"))
+		window := failpoint.Name(r.URL.Query().Get("window"))
+		if !slices.Contains(failpoint.All, window) {
+			http.Error(w, fmt.Sprintf("unknown crash window %q", window), http.StatusBadRequest)
+			return
+		}
 		failpoint.Disarm(window)
 		log.Info("crash window disarmed", "window", window)
 		fmt.Fprintf(w, "disarmed %s\n", window)

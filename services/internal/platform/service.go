@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxref/outbox-inbox/internal/httpserve"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/pgconnect"
 	"github.com/outboxref/outbox-inbox/internal/strictjson"
@@ -247,7 +248,8 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 	crashRoute(mux, log) // POST /debug/crash, in a failpoint build only
 	svc.Routes(mux, pool, cfg)
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: traceHTTP(mux), ReadHeaderTimeout: 5 * time.Second}
+	// Timeouts, known hosts only, no cross-site writes, JSON bodies only.
+	srv := httpserve.Server(cfg.HTTPAddr, traceHTTP(mux), httpserve.Options{AllowedHosts: cfg.HTTPAllowedHosts})
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
