@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
@@ -29,8 +31,10 @@ type hostileMsg struct {
 	class    string
 	consumer string // the service whose inbox must catch it
 	topic    string
-	id       string // message id ("" for the missing-id class)
-	payload  []byte
+	id       string            // message id ("" for the missing-id class)
+	storedID string            // the id its quarantine row has, when not id (an id the inbox cannot store as text)
+	key      string            // the record's key, when not "hostile-" + class
+	payload  []byte            // nil: the record has no value at all (a tombstone)
 	headers  map[string]string // metadata beyond the partition key
 	times    int               // deliveries
 	kind     string            // the inbox_quarantine kind it must end as, or kindRefused
@@ -71,6 +75,18 @@ const (
 	hostileIDFormat     = "id_not_issued_format"
 	hostileOtherTopic   = "same_id_other_topic"
 	hostileNearLimit    = "near_broker_limit"
+
+	// Records the inbox cannot store as they arrived, or that a lax JSON
+	// reader reads otherwise than a strict one (#31).
+	hostileNullValue    = "null_value"
+	hostileEmptyValue   = "empty_value"
+	hostileBinaryValue  = "binary_value"
+	hostileBinaryMeta   = "non_text_headers_and_key"
+	hostileBinaryID     = "non_text_message_id"
+	hostileDuplicateKey = "duplicate_json_key"
+	hostileCaseKey      = "json_key_case_variant"
+	hostileTrailing     = "data_after_json_value"
+	hostileSurrogate    = "lone_utf16_surrogate"
 )
 
 // nearLimitBytes is the near_broker_limit record's size, as Sarama counts
@@ -180,6 +196,37 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"forged"}`, decided),
 			times:   1, kind: kindRefused},
 		nearLimit(newID()),
+
+		// A tombstone: no value at all, which the quarantine must store as
+		// "nothing" (a NOT NULL payload once failed its insert on every
+		// redelivery and stalled the partition behind it).
+		{class: hostileNullValue, consumer: "inventory", topic: events.TopicOrders, id: newID(), payload: nil, times: 1, kind: "dead_letter"},
+		{class: hostileEmptyValue, consumer: "inventory", topic: events.TopicOrders, id: newID(), payload: []byte{}, times: 1, kind: "dead_letter"},
+		{class: hostileBinaryValue, consumer: "orders", topic: events.TopicInventory, id: newID(),
+			payload: []byte("\x00\xff\xfe{\"schema_version\":1}\x00\xc3\x28"), times: 1, kind: "dead_letter"},
+		// Headers and a key no text column can hold as they are (NUL,
+		// invalid UTF-8), around a payload that is not an event.
+		{class: hostileBinaryMeta, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			key:     hostileKeyPrefix + "\xff\x00key",
+			payload: []byte(`{"schema_version":1,"type":"OrderPaid"}`),
+			headers: map[string]string{"x-nul": "a\x00b", "x-latin1": "caf\xe9", "x-\xff\x00": "name not text"}, times: 1, kind: "dead_letter"},
+		// An id header that is not text: quarantined as invalid, with the id
+		// it cannot store left out of message_id (and kept in its reason).
+		{class: hostileBinaryID, consumer: "orders", topic: events.TopicInventory, id: "\xff\xfe\x00" + newID(), storedID: "",
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"x"}`, decided), times: 1, kind: "invalid"},
+		// JSON that encoding/json reads one way and a strict reader refuses:
+		// the order id twice (the last wins), a key in another case (matched
+		// case-insensitively), a second value after the event, and a lone
+		// surrogate (read as U+FFFD). Each names a real, settled order or a
+		// plausible line, so a lax reader would apply it.
+		{class: hostileDuplicateKey, consumer: "orders", topic: events.TopicInventory, id: newID(),
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","order_id":"%s","reason":"duplicate"}`, newID(), decided), times: 1, kind: "dead_letter"},
+		{class: hostileCaseKey, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"OrderPaid","Order_ID":"%s","lines":[{"sku":"sku-01","quantity":1}],"paid_at":"2026-01-02T03:04:05Z"}`, newID()), times: 1, kind: "dead_letter"},
+		{class: hostileTrailing, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: append(paid(`[{"sku":"sku-01","quantity":1}]`), ` {"order_id":"x"}`...), times: 1, kind: "dead_letter"},
+		{class: hostileSurrogate, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: paid(`[{"sku":"sku-01\ud800","quantity":1}]`), times: 1, kind: "dead_letter"},
 	}
 	return nil
 }
@@ -208,6 +255,22 @@ func nearLimit(id string) hostileMsg {
 	return m
 }
 
+// quarantinedAs is the message id its quarantine row holds.
+func (m hostileMsg) quarantinedAs() string {
+	if m.storedID != "" || m.id != pgTextSafe(m.id) {
+		return m.storedID
+	}
+	return m.id
+}
+
+// pgTextSafe is s when Postgres text can hold it, "" otherwise.
+func pgTextSafe(s string) string {
+	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+		return ""
+	}
+	return s
+}
+
 // send publishes every hostile message.
 func (h *hostile) send(ctx context.Context) error {
 	if err := h.build(ctx); err != nil {
@@ -232,7 +295,7 @@ func (h *hostile) send(ctx context.Context) error {
 	for _, m := range h.msgs {
 		for range m.times {
 			msg := message.NewMessage(m.id, m.payload)
-			msg.Metadata.Set(outbox.KeyMetadata, "hostile-"+m.class)
+			msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, hostileKeyPrefix+m.class))
 			for k, v := range m.headers {
 				msg.Metadata.Set(k, v)
 			}
@@ -293,16 +356,16 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 		if err := pool.QueryRow(ctx, `
 			SELECT count(*), min(reason) FROM inbox_quarantine
 			WHERE consumer = $1 AND message_id = $2 AND kind = $3 AND payload_sha256 = $4`,
-			m.consumer, m.id, m.kind, sum[:]).Scan(&rows, &reason); err != nil {
+			m.consumer, m.quarantinedAs(), m.kind, sum[:]).Scan(&rows, &reason); err != nil {
 			return nil, err
 		}
 		if reason != nil {
 			r.Reason = *reason
 		}
 		var dups int
-		if m.id != "" {
+		if m.quarantinedAs() != "" {
 			if err := pool.QueryRow(ctx, `SELECT coalesce(max(duplicates), 0) FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-				m.consumer, m.id).Scan(&dups); err != nil {
+				m.consumer, m.quarantinedAs()).Scan(&dups); err != nil {
 				return nil, err
 			}
 		}
@@ -322,7 +385,7 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 func (h *hostile) refusedOthers(ctx context.Context) (int, error) {
 	var ids []string
 	for _, m := range h.msgs {
-		ids = append(ids, m.id)
+		ids = append(ids, m.quarantinedAs()) // as text: Postgres refuses an id that is not
 	}
 	total := 0
 	for _, name := range []string{"orders", "inventory"} {
