@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -404,8 +405,23 @@ func (h *hostile) ids() map[string]bool {
 	ids := map[string]bool{}
 	for _, m := range h.msgs {
 		ids[m.id] = true
+		ids[asLogged(m.id)] = true // a kill's subject, as the failpoint log writes an id that is not text
 	}
 	return ids
+}
+
+// asLogged is id as pkg/failpoint writes a subject into its log: at most 200
+// bytes, spaces and control characters as '?', invalid UTF-8 as U+FFFD.
+func asLogged(id string) string {
+	if len(id) > 200 {
+		id = id[:200]
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, id)
 }
 
 // done reports whether every hostile message has been dealt with (or none
