@@ -46,6 +46,7 @@ func TestProcess(t *testing.T) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/captures", strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header.Set(provider.HeaderIdempotencyKey, "key-1")
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
