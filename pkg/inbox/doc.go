@@ -32,7 +32,14 @@
 // with [Permanent]) the message is dead-lettered: recorded with its reason in
 // inbox_quarantine and published to the dead-letter topic through the
 // outbox, in one transaction; then it is acknowledged, so one poison message
-// never blocks its partition. [ListQuarantine] shows what was quarantined;
+// never blocks its partition, whatever it holds: a record with no value is
+// kept with a NULL payload, headers that are not text exactly in
+// raw_metadata ([Quarantined].PayloadNull, RawMetadata), so no value a
+// producer can write fails the insert that settles it. A counter the inbox
+// keeps (a row's duplicates) stops at its maximum rather than overflow.
+// With [Config.Verify] a message is authenticated before its id is looked
+// up (package signature): a forgery under a fresh id is quarantined, never
+// applied. [ListQuarantine] shows what was quarantined;
 // [Redrive] writes a dead letter back to its topic once the handler is
 // fixed, and [Discard] closes one for good.
 //
