@@ -50,6 +50,7 @@ type hostile struct {
 	inbox bool // the consumers run their inbox
 	rng   *rand.Rand
 	msgs  []hostileMsg
+	http  httpResults // hostile_http.go
 	sent  atomic.Bool
 }
 
@@ -305,6 +306,7 @@ func (h *hostile) send(ctx context.Context) error {
 			}
 		}
 	}
+	h.sendHTTP(ctx) // hostile_http.go
 	h.sent.Store(true)
 	return nil
 }
@@ -314,10 +316,15 @@ func (h *hostile) summary() string {
 	for _, m := range h.msgs {
 		classes = append(classes, fmt.Sprintf("%s×%d", m.class, m.times))
 	}
+	for _, r := range hostileRequests() {
+		classes = append(classes, r.class)
+	}
 	return strings.Join(classes, ", ")
 }
 
-// HostileResult is one class's outcome in the report.
+// HostileResult is one class's outcome in the report. For the HTTP classes
+// (hostile_http.go) ExpectedKind is "4xx" and QuarantinedOrDead counts the
+// requests refused with a 4xx and a reason.
 type HostileResult struct {
 	Sent              int    `json:"sent"`
 	QuarantinedOrDead int    `json:"quarantined_or_dead"`
@@ -333,6 +340,11 @@ type HostileResult struct {
 // an already dead-lettered id) suppressed as a duplicate.
 func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error) {
 	out := map[string]HostileResult{}
+	h.http.mu.Lock()
+	for class, r := range h.http.out {
+		out[class] = r
+	}
+	h.http.mu.Unlock()
 	for _, m := range h.msgs {
 		pool := h.sys.Pools[m.consumer]
 		r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
