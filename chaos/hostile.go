@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
@@ -417,23 +417,9 @@ func (h *hostile) ids() map[string]bool {
 	ids := map[string]bool{}
 	for _, m := range h.msgs {
 		ids[m.id] = true
-		ids[asLogged(m.id)] = true // a kill's subject, as the failpoint log writes an id that is not text
+		ids[failpoint.LoggedSubject(m.id)] = true // a kill's subject, as the failpoint log writes an id that is not text
 	}
 	return ids
-}
-
-// asLogged is id as pkg/failpoint writes a subject into its log: at most 200
-// bytes, spaces and control characters as '?', invalid UTF-8 as U+FFFD.
-func asLogged(id string) string {
-	if len(id) > 200 {
-		id = id[:200]
-	}
-	return strings.Map(func(r rune) rune {
-		if unicode.IsSpace(r) || unicode.IsControl(r) {
-			return '?'
-		}
-		return r
-	}, id)
 }
 
 // done reports whether every hostile message has been dealt with (or none

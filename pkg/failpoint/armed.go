@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode"
 )
 
 // Enabled reports whether this binary was built with the failpoint tag: only
@@ -166,7 +165,7 @@ func Hit(n Name, subject string) {
 func hit(n Name, subject string) {
 	mu.Lock()
 	if traced[n] {
-		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), field(subject)), false)
+		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), LoggedSubject(subject)), false)
 	}
 	s := schedules[n]
 	if !armed.Load() || s == nil || !s.now && time.Now().Before(armedAt) {
@@ -186,21 +185,6 @@ func hit(n Name, subject string) {
 	if fire {
 		kill(n, subject)
 	}
-}
-
-// field makes subject one field of a log line: a subject comes from a
-// producer (a message id), and one holding a space or a newline must not
-// make a line of its own. Longer than 200 bytes, it is cut.
-func field(subject string) string {
-	if len(subject) > 200 {
-		subject = subject[:200]
-	}
-	return strings.Map(func(r rune) rune {
-		if unicode.IsSpace(r) || unicode.IsControl(r) {
-			return '?'
-		}
-		return r
-	}, subject)
 }
 
 // appendLog appends line to the log, in one write: every process of a run
@@ -229,7 +213,7 @@ func appendLog(line string, sync bool) {
 }
 
 func kill(n Name, subject string) {
-	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), field(subject))
+	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), LoggedSubject(subject))
 	mu.Lock()
 	appendLog(line, true)
 	mu.Unlock()

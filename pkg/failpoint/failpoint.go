@@ -39,6 +39,11 @@
 // a power cut or an OOM kill would.
 package failpoint
 
+import (
+	"strings"
+	"unicode"
+)
+
 // Name is a crash window.
 type Name string
 
@@ -69,4 +74,21 @@ var All = []Name{
 	AfterClaimBeforePublish, AfterPublishBeforeMark,
 	BeforeBegin, AfterInboxInsert, AfterHandlerBeforeCommit, AfterCommitBeforeAck,
 	BeforeEffect, AfterEffectBeforeRecord,
+}
+
+// LoggedSubject is subject as a trace or kill line writes it, one field of
+// the line: a subject comes from a producer (a message id), and one holding
+// a space or a newline must not make a line of its own, so spaces and
+// control characters become '?' (and invalid UTF-8 U+FFFD); longer than 200
+// bytes, it is cut. A reader of the log matches subjects through it.
+func LoggedSubject(subject string) string {
+	if len(subject) > 200 {
+		subject = subject[:200]
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, subject)
 }
