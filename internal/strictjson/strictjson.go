@@ -594,5 +594,6 @@ func clip(s string) string {
 	if len(s) > 64 {
 		s = s[:64] + "…"
 	}
-	return strconv.Quote(s)[1 : len(strconv.Quote(s))-1]
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
