@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -170,13 +171,37 @@ const PayloadOmittedMetadata = "dead_letter_payload_omitted"
 // adds (the write time and a trace context take ~150 bytes).
 const deadLetterRoom = 1024
 
+// maxDeadLetterReasonBytes bounds the dead_letter_reason header. A reason
+// is the handler's error, which may quote the record (escaped, a byte of it
+// can take four): unbounded, it could make the dead letter larger than any
+// record, PublishTx refused it on every redelivery, and the message blocked
+// its partition. inbox_quarantine keeps the whole reason.
+const maxDeadLetterReasonBytes = 4096
+
+// clipReason returns reason as text, cut at a character boundary to at most
+// maxDeadLetterReasonBytes, saying so when it was cut.
+func clipReason(reason string) string {
+	reason = pgText(reason)
+	if len(reason) <= maxDeadLetterReasonBytes {
+		return reason
+	}
+	cut := maxDeadLetterReasonBytes
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes in all; inbox_quarantine keeps the whole reason)", reason[:cut], len(reason))
+}
+
 // deadLetterMessage is the message published to the dead-letter topic: the
-// original payload and metadata, plus the dead_letter_* headers. When that
-// would not fit outbox.DefaultMaxMessageBytes, the payload is left out, and
-// then the original metadata, and PayloadOmittedMetadata says so.
+// original payload and metadata, plus the dead_letter_* headers (the reason
+// clipped to maxDeadLetterReasonBytes). When that would not fit
+// outbox.DefaultMaxMessageBytes, the payload is left out, and then the
+// original metadata, and PayloadOmittedMetadata says so. A record that had
+// no value goes out with an empty one, as the outbox writes every payload;
+// inbox_quarantine keeps the difference (a NULL payload).
 func deadLetterMessage(d *delivery, consumer string, attempts int, reason string) *message.Message {
 	headers := message.Metadata{
-		"dead_letter_reason":     pgText(reason),
+		"dead_letter_reason":     clipReason(reason),
 		"dead_letter_consumer":   consumer,
 		"dead_letter_message_id": d.id,
 		"dead_letter_topic":      d.topic,
