@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"testing"
@@ -58,6 +59,9 @@ func TestHostileRecordsNeverStall(t *testing.T) {
 			record{shape: c.prefix + "-binary-key", topic: c.topic, id: id(), key: []byte("hostile-\xff\x00"), value: []byte("{"), kind: "dead_letter"},
 			record{shape: c.prefix + "-headers-not-text", topic: c.topic, id: id(), key: []byte("hostile-headers"), value: []byte("{"), kind: "dead_letter",
 				headers: map[string][]byte{"x-nul": []byte("a\x00b"), "x-\xff": []byte("caf\xe9"), "traceparent": []byte("\x00garbage")}},
+			record{shape: c.prefix + "-long-key", topic: c.topic, id: id(), key: append(bytes.Repeat([]byte("k"), 64<<10), 0xff), value: []byte("{"), kind: "dead_letter"},
+			record{shape: c.prefix + "-huge-header", topic: c.topic, id: id(), key: []byte("hostile-huge"), value: []byte("{"), kind: "dead_letter",
+				headers: map[string][]byte{"x-huge": append(bytes.Repeat([]byte("h"), 600<<10), 0xff)}},
 			record{shape: c.prefix + "-no-id-header", topic: c.topic, id: nil, key: []byte("hostile-no-id"), value: []byte(`{"x":1}`), kind: "invalid", reason: "no id"},
 			record{shape: c.prefix + "-id-not-text", topic: c.topic, id: []byte("\xff\xfe\x00" + c.prefix), key: []byte("hostile-id"), value: nil,
 				kind: "invalid", reason: "not valid UTF-8 text"},
@@ -74,7 +78,7 @@ func TestHostileRecordsNeverStall(t *testing.T) {
 	prod, err := sarama.NewSyncProducer(b.sys.Kafka.Brokers(), conf)
 	require.NoError(t, err)
 	defer prod.Close()
-	send := func() {
+	send := func(records []record) {
 		for _, r := range records {
 			m := &sarama.ProducerMessage{Topic: r.topic}
 			if r.key != nil {
@@ -90,11 +94,51 @@ func TestHostileRecordsNeverStall(t *testing.T) {
 				m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: v})
 			}
 			_, _, err := prod.SendMessage(m)
-			require.NoError(t, err, r.shape)
+			if err != nil {
+				t.Errorf("%s: %v", r.shape, err) // t.Errorf: send runs on another goroutine too
+				return
+			}
 		}
 	}
-	send() // before the load: every genuine order comes after them on some partition
+	send(records) // before the load: every genuine order comes after them on some partition
+	// And again while the load runs, each under a new id: hostile records
+	// among the genuine orders, not only ahead of them.
+	during := make([]record, len(records))
+	for i, r := range records {
+		during[i] = r
+		if r.id != nil && r.kind == "dead_letter" {
+			during[i].id = []byte(uuid.Must(uuid.NewV7()).String())
+			during[i].storedID = string(during[i].id)
+		}
+		if r.kind == "invalid" {
+			// Its row is told apart by its payload: the same one would be
+			// the first copy's row again.
+			during[i].value = append(append([]byte(nil), r.value...), " (during)"...)
+		}
+	}
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		// Into the load: once inventory has applied some of its orders.
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		deadline := time.Now().Add(2 * time.Minute)
+		for n := 0; n < 20; <-tick.C {
+			if time.Now().After(deadline) {
+				t.Errorf("inventory applied %d messages in 2 minutes", n)
+				return
+			}
+			if err := b.sys.Pools["inventory"].QueryRow(context.Background(),
+				`SELECT count(*) FROM inbox_messages WHERE status = 'processed'`).Scan(&n); err != nil {
+				t.Errorf("counting inventory's applied messages: %v", err)
+				return
+			}
+		}
+		send(during)
+	}()
 	report := b.run(t, 200, 0)
+	<-sent
+	records = append(records, during...)
 	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
