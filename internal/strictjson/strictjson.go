@@ -45,6 +45,13 @@ import (
 // MaxDepth is the deepest nesting of arrays and objects Parse reads.
 const MaxDepth = 32
 
+// MaxValues is the most values (each key's value, each array item, each
+// scalar) one document may hold. A Value costs about a hundred bytes
+// however short its text: 4 MiB of "0," would otherwise build a tree of
+// two million of them. No event or API body of the reference system comes
+// near this; a document that does is refused before it costs more.
+const MaxValues = 65536
+
 // Error is a refusal, with the JSON path of what was refused ("" for the
 // whole value) and the reason.
 type Error struct {
@@ -109,7 +116,7 @@ func Parse(data []byte) (*Value, error) {
 	}
 	p := parser{data: data}
 	p.space()
-	v, err := p.value("", 0)
+	v, err := p.value(0)
 	if err != nil {
 		return nil, err
 	}
@@ -121,8 +128,34 @@ func Parse(data []byte) (*Value, error) {
 }
 
 type parser struct {
-	data []byte
-	i    int
+	data   []byte
+	i      int
+	values int
+	// where is the path to the value being read, one step per level: a
+	// refusal names it, and only a refusal spells it out (building the
+	// path of every value read would cost more than reading it).
+	where []step
+}
+
+type step struct {
+	key   string // in an object
+	index int    // in an array, when key is ""
+	inKey bool
+}
+
+func (p *parser) fail(format string, args ...any) error {
+	var b strings.Builder
+	for _, s := range p.where {
+		switch {
+		case s.inKey && b.Len() == 0:
+			b.WriteString(clip(s.key))
+		case s.inKey:
+			b.WriteString("." + clip(s.key))
+		default:
+			fmt.Fprintf(&b, "[%d]", s.index)
+		}
+	}
+	return fail(b.String(), format, args...)
 }
 
 func (p *parser) space() {
@@ -136,27 +169,30 @@ func (p *parser) space() {
 	}
 }
 
-func (p *parser) value(path string, depth int) (Value, error) {
+func (p *parser) value(depth int) (Value, error) {
 	if depth > MaxDepth {
-		return Value{}, fail(path, "nested deeper than %d", MaxDepth)
+		return Value{}, p.fail("nested deeper than %d", MaxDepth)
+	}
+	if p.values++; p.values > MaxValues {
+		return Value{}, p.fail("more than %d values in one document", MaxValues)
 	}
 	if p.i >= len(p.data) {
-		return Value{}, fail(path, "unexpected end of input")
+		return Value{}, p.fail("unexpected end of input")
 	}
 	start := p.i
 	var v Value
 	var err error
 	switch c := p.data[p.i]; {
 	case c == '{':
-		v, err = p.object(path, depth)
+		v, err = p.object(depth)
 	case c == '[':
-		v, err = p.array(path, depth)
+		v, err = p.array(depth)
 	case c == '"':
 		v.Kind = String
-		v.Str, err = p.string(path)
+		v.Str, err = p.string()
 	case c == '-' || c >= '0' && c <= '9':
 		v.Kind = Number
-		v.Str, err = p.number(path)
+		v.Str, err = p.number()
 	case p.literal("true"):
 		v.Kind, v.Bool = Bool, true
 	case p.literal("false"):
@@ -164,7 +200,7 @@ func (p *parser) value(path string, depth int) (Value, error) {
 	case p.literal("null"):
 		v.Kind = Null
 	default:
-		return Value{}, fail(path, "unexpected %q at byte %d", clip(string(p.data[p.i:min(p.i+8, len(p.data))])), p.i)
+		return Value{}, p.fail("unexpected %q at byte %d", clip(string(p.data[p.i:min(p.i+8, len(p.data))])), p.i)
 	}
 	if err != nil {
 		return Value{}, err
@@ -181,7 +217,7 @@ func (p *parser) literal(word string) bool {
 	return false
 }
 
-func (p *parser) object(path string, depth int) (Value, error) {
+func (p *parser) object(depth int) (Value, error) {
 	v := Value{Kind: Object}
 	p.i++ // {
 	p.space()
@@ -189,35 +225,38 @@ func (p *parser) object(path string, depth int) (Value, error) {
 		p.i++
 		return v, nil
 	}
+	// Keys are compared one by one while there are few (most objects have
+	// a handful) and through a set past that, so that an object of many
+	// keys costs linear time, not quadratic.
+	var seen map[string]struct{}
 	for {
 		p.space()
 		if p.i >= len(p.data) || p.data[p.i] != '"' {
-			return v, fail(path, "expected a key in quotes at byte %d", p.i)
+			return v, p.fail("expected a key in quotes at byte %d", p.i)
 		}
-		key, err := p.string(path)
+		key, err := p.string()
 		if err != nil {
 			return v, err
 		}
-		sub := join(path, key)
-		for _, k := range v.Keys {
-			if k == key {
-				return v, fail(sub, "the key appears twice")
-			}
+		p.where = append(p.where, step{key: key, inKey: true})
+		if p.repeated(&seen, v.Keys, key) {
+			return v, p.fail("the key appears twice")
 		}
 		p.space()
 		if p.i >= len(p.data) || p.data[p.i] != ':' {
-			return v, fail(sub, "expected ':' at byte %d", p.i)
+			return v, p.fail("expected ':' at byte %d", p.i)
 		}
 		p.i++
 		p.space()
-		field, err := p.value(sub, depth+1)
+		field, err := p.value(depth + 1)
 		if err != nil {
 			return v, err
 		}
+		p.where = p.where[:len(p.where)-1]
 		v.Keys, v.Fields = append(v.Keys, key), append(v.Fields, field)
 		p.space()
 		if p.i >= len(p.data) {
-			return v, fail(path, "unexpected end of input in an object")
+			return v, p.fail("unexpected end of input in an object")
 		}
 		switch p.data[p.i] {
 		case ',':
@@ -226,12 +265,39 @@ func (p *parser) object(path string, depth int) (Value, error) {
 			p.i++
 			return v, nil
 		default:
-			return v, fail(path, "expected ',' or '}' at byte %d", p.i)
+			return v, p.fail("expected ',' or '}' at byte %d", p.i)
 		}
 	}
 }
 
-func (p *parser) array(path string, depth int) (Value, error) {
+// smallObject is how many keys an object holds before repeated looks them
+// up in a set rather than one by one.
+const smallObject = 16
+
+// repeated reports whether key is already among keys.
+func (p *parser) repeated(seen *map[string]struct{}, keys []string, key string) bool {
+	if len(keys) < smallObject {
+		for _, k := range keys {
+			if k == key {
+				return true
+			}
+		}
+		return false
+	}
+	if *seen == nil {
+		*seen = make(map[string]struct{}, 2*len(keys))
+		for _, k := range keys {
+			(*seen)[k] = struct{}{}
+		}
+	}
+	if _, ok := (*seen)[key]; ok {
+		return true
+	}
+	(*seen)[key] = struct{}{}
+	return false
+}
+
+func (p *parser) array(depth int) (Value, error) {
 	v := Value{Kind: Array}
 	p.i++ // [
 	p.space()
@@ -241,14 +307,16 @@ func (p *parser) array(path string, depth int) (Value, error) {
 	}
 	for {
 		p.space()
-		item, err := p.value(fmt.Sprintf("%s[%d]", path, len(v.Items)), depth+1)
+		p.where = append(p.where, step{index: len(v.Items)})
+		item, err := p.value(depth + 1)
 		if err != nil {
 			return v, err
 		}
+		p.where = p.where[:len(p.where)-1]
 		v.Items = append(v.Items, item)
 		p.space()
 		if p.i >= len(p.data) {
-			return v, fail(path, "unexpected end of input in an array")
+			return v, p.fail("unexpected end of input in an array")
 		}
 		switch p.data[p.i] {
 		case ',':
@@ -257,18 +325,18 @@ func (p *parser) array(path string, depth int) (Value, error) {
 			p.i++
 			return v, nil
 		default:
-			return v, fail(path, "expected ',' or ']' at byte %d", p.i)
+			return v, p.fail("expected ',' or ']' at byte %d", p.i)
 		}
 	}
 }
 
 // string reads a string literal and returns its text.
-func (p *parser) string(path string) (string, error) {
+func (p *parser) string() (string, error) {
 	p.i++ // "
 	var b strings.Builder
 	for {
 		if p.i >= len(p.data) {
-			return "", fail(path, "unterminated string")
+			return "", p.fail("unterminated string")
 		}
 		c := p.data[p.i]
 		switch {
@@ -276,14 +344,14 @@ func (p *parser) string(path string) (string, error) {
 			p.i++
 			return b.String(), nil
 		case c < 0x20:
-			return "", fail(path, "control character %#02x in a string at byte %d (escape it)", c, p.i)
+			return "", p.fail("control character %#02x in a string at byte %d (escape it)", c, p.i)
 		case c != '\\':
 			b.WriteByte(c)
 			p.i++
 			continue
 		}
 		if p.i+1 >= len(p.data) {
-			return "", fail(path, "unterminated escape")
+			return "", p.fail("unterminated escape")
 		}
 		p.i += 2
 		switch e := p.data[p.i-1]; e {
@@ -300,45 +368,45 @@ func (p *parser) string(path string) (string, error) {
 		case 't':
 			b.WriteByte('\t')
 		case 'u':
-			r, err := p.hex4(path)
+			r, err := p.hex4()
 			if err != nil {
 				return "", err
 			}
 			if utf16.IsSurrogate(r) {
 				// A high surrogate must come first and a low one follow.
 				if r >= 0xDC00 || p.i+1 >= len(p.data) || p.data[p.i] != '\\' || p.data[p.i+1] != 'u' {
-					return "", fail(path, "unpaired UTF-16 surrogate \\u%04x", r)
+					return "", p.fail("unpaired UTF-16 surrogate \\u%04x", r)
 				}
 				p.i += 2
-				lo, err := p.hex4(path)
+				lo, err := p.hex4()
 				if err != nil {
 					return "", err
 				}
 				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
-					return "", fail(path, "unpaired UTF-16 surrogate before \\u%04x", lo)
+					return "", p.fail("unpaired UTF-16 surrogate before \\u%04x", lo)
 				}
 			}
 			b.WriteRune(r)
 		default:
-			return "", fail(path, "invalid escape \\%c", e)
+			return "", p.fail("invalid escape \\%c", e)
 		}
 	}
 }
 
-func (p *parser) hex4(path string) (rune, error) {
+func (p *parser) hex4() (rune, error) {
 	if p.i+4 > len(p.data) {
-		return 0, fail(path, "short \\u escape")
+		return 0, p.fail("short \\u escape")
 	}
 	n, err := strconv.ParseUint(string(p.data[p.i:p.i+4]), 16, 16)
 	if err != nil {
-		return 0, fail(path, "invalid \\u escape %q", p.data[p.i:p.i+4])
+		return 0, p.fail("invalid \\u escape %q", p.data[p.i:p.i+4])
 	}
 	p.i += 4
 	return rune(n), nil
 }
 
 // number reads a number literal as JSON's grammar has it.
-func (p *parser) number(path string) (string, error) {
+func (p *parser) number() (string, error) {
 	start := p.i
 	digits := func() int {
 		n := 0
@@ -353,12 +421,12 @@ func (p *parser) number(path string) (string, error) {
 	}
 	first := p.i
 	if n := digits(); n == 0 || n > 1 && p.data[first] == '0' {
-		return "", fail(path, "invalid number %q", clip(string(p.data[start:p.i])))
+		return "", p.fail("invalid number %q", clip(string(p.data[start:p.i])))
 	}
 	if p.i < len(p.data) && p.data[p.i] == '.' {
 		p.i++
 		if digits() == 0 {
-			return "", fail(path, "invalid number %q", clip(string(p.data[start:p.i])))
+			return "", p.fail("invalid number %q", clip(string(p.data[start:p.i])))
 		}
 	}
 	if p.i < len(p.data) && (p.data[p.i] == 'e' || p.data[p.i] == 'E') {
@@ -367,7 +435,7 @@ func (p *parser) number(path string) (string, error) {
 			p.i++
 		}
 		if digits() == 0 {
-			return "", fail(path, "invalid number %q", clip(string(p.data[start:p.i])))
+			return "", p.fail("invalid number %q", clip(string(p.data[start:p.i])))
 		}
 	}
 	return string(p.data[start:p.i]), nil
