@@ -72,7 +72,7 @@ func TestTooManyValues(t *testing.T) {
 	}
 	_, err := Parse(array(MaxValues))
 	var e *Error
-	if !errors.As(err, &e) || !strings.Contains(e.Reason, "more than 65536 values") || e.Path != fmt.Sprintf("[%d]", MaxValues - 1) {
+	if !errors.As(err, &e) || !strings.Contains(e.Reason, "more than 65536 values") || e.Path != fmt.Sprintf("[%d]", MaxValues-1) {
 		t.Fatalf("MaxValues+1 values: got %v", err)
 	}
 
