@@ -18,7 +18,9 @@ import (
 //     nobody paid, or that does not exist, is a phantom);
 //   - within inventory: where the domain guard recorded a decision, the
 //     rows agree with it (reserved: reservations and no rejection;
-//     rejected: the reverse);
+//     rejected: the reverse; ended: fulfilments);
+//   - inventory → orders: an order inventory ended (fulfilments: its units
+//     sold) was reserved in inventory and captured in orders;
 //   - orders → inventory: every answer orders applied (order_events) and
 //     every settled status is what inventory decided: reserved only with
 //     reservations, rejected only with a rejection;
@@ -96,8 +98,19 @@ func inventoryEffect(id string, o *order, inv inventoryView) string {
 	if o == nil || !o.paid() {
 		wrong = append(wrong, describe(o))
 	}
+	ful := inv.fulfilmentRows(id)
+	if ful > 0 {
+		what = append(what, fmt.Sprintf("%d fulfilment rows", ful))
+		if o != nil && o.payment != "captured" {
+			wrong = append(wrong, fmt.Sprintf("orders has its payment %q, not captured: sold without a sale", o.payment))
+		}
+		if res == 0 {
+			wrong = append(wrong, "sold without a reservation")
+		}
+	}
 	switch {
-	case dec == "reserved" && (res == 0 || rej > 0), dec == "rejected" && (rej == 0 || res > 0):
+	case dec == "reserved" && (res == 0 || rej > 0), dec == "rejected" && (rej == 0 || res > 0),
+		inv.ended[id] != (ful > 0) && dec != "":
 		wrong = append(wrong, "its rows contradict its decision")
 	}
 	if len(wrong) == 0 {
@@ -153,8 +166,10 @@ func describe(o *order) string {
 // the order's quantity of that SKU (its lines summed). So every row of an
 // order and SKU holds exactly that quantity, no row names a SKU the order
 // does not have, and every SKU of the order has as many rows as the others
-// (fewer is a partial reservation). Reserving twice is exactly-once's to
-// catch; orders that orders does not have are effectsHaveCauses'.
+// (fewer is a partial reservation). Likewise each fulfilment (the order
+// ended, its units sold) sells exactly the order's lines. Reserving or
+// selling twice is exactly-once's to catch; orders that orders does not
+// have are effectsHaveCauses'.
 func quantities(ord ordersView, inv inventoryView) Invariant {
 	problems := map[string]string{}
 	checked := 0
@@ -189,9 +204,36 @@ func quantities(ord ordersView, inv inventoryView) Invariant {
 			problems[id] = strings.Join(wrong, ", ")
 		}
 	}
-	detail := fmt.Sprintf("%d reserved orders, each reserving exactly its lines", checked)
+	ended := 0
+	for _, id := range sortedKeys(inv.fulfilments) {
+		o := ord.orders[id]
+		if o == nil {
+			continue
+		}
+		ended++
+		var wrong []string
+		got := inv.fulfilments[id]
+		times := 0 // how many times the order was sold: rows per SKU
+		for _, s := range got {
+			times = max(times, s.rows)
+		}
+		for _, sku := range sortedKeys(o.lines) {
+			if n := got[sku].rows; n < times {
+				wrong = append(wrong, fmt.Sprintf("%s sold %d times, the order's other SKUs %d", sku, n, times))
+			}
+		}
+		for _, sku := range sortedKeys(got) {
+			if s, want := got[sku], o.lines[sku]; s.least != want || s.most != want {
+				wrong = append(wrong, fmt.Sprintf("%s sold %d in %d rows, the order's lines say %d", sku, s.quantity, s.rows, want))
+			}
+		}
+		if len(wrong) > 0 {
+			problems[id] = join(problems[id], strings.Join(wrong, ", "))
+		}
+	}
+	detail := fmt.Sprintf("%d reserved orders, each reserving exactly its lines; %d ended, each selling exactly its lines", checked, ended)
 	if len(problems) > 0 {
-		detail = fmt.Sprintf("%d of %d reserved orders reserve other than their lines: %s", len(problems), checked, examples(problems))
+		detail = fmt.Sprintf("%d of %d orders reserve or sell other than their lines: %s", len(problems), checked, examples(problems))
 	}
 	return Invariant{Quantities, len(problems) == 0, detail}
 }

@@ -40,6 +40,10 @@ type Report struct {
 	NotApplied    int // paid orders inventory never applied
 	OrderPaidDup  int // orders with more than one OrderPaid in the outbox
 
+	Ended      int // orders captured in orders and ended (their units sold) in inventory
+	NotEnded   int // orders captured in orders that inventory has not ended: lost, if the run is drained
+	EndedTwice int // orders whose units inventory sold more than once
+
 	ReservationsMade     int            // reserved orders, as inventory counts them
 	DuplicatesSuppressed int64          // redeliveries the inboxes skipped (the first layer)
 	Refused              map[string]int // per service, events the domain guard refused (the second layer)
@@ -78,9 +82,9 @@ const (
 	ExactlyOnce       = "exactly-once"        // each paid order: one OrderPaid, one application in inventory, one answer applied in orders
 	EffectsHaveCauses = "effects-have-causes" // every reservation, rejection, decision and OrderPaid belongs to a paid order; every answer orders applied is inventory's decision
 	Quantities        = "quantities"          // each reservation of an order holds, per SKU, exactly the order's lines
-	StockConsistent   = "stock-consistent"    // per SKU: reserved = Σ reservations, available = seeded − Σ reservations, available ≥ 0
+	StockConsistent   = "stock-consistent"    // per SKU: available = seeded − Σ reservations ≥ 0, reserved = Σ reservations − Σ fulfilments, sold = Σ fulfilments
 	ClientAgrees      = "client-agrees"       // the paid orders are, by id, the ones the client paid (or could not tell)
-	NothingLost       = "nothing-lost"        // every paid order settled, both outboxes drained
+	NothingLost       = "nothing-lost"        // every paid order settled, every captured order ended, both outboxes drained
 )
 
 // maxExamples bounds the examples an invariant's detail quotes.
@@ -140,11 +144,11 @@ func Run(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[string
 	if err := orders.QueryRow(ctx, `SELECT count(*) FROM effects WHERE state = 'pending'`).Scan(&r.CapturesPending); err != nil {
 		return r, fmt.Errorf("counting pending captures: %w", err)
 	}
-	lost := r.Unsettled + r.NotApplied
+	lost := r.Unsettled + r.NotApplied + r.NotEnded
 	r.Invariants = append(r.Invariants, Invariant{NothingLost,
 		lost == 0 && r.OutboxPending["orders"] == 0 && r.OutboxPending["inventory"] == 0 && r.CapturesPending == 0,
-		fmt.Sprintf("%d paid orders unsettled, %d never applied by inventory; outbox rows pending: orders %d, inventory %d; captures pending: %d",
-			r.Unsettled, r.NotApplied, r.OutboxPending["orders"], r.OutboxPending["inventory"], r.CapturesPending)})
+		fmt.Sprintf("%d paid orders unsettled, %d never applied by inventory, %d captured and not ended by inventory; outbox rows pending: orders %d, inventory %d; captures pending: %d",
+			r.Unsettled, r.NotApplied, r.NotEnded, r.OutboxPending["orders"], r.OutboxPending["inventory"], r.CapturesPending)})
 	return r, nil
 }
 
@@ -188,17 +192,39 @@ func exactlyOnce(r *Report, ord ordersView, inv inventoryView) Invariant {
 		if ord.orderPaid[id] > 1 {
 			r.OrderPaidDup++
 		}
+		// An order ends (its units sold) when its payment is captured: one
+		// OrderCaptured, applied once. fulfilments, like reservations, has
+		// one row per SKU per application.
+		ended := inv.fulfilmentRows(id)
+		if ended > 0 {
+			skus := max(len(inv.fulfilments[id]), 1)
+			ended = (ended + skus - 1) / skus
+		}
+		switch {
+		case ended > 1:
+			r.EndedTwice++
+			if len(examples) < maxExamples {
+				examples = append(examples, fmt.Sprintf("order %s: its units sold %d times", id, ended))
+			}
+		case ended == 1:
+			r.Ended++
+		case o.payment == "captured":
+			r.NotEnded++
+		}
 	}
-	detail := fmt.Sprintf("%d paid orders; %d applied more than once", r.OrdersPaid, r.DoubleApplied)
+	detail := fmt.Sprintf("%d paid orders; %d applied more than once; %d ended, %d sold more than once", r.OrdersPaid, r.DoubleApplied, r.Ended, r.EndedTwice)
 	if len(examples) > 0 {
 		detail += ": " + strings.Join(examples, "; ")
 	}
-	return Invariant{ExactlyOnce, r.DoubleApplied == 0, detail}
+	return Invariant{ExactlyOnce, r.DoubleApplied == 0 && r.EndedTwice == 0, detail}
 }
 
 // checkStock holds each SKU to what it was seeded with: available =
-// seeded − Σ reservations, reserved = Σ reservations, available ≥ 0, and no
-// seeded SKU missing. Without seeded, only the last three are checked.
+// seeded − Σ reservations (a reserved unit leaves the shelf; selling it
+// does not move it again), available ≥ 0, reserved = Σ reservations −
+// Σ fulfilments (the units of orders still open), sold = Σ fulfilments,
+// and no seeded SKU missing. Without seeded, available is not checked
+// against it.
 func checkStock(stock []stockRow, seeded map[string]int) Invariant {
 	var bad []string
 	seen := map[string]bool{}
@@ -208,8 +234,11 @@ func checkStock(stock []stockRow, seeded map[string]int) Invariant {
 		if s.available < 0 {
 			wrong = append(wrong, fmt.Sprintf("available %d < 0", s.available))
 		}
-		if s.reserved != s.reservations {
-			wrong = append(wrong, fmt.Sprintf("reserved %d but reservations sum to %d", s.reserved, s.reservations))
+		if s.reserved != s.reservations-s.fulfilments {
+			wrong = append(wrong, fmt.Sprintf("reserved %d but reservations %d − fulfilments %d = %d", s.reserved, s.reservations, s.fulfilments, s.reservations-s.fulfilments))
+		}
+		if s.sold != s.fulfilments {
+			wrong = append(wrong, fmt.Sprintf("sold %d but fulfilments sum to %d", s.sold, s.fulfilments))
 		}
 		if seeded != nil && s.available != seeded[s.sku]-s.reservations {
 			wrong = append(wrong, fmt.Sprintf("available %d ≠ seeded %d − reservations %d", s.available, seeded[s.sku], s.reservations))

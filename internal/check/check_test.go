@@ -31,7 +31,8 @@ var allInvariants = []string{check.ExactlyOnce, check.EffectsHaveCauses, check.Q
 // outbox's, the inbox's and the service's own migrations) and the ids of a
 // small run seeded into them, which passes every invariant:
 //
-//	reserved   lines sku-a×1, sku-b×1, sku-a×2 (two lines of one SKU: reserved as 3)
+//	reserved   lines sku-a×1, sku-b×1, sku-a×2 (two lines of one SKU: reserved as 3),
+//	           captured, and ended by inventory (its units sold)
 //	rejected   sku-c×2, more than the 1 in stock
 //	reserved2  sku-b×2
 //	unpaid     sku-a×1, created and never paid; the client knows it
@@ -60,6 +61,8 @@ func setup(t *testing.T) *testBundle {
 	b.pay(t, b.reserved)
 	b.reserve(t, b.reserved, map[string]int{"sku-a": 3, "sku-b": 1})
 	b.settle(t, b.reserved, "reserved")
+	b.captured(t, b.reserved)
+	b.end(t, b.reserved, map[string]int{"sku-a": 3, "sku-b": 1})
 
 	b.rejected = b.createOrder(t, events.Line{SKU: "sku-c", Quantity: 2})
 	b.pay(t, b.rejected)
@@ -140,6 +143,37 @@ func (b *testBundle) reserveRows(t *testing.T, id string, quantities map[string]
 	}
 }
 
+// captured records a captured payment as the capture runner does, with its
+// OrderCaptured in the outbox, published.
+func (b *testBundle) captured(t *testing.T, id string) {
+	t.Helper()
+	b.exec(t, b.orders, `UPDATE orders SET payment = 'captured', capture_id = 'cap_1', payment_at = now() WHERE id = $1`, id)
+	payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, id), CaptureID: "cap_1"})
+	require.NoError(t, err)
+	b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
+		uuid.NewString(), events.TopicOrders, id, payload)
+}
+
+// end applies OrderCaptured as inventory's handler does: the order ended
+// in its decision, and its units sold.
+func (b *testBundle) end(t *testing.T, id string, quantities map[string]int) {
+	t.Helper()
+	msg := uuid.NewString()
+	b.exec(t, b.inventory, `UPDATE decisions SET fulfilled_by = $2, fulfilled_at = now() WHERE order_id = $1`, id, msg)
+	b.endRows(t, id, quantities)
+}
+
+// endRows writes fulfilment rows and sells their reserved units, as an
+// unguarded inventory would.
+func (b *testBundle) endRows(t *testing.T, id string, quantities map[string]int) {
+	t.Helper()
+	msg := uuid.NewString()
+	for sku, n := range quantities {
+		b.exec(t, b.inventory, `INSERT INTO fulfilments (order_id, sku, quantity, message_id) VALUES ($1, $2, $3, $4)`, id, sku, n, msg)
+		b.exec(t, b.inventory, `UPDATE stock SET reserved = reserved - $2, sold = sold + $2 WHERE sku = $1`, sku, n)
+	}
+}
+
 // reject writes a rejection as inventory's handler does.
 func (b *testBundle) reject(t *testing.T, id string) {
 	t.Helper()
@@ -187,7 +221,9 @@ func TestConsistentRunPasses(t *testing.T) {
 	require.Equal(t, 2, report.Reserved)
 	require.Equal(t, 1, report.Rejected)
 	require.Equal(t, 2, report.ReservationsMade)
+	require.Equal(t, 1, report.Ended)
 	require.Zero(t, report.DoubleApplied)
+	require.Zero(t, report.NotEnded)
 	clientAgrees, _ := report.Invariant(check.ClientAgrees)
 	require.Contains(t, clientAgrees.Detail, "1 unpaid orders it never heard of")
 }
@@ -278,8 +314,10 @@ func TestAdversarialRunsFail(t *testing.T) {
 			tamper: func(t *testing.T, b *testBundle) string {
 				// reserved has sku-a on two lines (1 and 2): reserving 1
 				// is wrong, however consistent the stock.
+				// (It ended, so its sale is of 1 too.)
 				b.exec(t, b.inventory, `UPDATE reservations SET quantity = 1 WHERE order_id = $1 AND sku = 'sku-a'`, b.reserved)
-				b.exec(t, b.inventory, `UPDATE stock SET available = available + 2, reserved = reserved - 2 WHERE sku = 'sku-a'`)
+				b.exec(t, b.inventory, `UPDATE fulfilments SET quantity = 1 WHERE order_id = $1 AND sku = 'sku-a'`, b.reserved)
+				b.exec(t, b.inventory, `UPDATE stock SET available = available + 2, sold = sold - 2 WHERE sku = 'sku-a'`)
 				return b.reserved
 			},
 			fails: check.Quantities,
@@ -288,6 +326,65 @@ func TestAdversarialRunsFail(t *testing.T) {
 			name: "stock out of balance with the reservations",
 			tamper: func(t *testing.T, b *testBundle) string {
 				b.exec(t, b.inventory, `UPDATE stock SET available = available + 1 WHERE sku = 'sku-a'`)
+				return "sku-a"
+			},
+			fails: check.StockConsistent,
+		},
+		{
+			name: "an order's units sold twice",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// A redelivered OrderCaptured applied again: sold grows by
+				// the order's sku-b again, from reserved2's units.
+				b.endRows(t, b.reserved, map[string]int{"sku-b": 1})
+				return b.reserved
+			},
+			fails: check.ExactlyOnce,
+			// The second sale's sku-b row has no sku-a beside it.
+			alsoFails: []string{check.Quantities},
+		},
+		{
+			name: "units sold for an order whose payment was never captured",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.end(t, b.reserved2, map[string]int{"sku-b": 2})
+				return b.reserved2
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
+			name: "units sold for a rejected order",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.exec(t, b.orders, `UPDATE orders SET payment = 'captured' WHERE id = $1`, b.rejected)
+				b.exec(t, b.inventory, `UPDATE stock SET reserved = reserved + 2 WHERE sku = 'sku-c'`)
+				b.endRows(t, b.rejected, map[string]int{"sku-c": 2})
+				return b.rejected
+			},
+			fails: check.EffectsHaveCauses,
+			// reserved went up to sell it: no reservation explains it.
+			alsoFails: []string{check.StockConsistent},
+		},
+		{
+			name: "a captured order inventory never ended",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.captured(t, b.reserved2)
+				return "1 captured and not ended"
+			},
+			fails: check.NothingLost,
+		},
+		{
+			name: "sale of other than the order's lines",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// One unit of sku-a less sold, the stock kept in balance
+				// with the rows.
+				b.exec(t, b.inventory, `UPDATE fulfilments SET quantity = quantity - 1 WHERE order_id = $1 AND sku = 'sku-a'`, b.reserved)
+				b.exec(t, b.inventory, `UPDATE stock SET reserved = reserved + 1, sold = sold - 1 WHERE sku = 'sku-a'`)
+				return b.reserved
+			},
+			fails: check.Quantities,
+		},
+		{
+			name: "reserved units not released when their order ended",
+			tamper: func(t *testing.T, b *testBundle) string {
+				b.exec(t, b.inventory, `UPDATE stock SET reserved = reserved + 3 WHERE sku = 'sku-a'`)
 				return "sku-a"
 			},
 			fails: check.StockConsistent,

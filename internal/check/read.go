@@ -22,28 +22,37 @@ type querier interface {
 // first did not.
 type inventoryView struct {
 	reservations map[string]map[string]skuReservations // order → SKU → its reservation rows
+	fulfilments  map[string]map[string]skuReservations // order → SKU → its fulfilment rows (the order ended, its units sold)
 	rejections   map[string]int                        // order → rejection rows
 	decisions    map[string]string                     // order → "reserved" or "rejected" (only the domain guard records them)
+	ended        map[string]bool                       // order → the guard recorded it ended (decisions.fulfilled_by)
 	stock        []stockRow
 }
 
-// skuReservations sums the reservation rows of one order and SKU.
+// skuReservations sums the reservation (or fulfilment) rows of one order
+// and SKU.
 type skuReservations struct {
 	rows, quantity int // how many rows, and their quantities summed
 	least, most    int // the smallest and largest quantity of one row
 }
 
-// stockRow is one SKU's stock beside the sum of its reservations.
+// stockRow is one SKU's stock beside the sums of its reservations and
+// fulfilments.
 type stockRow struct {
-	sku                 string
-	available, reserved int
-	reservations        int
+	sku                       string
+	available, reserved, sold int
+	reservations, fulfilments int
 }
 
 // reservationRows counts order id's reservation rows.
-func (v inventoryView) reservationRows(id string) int {
+func (v inventoryView) reservationRows(id string) int { return rowsOf(v.reservations[id]) }
+
+// fulfilmentRows counts order id's fulfilment rows.
+func (v inventoryView) fulfilmentRows(id string) int { return rowsOf(v.fulfilments[id]) }
+
+func rowsOf(perSKU map[string]skuReservations) int {
 	n := 0
-	for _, s := range v.reservations[id] {
+	for _, s := range perSKU {
 		n += s.rows
 	}
 	return n
@@ -62,49 +71,50 @@ func (v inventoryView) effectOrders() []string {
 	for id := range v.decisions {
 		ids[id] = true
 	}
+	for id := range v.fulfilments {
+		ids[id] = true
+	}
 	return sortedKeys(ids)
 }
 
 func readInventory(ctx context.Context, pool *pgxpool.Pool) (inventoryView, error) {
-	v := inventoryView{reservations: map[string]map[string]skuReservations{}, decisions: map[string]string{}}
+	v := inventoryView{decisions: map[string]string{}, ended: map[string]bool{}}
 	err := snapshot(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-			SELECT order_id, sku, count(*), sum(quantity), min(quantity), max(quantity)
-			FROM reservations GROUP BY 1, 2`)
-		if err != nil {
-			return fmt.Errorf("reading reservations: %w", err)
+		var err error
+		if v.reservations, err = perOrderAndSKU(ctx, tx, "reservations"); err != nil {
+			return err
 		}
-		var id, sku string
-		var s skuReservations
-		if _, err := pgx.ForEachRow(rows, []any{&id, &sku, &s.rows, &s.quantity, &s.least, &s.most}, func() error {
-			if v.reservations[id] == nil {
-				v.reservations[id] = map[string]skuReservations{}
-			}
-			v.reservations[id][sku] = s
-			return nil
-		}); err != nil {
-			return fmt.Errorf("reading reservations: %w", err)
+		if v.fulfilments, err = perOrderAndSKU(ctx, tx, "fulfilments"); err != nil {
+			return err
 		}
 		if v.rejections, err = countBy(ctx, tx, `SELECT order_id, count(*) FROM rejections GROUP BY 1`); err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, `SELECT order_id, decision FROM decisions`)
+		rows, err := tx.Query(ctx, `SELECT order_id, decision, fulfilled_by IS NOT NULL FROM decisions`)
 		if err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
-		var decision string
-		if _, err := pgx.ForEachRow(rows, []any{&id, &decision}, func() error { v.decisions[id] = decision; return nil }); err != nil {
+		var id, decision string
+		var ended bool
+		if _, err := pgx.ForEachRow(rows, []any{&id, &decision, &ended}, func() error {
+			v.decisions[id] = decision
+			if ended {
+				v.ended[id] = true
+			}
+			return nil
+		}); err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
 		rows, err = tx.Query(ctx, `
-			SELECT s.sku, s.available, s.reserved, coalesce(sum(r.quantity), 0)::bigint
-			FROM stock s LEFT JOIN reservations r ON r.sku = s.sku
-			GROUP BY s.sku, s.available, s.reserved`)
+			SELECT s.sku, s.available, s.reserved, s.sold,
+				coalesce((SELECT sum(quantity) FROM reservations r WHERE r.sku = s.sku), 0)::bigint,
+				coalesce((SELECT sum(quantity) FROM fulfilments f WHERE f.sku = s.sku), 0)::bigint
+			FROM stock s`)
 		if err != nil {
 			return fmt.Errorf("reading stock: %w", err)
 		}
 		var st stockRow
-		if _, err := pgx.ForEachRow(rows, []any{&st.sku, &st.available, &st.reserved, &st.reservations}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&st.sku, &st.available, &st.reserved, &st.sold, &st.reservations, &st.fulfilments}, func() error {
 			v.stock = append(v.stock, st)
 			return nil
 		}); err != nil {
@@ -115,6 +125,30 @@ func readInventory(ctx context.Context, pool *pgxpool.Pool) (inventoryView, erro
 	return v, err
 }
 
+// perOrderAndSKU sums the rows of table (reservations or fulfilments) per
+// order and SKU.
+func perOrderAndSKU(ctx context.Context, tx pgx.Tx, table string) (map[string]map[string]skuReservations, error) {
+	rows, err := tx.Query(ctx, `
+		SELECT order_id, sku, count(*), sum(quantity), min(quantity), max(quantity)
+		FROM `+table+` GROUP BY 1, 2`)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", table, err)
+	}
+	out := map[string]map[string]skuReservations{}
+	var id, sku string
+	var s skuReservations
+	if _, err := pgx.ForEachRow(rows, []any{&id, &sku, &s.rows, &s.quantity, &s.least, &s.most}, func() error {
+		if out[id] == nil {
+			out[id] = map[string]skuReservations{}
+		}
+		out[id][sku] = s
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", table, err)
+	}
+	return out, nil
+}
+
 // ordersView is what orders recorded, read in one snapshot.
 type ordersView struct {
 	orders    map[string]*order // every order, paid or not
@@ -123,6 +157,7 @@ type ordersView struct {
 
 type order struct {
 	status  string
+	payment string         // "", "capturing", "captured", "declined", "failed"
 	lines   map[string]int // quantity per SKU, summed over the order's lines
 	answers map[string]int // answers applied (order_events), per event type
 }
@@ -152,14 +187,14 @@ func (v ordersView) ids() []string {
 func readOrders(ctx context.Context, pool *pgxpool.Pool) (ordersView, error) {
 	v := ordersView{orders: map[string]*order{}}
 	err := snapshot(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id::text, status, lines FROM orders`)
+		rows, err := tx.Query(ctx, `SELECT id::text, status, coalesce(payment, ''), lines FROM orders`)
 		if err != nil {
 			return fmt.Errorf("reading orders: %w", err)
 		}
-		var id, status string
+		var id, status, payment string
 		var lines []events.Line
-		if _, err := pgx.ForEachRow(rows, []any{&id, &status, &lines}, func() error {
-			v.orders[id] = &order{status: status, lines: sumLines(lines), answers: map[string]int{}}
+		if _, err := pgx.ForEachRow(rows, []any{&id, &status, &payment, &lines}, func() error {
+			v.orders[id] = &order{status: status, payment: payment, lines: sumLines(lines), answers: map[string]int{}}
 			lines = nil // the next row decodes into a new slice
 			return nil
 		}); err != nil {
@@ -179,7 +214,8 @@ func readOrders(ctx context.Context, pool *pgxpool.Pool) (ordersView, error) {
 		}); err != nil {
 			return fmt.Errorf("reading order events: %w", err)
 		}
-		v.orderPaid, err = countBy(ctx, tx, `SELECT partition_key, count(*) FROM outbox_messages WHERE topic = $1 GROUP BY 1`, events.TopicOrders)
+		v.orderPaid, err = countBy(ctx, tx, `SELECT partition_key, count(*) FROM outbox_messages
+			WHERE topic = $1 AND convert_from(payload, 'UTF8')::jsonb ->> 'type' = $2 GROUP BY 1`, events.TopicOrders, events.TypeOrderPaid)
 		return err
 	})
 	return v, err

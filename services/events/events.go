@@ -25,7 +25,8 @@ const SchemaVersion = 1
 
 // Topics.
 const (
-	// TopicOrders carries OrderPaid, from orders to inventory.
+	// TopicOrders carries OrderPaid and then OrderCaptured, from orders to
+	// inventory.
 	TopicOrders = "orders.events"
 	// TopicInventory carries InventoryReserved and InventoryRejected, from
 	// inventory to orders.
@@ -35,6 +36,7 @@ const (
 // Event types, in the "type" field of every event.
 const (
 	TypeOrderPaid         = "OrderPaid"
+	TypeOrderCaptured     = "OrderCaptured"
 	TypeInventoryReserved = "InventoryReserved"
 	TypeInventoryRejected = "InventoryRejected"
 )
@@ -57,6 +59,13 @@ type OrderPaid struct {
 	Envelope
 	Lines  []Line    `json:"lines"`
 	PaidAt time.Time `json:"paid_at"`
+}
+
+// OrderCaptured says a reserved order's payment was captured: the order
+// has ended, sold, and inventory turns its reserved units into sold ones.
+type OrderCaptured struct {
+	Envelope
+	CaptureID string `json:"capture_id"`
 }
 
 // InventoryReserved says every line of an order was reserved.
@@ -88,7 +97,7 @@ var ErrInvalid = errors.New("invalid event")
 // reader would read otherwise (a key twice, a key in another case, a second
 // value after the first) is refused, so no two readers of one record can
 // disagree on what it says. Every refusal wraps ErrInvalid. It returns one
-// of *OrderPaid, *InventoryReserved, *InventoryRejected.
+// of *OrderPaid, *OrderCaptured, *InventoryReserved, *InventoryRejected.
 func Decode(payload []byte) (any, error) {
 	tree, err := strictjson.Parse(payload)
 	if err != nil {
@@ -113,6 +122,9 @@ func Decode(payload []byte) (any, error) {
 	switch typ.Str {
 	case TypeOrderPaid:
 		e := &OrderPaid{}
+		ev, env = e, &e.Envelope
+	case TypeOrderCaptured:
+		e := &OrderCaptured{}
 		ev, env = e, &e.Envelope
 	case TypeInventoryReserved:
 		e := &InventoryReserved{}
@@ -143,6 +155,7 @@ const (
 	MaxQuantity    = 10_000  // units of one SKU in one order, summed over its lines
 	MaxSKUBytes    = 64      // a SKU's length in bytes
 	MaxReasonBytes = 1 << 10 // a rejection reason's length in bytes
+	MaxCaptureID   = 128     // a capture id's length in bytes (the provider's id)
 )
 
 // ValidateLines checks an order's lines: 1 to MaxLines lines, each a valid
@@ -229,6 +242,8 @@ func (e *OrderPaid) validate() error {
 	return ValidateLines(e.Lines)
 }
 
+func (e *OrderCaptured) validate() error { return validText("capture_id", e.CaptureID, MaxCaptureID) }
+
 func (e *InventoryReserved) validate() error { return ValidateLines(e.Lines) }
 
 func (e *InventoryRejected) validate() error { return validText("reason", e.Reason, MaxReasonBytes) }
@@ -237,6 +252,8 @@ func (e *InventoryRejected) validate() error { return validText("reason", e.Reas
 func TypeOf(ev any) string {
 	switch e := ev.(type) {
 	case *OrderPaid:
+		return e.Type
+	case *OrderCaptured:
 		return e.Type
 	case *InventoryReserved:
 		return e.Type

@@ -40,8 +40,9 @@ func Service() platform.Service {
 }
 
 // maxAvailable bounds the stock of one SKU set through the API: available is
-// an int column and only falls from what was set. reserved only grows, over
-// every restock, so it is a bigint (migration 003).
+// an int column and only falls from what was set. reserved holds the units
+// of open orders, and sold grows over every restock: both are bigints
+// (migrations 003 and 004).
 const maxAvailable = 1 << 30
 
 // StockLevel is one item of PUT /stock: what is available of a SKU. The
@@ -51,11 +52,13 @@ type StockLevel struct {
 	Available int    `json:"available"`
 }
 
-// Stock is the API's view of one SKU.
+// Stock is the API's view of one SKU: units on the shelf, held for open
+// orders, and sold to orders that ended.
 type Stock struct {
 	SKU       string `json:"sku"`
 	Available int    `json:"available"`
-	Reserved  int    `json:"reserved"`
+	Reserved  int64  `json:"reserved"`
+	Sold      int64  `json:"sold"`
 }
 
 func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
@@ -105,8 +108,8 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 			return
 		}
 		var s Stock
-		err := pool.QueryRow(r.Context(), `SELECT sku, available, reserved FROM stock WHERE sku = $1`, r.PathValue("sku")).
-			Scan(&s.SKU, &s.Available, &s.Reserved)
+		err := pool.QueryRow(r.Context(), `SELECT sku, available, reserved, sold FROM stock WHERE sku = $1`, r.PathValue("sku")).
+			Scan(&s.SKU, &s.Available, &s.Reserved, &s.Sold)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			platform.WriteError(w, http.StatusNotFound, "unknown sku "+r.PathValue("sku"))
@@ -135,18 +138,18 @@ func setStock(ctx context.Context, pool *pgxpool.Pool, items []StockLevel) error
 }
 
 func listStock(ctx context.Context, pool *pgxpool.Pool) ([]Stock, error) {
-	rows, err := pool.Query(ctx, `SELECT sku, available, reserved FROM stock ORDER BY sku`)
+	rows, err := pool.Query(ctx, `SELECT sku, available, reserved, sold FROM stock ORDER BY sku`)
 	if err != nil {
 		return nil, fmt.Errorf("listing stock: %w", err)
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Stock, error) {
 		var s Stock
-		err := row.Scan(&s.SKU, &s.Available, &s.Reserved)
+		err := row.Scan(&s.SKU, &s.Available, &s.Reserved, &s.Sold)
 		return s, err
 	})
 }
 
-// reserver applies OrderPaid events (see apply).
+// reserver applies OrderPaid and OrderCaptured events (see apply).
 type reserver struct {
 	// unguarded switches the domain guard off (DOMAIN_GUARD_DISABLED): only
 	// the chaos harness's second control run does, to show what reaches the
@@ -157,35 +160,47 @@ type reserver struct {
 // reserveOrders is the guarded reserver's apply.
 var reserveOrders = reserver{}.apply
 
-// apply applies a batch of OrderPaid events in the inbox's transaction (the
-// inbox hands it every delivery that arrived together; see pkg/inbox
-// Handler). Each order is reserved in full or rejected: if any of its SKUs
-// is unknown or short, the order is rejected. The orders are decided one
-// after another, in the order they came, against what the earlier ones left,
-// so a batch decides exactly as the same messages would one by one; only the
-// statements are shared: one to look decisions up, one to lock the stock,
-// then one per table written, however many orders the batch holds.
+// apply applies a batch of events in the inbox's transaction (the inbox
+// hands it every delivery that arrived together; see pkg/inbox Handler).
 //
-// The domain guard: an order is decided once. An OrderPaid for an order
-// already decided (in an earlier transaction or earlier in this batch) is
-// the inbox's blind spot, a second event under its own message id, and is
-// refused with its reason in refusals, not applied.
+// An OrderPaid reserves the order in full or rejects it: if any of its SKUs
+// is unknown or short, the order is rejected. The orders are decided one
+// after another, in the order they came, against what the earlier ones
+// left, so a batch decides exactly as the same messages would one by one;
+// only the statements are shared: one to look decisions up, one to lock the
+// stock, then one per table written, however many orders the batch holds.
+//
+// An OrderCaptured ends a reserved order: its reserved units become sold
+// (see fulfil).
+//
+// The domain guard: an order is decided once, and ends once. An OrderPaid
+// for an order already decided (in an earlier transaction or earlier in
+// this batch) is the inbox's blind spot, a second event under its own
+// message id, and is refused with its reason in refusals, not applied; so
+// is an OrderCaptured for an order inventory did not reserve, or that has
+// already ended.
 func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-	paid := make([]*events.OrderPaid, len(msgs))
+	var paid []*events.OrderPaid
+	var paidMsgs []string
+	var caps []capture
 	var skus, orderIDs []string
-	for i, msg := range msgs {
+	for _, msg := range msgs {
 		ev, err := events.Decode(msg.Payload)
 		if err != nil {
 			return inbox.Permanent(err)
 		}
-		p, ok := ev.(*events.OrderPaid)
-		if !ok {
+		switch e := ev.(type) {
+		case *events.OrderPaid:
+			paid, paidMsgs = append(paid, e), append(paidMsgs, msg.UUID)
+			for _, l := range e.Lines {
+				skus = append(skus, l.SKU)
+			}
+			orderIDs = append(orderIDs, e.OrderID)
+		case *events.OrderCaptured:
+			caps = append(caps, capture{e.OrderID, msg.UUID})
+			orderIDs = append(orderIDs, e.OrderID)
+		default:
 			return inbox.Permanent(fmt.Errorf("inventory does not consume %s", events.TypeOf(ev)))
-		}
-		paid[i] = p
-		orderIDs = append(orderIDs, p.OrderID)
-		for _, l := range p.Lines {
-			skus = append(skus, l.SKU)
 		}
 	}
 	decided := map[string]decision{}
@@ -193,6 +208,15 @@ func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message)
 		var err error
 		if decided, err = lookUpDecisions(ctx, tx, orderIDs); err != nil {
 			return err
+		}
+	}
+	held, err := lookUpReservations(ctx, tx, caps)
+	if err != nil {
+		return err
+	}
+	for _, lines := range held {
+		for sku := range lines {
+			skus = append(skus, sku)
 		}
 	}
 	slices.Sort(skus)
@@ -203,7 +227,7 @@ func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message)
 
 	w := writes{guarded: !r.unguarded}
 	for i, p := range paid {
-		msgID := msgs[i].UUID
+		msgID := paidMsgs[i]
 		if d, ok := decided[p.OrderID]; ok {
 			w.refuse(p.OrderID, msgID, fmt.Sprintf("order already decided: %s by message %s", d.decision, d.messageID))
 			continue
@@ -212,7 +236,7 @@ func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message)
 		for _, l := range p.Lines {
 			want[l.SKU] += l.Quantity
 		}
-		d := decision{"reserved", msgID}
+		d := decision{decision: "reserved", messageID: msgID, inBatch: true}
 		if short := shortfall(want, have); len(short) > 0 {
 			d.decision = "rejected"
 			err = w.reject(p.OrderID, "insufficient stock: "+strings.Join(short, "; "), msgID)
@@ -226,22 +250,99 @@ func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message)
 			decided[p.OrderID] = d
 		}
 	}
+	for _, c := range caps {
+		r.fulfil(&w, c, decided, held[c.orderID])
+	}
 	return w.flush(ctx, tx)
 }
 
-// decision is how inventory decided an order, and on which message.
-type decision struct{ decision, messageID string }
+// capture is an OrderCaptured to apply: the order it ends, and the message.
+type capture struct{ orderID, messageID string }
+
+// fulfil ends a reserved order: each of its reserved units becomes a sold
+// one (reserved falls, sold grows; available does not move: the units left
+// the shelf when they were reserved). Guarded, only an order inventory
+// reserved in an earlier transaction ends, and only once; anything else is
+// refused with its reason. An OrderCaptured can only be genuine once the
+// reservation it follows has committed (orders captured the payment after
+// it read InventoryReserved), so one arriving in the same batch as its
+// order's OrderPaid is refused too.
+func (r reserver) fulfil(w *writes, c capture, decided map[string]decision, lines map[string]int) {
+	if !r.unguarded {
+		d, ok := decided[c.orderID]
+		var why string
+		switch {
+		case !ok:
+			why = "inventory has not decided this order: nothing is reserved to sell"
+		case d.inBatch:
+			why = fmt.Sprintf("captured before inventory's decision (%s, by message %s, in this batch) committed", d.decision, d.messageID)
+		case d.decision != "reserved":
+			why = fmt.Sprintf("the order was %s by message %s: nothing is reserved to sell", d.decision, d.messageID)
+		case d.fulfilledBy != "":
+			why = "the order has already ended: fulfilled by message " + d.fulfilledBy
+		}
+		if why != "" {
+			w.refuse(c.orderID, c.messageID, why)
+			return
+		}
+		d.fulfilledBy = c.messageID
+		decided[c.orderID] = d
+		w.fulOrderDec, w.fulMsgDec = append(w.fulOrderDec, c.orderID), append(w.fulMsgDec, c.messageID)
+	}
+	for _, sku := range slices.Sorted(maps.Keys(lines)) {
+		w.fulOrder, w.fulSKU, w.fulQty, w.fulMsg = append(w.fulOrder, c.orderID), append(w.fulSKU, sku), append(w.fulQty, int32(lines[sku])), append(w.fulMsg, c.messageID)
+	}
+}
+
+// lookUpReservations returns, for each order caps end, the units reserved
+// per SKU: what the order's reservation took (one reservation: its first
+// message's rows, even if an unguarded run reserved it twice).
+func lookUpReservations(ctx context.Context, tx pgx.Tx, caps []capture) (map[string]map[string]int, error) {
+	held := map[string]map[string]int{}
+	if len(caps) == 0 {
+		return held, nil
+	}
+	ids := make([]string, len(caps))
+	for i, c := range caps {
+		ids[i] = c.orderID
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT DISTINCT ON (order_id, sku) order_id, sku, sum(quantity) OVER (PARTITION BY order_id, sku, message_id)::int
+		FROM reservations WHERE order_id = ANY($1) ORDER BY order_id, sku, id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("looking up reservations: %w", err)
+	}
+	var id, sku string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &sku, &n}, func() error {
+		if held[id] == nil {
+			held[id] = map[string]int{}
+		}
+		held[id][sku] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("looking up reservations: %w", err)
+	}
+	return held, nil
+}
+
+// decision is how inventory decided an order, and on which message; when
+// the order has ended, the message that ended it.
+type decision struct {
+	decision, messageID, fulfilledBy string
+	inBatch                          bool // decided in the batch being applied, not yet committed
+}
 
 // lookUpDecisions returns the decisions already taken on orderIDs.
 func lookUpDecisions(ctx context.Context, tx pgx.Tx, orderIDs []string) (map[string]decision, error) {
-	rows, err := tx.Query(ctx, `SELECT order_id, decision, message_id FROM decisions WHERE order_id = ANY($1)`, orderIDs)
+	rows, err := tx.Query(ctx, `SELECT order_id, decision, message_id, coalesce(fulfilled_by, '') FROM decisions WHERE order_id = ANY($1)`, orderIDs)
 	if err != nil {
 		return nil, fmt.Errorf("looking up decisions: %w", err)
 	}
 	decided := map[string]decision{}
 	var id string
 	var d decision
-	if _, err := pgx.ForEachRow(rows, []any{&id, &d.decision, &d.messageID}, func() error { decided[id] = d; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &d.decision, &d.messageID, &d.fulfilledBy}, func() error { decided[id] = d; return nil }); err != nil {
 		return nil, fmt.Errorf("looking up decisions: %w", err)
 	}
 	return decided, nil
@@ -290,6 +391,9 @@ type writes struct {
 	rejMsg                    []string
 	decOrder, decName, decMsg []string
 	refOrder, refMsg, refWhy  []string
+	fulOrder, fulSKU, fulMsg  []string
+	fulQty                    []int32
+	fulOrderDec, fulMsgDec    []string // guarded: the orders that end, and by which message
 	out                       []*message.Message
 }
 
@@ -336,7 +440,8 @@ func (w *writes) announce(orderID string, ev any) error {
 }
 
 // flush writes the decisions, the reservations (taking their quantities off
-// the stock), the rejections, the refusals and the announcing events.
+// the stock), the fulfilments (selling what was reserved), the rejections,
+// the refusals and the announcing events.
 func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 	if len(w.decOrder) > 0 {
 		if _, err := tx.Exec(ctx, `
@@ -364,6 +469,28 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 			SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[])`,
 			w.resOrder, w.resSKU, w.resQty, w.resMsg); err != nil {
 			return fmt.Errorf("recording reservations: %w", err)
+		}
+	}
+	if len(w.fulOrder) > 0 {
+		if _, err := tx.Exec(ctx, `
+			UPDATE stock s SET reserved = s.reserved - u.qty, sold = s.sold + u.qty, updated_at = now()
+			FROM (SELECT sku, sum(qty) AS qty FROM unnest($1::text[], $2::int[]) AS f(sku, qty) GROUP BY sku) AS u
+			WHERE s.sku = u.sku`, w.fulSKU, w.fulQty); err != nil {
+			return fmt.Errorf("selling reserved stock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO fulfilments (order_id, sku, quantity, message_id)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[])`,
+			w.fulOrder, w.fulSKU, w.fulQty, w.fulMsg); err != nil {
+			return fmt.Errorf("recording fulfilments: %w", err)
+		}
+	}
+	if len(w.fulOrderDec) > 0 {
+		if _, err := tx.Exec(ctx, `
+			UPDATE decisions d SET fulfilled_by = u.msg, fulfilled_at = now()
+			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id`,
+			w.fulOrderDec, w.fulMsgDec); err != nil {
+			return fmt.Errorf("recording the orders that ended: %w", err)
 		}
 	}
 	if len(w.rejOrder) > 0 {

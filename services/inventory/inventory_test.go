@@ -139,26 +139,86 @@ func rowsOf(t *testing.T, pool *pgxpool.Pool, q string) [][]any {
 	return out
 }
 
-// TestReservedOutlivesInt32 drives a SKU's reserved units past 2^31 - 1, the
-// range of the int column they were first kept in: reserved only grows
-// (restocks refill available), so a SKU that lives long enough gets there,
-// and every later order of it then failed its transaction ("integer out of
-// range") and was dead-lettered, paid and never reserved. The SKU here has
-// reserved 2^31 - 5 units over its life; the next order of 10 must be
-// reserved like any other.
-func TestReservedOutlivesInt32(t *testing.T) {
+// TestSoldOutlivesInt32 drives a SKU's sold units past 2^31 - 1, the range
+// of the int column its reserved units were first kept in, when reserved
+// only grew. reserved now falls as orders end, but sold grows over every
+// restock, so a SKU that lives long enough gets there, and an int column
+// would then fail every later capture's transaction ("integer out of
+// range"): the OrderCaptured dead-lettered, the order never ended. The SKU
+// here has sold 2^31 - 5 units over its life; the next order of 10 must be
+// reserved and sold like any other.
+func TestSoldOutlivesInt32(t *testing.T) {
 	t.Parallel()
 	const lifetime = 1<<31 - 5
 	pool := newDB(t, map[string]int{"a": 100})
-	_, err := pool.Exec(t.Context(), `UPDATE stock SET reserved = $1 WHERE sku = 'a'`, lifetime)
+	_, err := pool.Exec(t.Context(), `UPDATE stock SET sold = $1 WHERE sku = 'a'`, lifetime)
 	require.NoError(t, err)
 
 	order := uuid.NewString()
 	apply(t, pool, []*message.Message{orderPaid(t, order, events.Line{SKU: "a", Quantity: 10})})
+	apply(t, pool, []*message.Message{orderCaptured(t, order)})
 
-	var available, reserved int64
-	require.NoError(t, pool.QueryRow(t.Context(), `SELECT available, reserved FROM stock WHERE sku = 'a'`).Scan(&available, &reserved))
-	require.Equal(t, int64(90), available)
-	require.Equal(t, int64(lifetime+10), reserved, "past the int range")
-	require.Equal(t, [][]any{{order, "a", int32(10)}}, rowsOf(t, pool, `SELECT order_id, sku, quantity FROM reservations`))
+	require.Equal(t, [][]any{{int32(90), int64(0), int64(lifetime + 10)}}, rowsOf(t, pool, `SELECT available, reserved, sold FROM stock WHERE sku = 'a'`), "past the int range")
+	require.Equal(t, [][]any{{order, "a", int32(10)}}, rowsOf(t, pool, `SELECT order_id, sku, quantity FROM fulfilments`))
+}
+
+func orderCaptured(t *testing.T, orderID string) *message.Message {
+	t.Helper()
+	payload, err := events.Encode(events.OrderCaptured{
+		Envelope: events.NewEnvelope(events.TypeOrderCaptured, orderID), CaptureID: "cap_" + orderID[:8],
+	})
+	require.NoError(t, err)
+	return message.NewMessage(uuid.NewString(), payload)
+}
+
+// TestCaptureSellsReserved: an order ends when orders captures its payment,
+// and its reserved units become sold: reserved falls back to the units of
+// the orders still open (it no longer only grows), available does not move.
+// The guard ends an order once, and only one inventory reserved in an
+// earlier transaction: a second OrderCaptured under a fresh id, one for an
+// order never seen, one for a rejected order and one in the same batch as
+// its order's OrderPaid are refused with their reasons, and the stock is as
+// the genuine capture left it. Unguarded, a second capture sells twice
+// (what the stock check must see).
+func TestCaptureSellsReserved(t *testing.T) {
+	t.Parallel()
+	one, two, rejected, never, sameBatch := uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()
+	pool := newDB(t, map[string]int{"a": 10, "b": 5})
+	apply(t, pool, []*message.Message{
+		orderPaid(t, one, events.Line{SKU: "a", Quantity: 3}, events.Line{SKU: "b", Quantity: 1}, events.Line{SKU: "a", Quantity: 1}),
+		orderPaid(t, two, events.Line{SKU: "a", Quantity: 2}),
+		orderPaid(t, rejected, events.Line{SKU: "b", Quantity: 50}),
+	})
+	stock := `SELECT sku, available, reserved, sold FROM stock ORDER BY sku`
+	require.Equal(t, [][]any{{"a", int32(4), int64(6), int64(0)}, {"b", int32(4), int64(1), int64(0)}}, rowsOf(t, pool, stock))
+
+	apply(t, pool, []*message.Message{orderCaptured(t, one)})
+	sold := [][]any{{"a", int32(4), int64(2), int64(4)}, {"b", int32(4), int64(0), int64(1)}}
+	require.Equal(t, sold, rowsOf(t, pool, stock), "order one's 4 a and 1 b sold, order two's 2 a still held")
+
+	apply(t, pool, []*message.Message{orderCaptured(t, one), orderCaptured(t, never), orderCaptured(t, rejected)})
+	apply(t, pool, []*message.Message{orderPaid(t, sameBatch, events.Line{SKU: "b", Quantity: 1}), orderCaptured(t, sameBatch)})
+	require.Equal(t, [][]any{{"a", int32(4), int64(2), int64(4)}, {"b", int32(3), int64(1), int64(1)}}, rowsOf(t, pool, stock),
+		"the refused captures sold nothing; sameBatch is reserved, not sold")
+	refused := rowsOf(t, pool, `SELECT order_id, reason FROM refusals ORDER BY id`)
+	require.Len(t, refused, 4)
+	for i, want := range []struct{ order, reason string }{
+		{one, "the order has already ended: fulfilled by message"},
+		{never, "inventory has not decided this order"},
+		{rejected, "the order was rejected by message"},
+		{sameBatch, "captured before inventory's decision (reserved, by message"},
+	} {
+		require.Equal(t, want.order, refused[i][0])
+		require.Contains(t, refused[i][1], want.reason)
+	}
+	require.Equal(t, [][]any{{one, int64(2)}}, rowsOf(t, pool, `SELECT order_id, count(*) FROM fulfilments GROUP BY 1`), "one row per SKU, once")
+
+	unguarded := newDB(t, map[string]int{"a": 10})
+	apply(t, unguarded, []*message.Message{orderPaid(t, one, events.Line{SKU: "a", Quantity: 3}), orderPaid(t, two, events.Line{SKU: "a", Quantity: 3})})
+	for range 2 {
+		require.NoError(t, pgx.BeginFunc(t.Context(), unguarded, func(tx pgx.Tx) error {
+			return reserver{unguarded: true}.apply(t.Context(), tx, []*message.Message{orderCaptured(t, one)})
+		}))
+	}
+	require.Equal(t, [][]any{{"a", int32(4), int64(0), int64(6)}}, rowsOf(t, unguarded, stock), "unguarded: sold twice")
 }

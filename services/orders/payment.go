@@ -15,7 +15,9 @@ package main
 //     key, and the provider answers with the stored response instead of
 //     capturing again;
 //  3. the outcome is recorded (captured with its id, declined, failed) in
-//     the transaction that ends the effect.
+//     the transaction that ends the effect; a capture also puts
+//     OrderCaptured in the outbox there, and inventory turns the order's
+//     reserved units into sold ones.
 
 import (
 	"bytes"
@@ -35,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
 )
@@ -261,8 +264,19 @@ func recordCapture(ctx context.Context, tx pgx.Tx, e effect.Effect, c captured, 
 		reason = &msg
 	}
 	// Only the order's current attempt records: its key names it.
-	_, err := tx.Exec(ctx, `UPDATE orders SET payment = $2, capture_id = $3, payment_error = $4, payment_at = $5
+	tag, err := tx.Exec(ctx, `UPDATE orders SET payment = $2, capture_id = $3, payment_error = $4, payment_at = $5
 		WHERE id = $1 AND payment = 'capturing' AND capture_attempt = $6`,
 		intent.OrderID, state, captureID, reason, time.Now(), events.CaptureAttempt(e.Key))
-	return err
+	if err != nil || state != "captured" || tag.RowsAffected() == 0 {
+		return err
+	}
+	// Captured, the order has ended: inventory is told, in the same
+	// transaction, so that its reserved units become sold ones.
+	payload, err := events.Encode(events.OrderCaptured{
+		Envelope: events.NewEnvelope(events.TypeOrderCaptured, intent.OrderID), CaptureID: c.ID,
+	})
+	if err != nil {
+		return err
+	}
+	return outbox.PublishTx(ctx, tx, events.TopicOrders, outbox.NewMessage(intent.OrderID, payload))
 }

@@ -75,8 +75,10 @@ func runCaptures(t *testing.T, pool *pgxpool.Pool, cfg platform.Config) {
 
 // TestCaptureOnReserve: a reserved order's capture intent commits with the
 // reservation and is made with its key through the provider's 500s and
-// lost answers; each order ends captured once for its amount, or declined
-// (a state, not a retry loop); a rejected order captures nothing.
+// lost answers; each order ends captured once for its amount, with one
+// OrderCaptured in the outbox for inventory (committed with the capture's
+// record, however often the call was repeated), or declined (a state, not a
+// retry loop, and no OrderCaptured); a rejected order captures nothing.
 func TestCaptureOnReserve(t *testing.T) {
 	t.Parallel()
 	url, ledger := startProvider(t, provider.Config{FailRate: 0.3, LostResponseRate: 0.3, Seed: 7})
@@ -106,7 +108,10 @@ func TestCaptureOnReserve(t *testing.T) {
 		require.Equal(t, 1, scalar[int](t, ledger, `SELECT count(*) FROM captures WHERE reference = $1`, id), "captures of %s", id)
 		require.Equal(t, o.CaptureID, scalar[string](t, ledger, `SELECT id FROM captures WHERE reference = $1`, id))
 		require.Equal(t, want, scalar[int64](t, ledger, `SELECT amount FROM captures WHERE reference = $1`, id))
+		require.Equal(t, []string{o.CaptureID}, capturedEvents(t, pool, id), "OrderCaptured of %s", id)
 	}
+	require.Empty(t, capturedEvents(t, pool, declined), "a declined order has not ended")
+	require.Empty(t, capturedEvents(t, pool, rejected))
 	o, err := getOrder(t.Context(), pool, declined)
 	require.NoError(t, err)
 	require.Equal(t, "declined", o.Payment)
@@ -162,6 +167,7 @@ func TestRetryDeclinedCapture(t *testing.T) {
 	require.Equal(t, [][]any{{"declined", "tok_declined", events.CaptureKey(declined)}, {"captured", "tok_mastercard", events.RetryCaptureKey(declined, 2)}},
 		rows(t, ledger, `SELECT status, source, idempotency_key FROM captures WHERE reference = $1 ORDER BY seq`, declined))
 	require.Equal(t, o.CaptureID, scalar[string](t, ledger, `SELECT id FROM captures WHERE reference = $1 AND status = 'captured'`, declined))
+	require.Equal(t, []string{o.CaptureID}, capturedEvents(t, pool, declined), "captured on the retry: the order ends")
 
 	_, err = retryCapture(t.Context(), pool, paid, "")
 	require.ErrorContains(t, err, "payment is captured")
@@ -170,6 +176,21 @@ func TestRetryDeclinedCapture(t *testing.T) {
 	require.ErrorContains(t, err, "is created")
 	_, err = retryCapture(t.Context(), pool, uuid.NewString(), "")
 	require.ErrorIs(t, err, errNotFound)
+}
+
+// capturedEvents returns the capture ids of the OrderCaptured events in the
+// outbox for order id.
+func capturedEvents(t *testing.T, pool *pgxpool.Pool, id string) []string {
+	t.Helper()
+	var ids []string
+	for _, r := range rows(t, pool, `SELECT payload FROM outbox_messages WHERE topic = $1 AND partition_key = $2 ORDER BY id`, events.TopicOrders, id) {
+		ev, err := events.Decode(r[0].([]byte))
+		require.NoError(t, err)
+		if c, ok := ev.(*events.OrderCaptured); ok {
+			ids = append(ids, c.CaptureID)
+		}
+	}
+	return ids
 }
 
 func rows(t *testing.T, pool *pgxpool.Pool, q string, args ...any) [][]any {
