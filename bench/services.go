@@ -420,7 +420,8 @@ var splitHops = flag.Bool("hops", false, "print where the latency phase's hops s
 func printHops(ctx context.Context, orders, inventory *pgxpool.Pool, ids []string, say func(string, ...any)) {
 	type stamps struct{ paid, claimed, applied time.Time }
 	at := map[string]*stamps{}
-	rows, err := orders.Query(ctx, `SELECT partition_key, created_at, published_at FROM outbox_messages WHERE partition_key = ANY($1) AND published_at IS NOT NULL`, ids)
+	rows, err := orders.Query(ctx, `SELECT partition_key, created_at, published_at FROM outbox_messages
+		WHERE partition_key = ANY($1) AND published_at IS NOT NULL AND `+events.OutboxType+` = $2`, ids, events.TypeOrderPaid)
 	if err != nil {
 		say("hops: %v", err)
 		return

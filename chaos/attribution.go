@@ -371,6 +371,7 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 		"inventory": {
 			`SELECT message_id, (count(*) / count(DISTINCT sku))::int FROM reservations WHERE message_id = ANY($1) GROUP BY 1`,
 			`SELECT message_id, count(*)::int FROM rejections WHERE message_id = ANY($1) GROUP BY 1`,
+			`SELECT message_id, (count(*) / count(DISTINCT sku))::int FROM fulfilments WHERE message_id = ANY($1) GROUP BY 1`,
 		},
 		"orders": {`SELECT message_id, count(*)::int FROM order_events WHERE message_id = ANY($1) GROUP BY 1`},
 	}
@@ -409,8 +410,8 @@ func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[strin
 		}
 	}
 	// The HTTP window: OrderPaid rows per order.
-	rows, err := orders.Query(ctx, `SELECT partition_key, count(*)::int FROM outbox_messages WHERE topic = $1 AND partition_key = ANY($2) GROUP BY 1`,
-		events.TopicOrders, orderIDs)
+	rows, err := orders.Query(ctx, `SELECT partition_key, count(*)::int FROM outbox_messages WHERE topic = $1 AND partition_key = ANY($2) AND `+events.OutboxType+` = $3 GROUP BY 1`,
+		events.TopicOrders, orderIDs, events.TypeOrderPaid)
 	if err != nil {
 		return nil, err
 	}

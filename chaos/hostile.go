@@ -132,8 +132,8 @@ func (h *hostile) build(ctx context.Context) error {
 				candidates).Scan(&decided)
 		}
 		if err == nil {
-			err = h.sys.Pools["orders"].QueryRow(waitCtx, `SELECT message_id::text, payload FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
-				events.TopicOrders, decided).Scan(&realID, &realPayload)
+			err = h.sys.Pools["orders"].QueryRow(waitCtx, `SELECT message_id::text, payload FROM outbox_messages WHERE topic = $1 AND partition_key = $2 AND `+events.OutboxType+` = $3`,
+				events.TopicOrders, decided, events.TypeOrderPaid).Scan(&realID, &realPayload)
 		}
 		if err == nil {
 			break

@@ -179,15 +179,15 @@ func narrateState(ctx context.Context, orders, inventory *pgxpool.Pool, orderID,
 	if err := orders.QueryRow(ctx, `SELECT status FROM orders WHERE id = $1`, orderID).Scan(&status); err != nil {
 		return err
 	}
-	if err := orders.QueryRow(ctx, `SELECT count(*), count(published_at) FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
-		events.TopicOrders, orderID).Scan(&orderPaid, &published); err != nil {
+	if err := orders.QueryRow(ctx, `SELECT count(*), count(published_at) FROM outbox_messages WHERE topic = $1 AND partition_key = $2 AND `+events.OutboxType+` = $3`,
+		events.TopicOrders, orderID, events.TypeOrderPaid).Scan(&orderPaid, &published); err != nil {
 		return err
 	}
 	note("orders:    order status %q; OrderPaid rows in the outbox: %d (%d marked published)", status, orderPaid, published)
 
 	var msgID string
-	_ = orders.QueryRow(ctx, `SELECT message_id::text FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
-		events.TopicOrders, orderID).Scan(&msgID)
+	_ = orders.QueryRow(ctx, `SELECT message_id::text FROM outbox_messages WHERE topic = $1 AND partition_key = $2 AND `+events.OutboxType+` = $3`,
+		events.TopicOrders, orderID, events.TypeOrderPaid).Scan(&msgID)
 	var inboxRows, dups, reservations, answers int
 	if msgID != "" {
 		if err := inventory.QueryRow(ctx, `SELECT count(*), coalesce(max(duplicates), 0) FROM inbox_messages WHERE message_id = $1`,

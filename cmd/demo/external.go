@@ -125,8 +125,8 @@ func runExternal(ctx context.Context, o options, ext external) error {
 		return err
 	}
 	var paidEvents int
-	if err := orders.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
-		events.TopicOrders, double.id).Scan(&paidEvents); err != nil {
+	if err := orders.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND partition_key = $2 AND `+events.OutboxType+` = $3`,
+		events.TopicOrders, double.id, events.TypeOrderPaid).Scan(&paidEvents); err != nil {
 		return err
 	}
 	say("order %s paid twice at once on purpose: both requests answered \"paid\"; the outbox holds %d OrderPaid for it", short8(double.id), paidEvents)
@@ -228,7 +228,7 @@ func flow(ctx context.Context, orders, inventory *pgxpool.Pool, f followed) (str
 
 	rows, err := orders.Query(ctx, `
 		SELECT message_id::text, published_at IS NOT NULL FROM outbox_messages
-		WHERE topic = $1 AND partition_key = $2 ORDER BY id`, events.TopicOrders, f.id)
+		WHERE topic = $1 AND partition_key = $2 AND `+events.OutboxType+` = $3 ORDER BY id`, events.TopicOrders, f.id, events.TypeOrderPaid)
 	if err != nil {
 		return "", err
 	}
@@ -327,8 +327,8 @@ func replayOrderPaid(ctx context.Context, orders *pgxpool.Pool, brokers []string
 	var payload []byte
 	err := orders.QueryRow(ctx, `
 		SELECT message_id::text, partition_key, payload FROM outbox_messages
-		WHERE topic = $1 AND partition_key = $2 AND published_at IS NOT NULL ORDER BY id LIMIT 1`,
-		events.TopicOrders, orderID).Scan(&id, &key, &payload)
+		WHERE topic = $1 AND partition_key = $2 AND published_at IS NOT NULL AND `+events.OutboxType+` = $3 ORDER BY id LIMIT 1`,
+		events.TopicOrders, orderID, events.TypeOrderPaid).Scan(&id, &key, &payload)
 	if err != nil {
 		return "", fmt.Errorf("reading the OrderPaid of order %s: %w", orderID, err)
 	}

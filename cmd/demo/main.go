@@ -203,7 +203,7 @@ func replayOne(ctx context.Context, orders *pgxpool.Pool, brokers []string) (str
 	var payload []byte
 	err := orders.QueryRow(ctx, `
 		SELECT message_id::text, partition_key, payload FROM outbox_messages
-		WHERE topic = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&id, &key, &payload)
+		WHERE topic = $1 AND published_at IS NOT NULL AND `+events.OutboxType+` = $2 ORDER BY id LIMIT 1`, events.TopicOrders, events.TypeOrderPaid).Scan(&id, &key, &payload)
 	if err != nil {
 		return "", err
 	}
@@ -231,6 +231,7 @@ func printReport(r check.Report, took time.Duration) {
 	say("what happened (%s):", took.Round(time.Millisecond))
 	say("  orders paid:            %d", r.OrdersPaid)
 	say("  reserved:               %d", r.Reserved)
+	say("  captured, units sold:   %d", r.Ended)
 	say("  rejected (no stock):    %d", r.Rejected)
 	say("  not settled:            %d", r.Unsettled)
 	say("  duplicates suppressed:  %d", r.DuplicatesSuppressed)

@@ -215,7 +215,7 @@ func readOrders(ctx context.Context, pool *pgxpool.Pool) (ordersView, error) {
 			return fmt.Errorf("reading order events: %w", err)
 		}
 		v.orderPaid, err = countBy(ctx, tx, `SELECT partition_key, count(*) FROM outbox_messages
-			WHERE topic = $1 AND convert_from(payload, 'UTF8')::jsonb ->> 'type' = $2 GROUP BY 1`, events.TopicOrders, events.TypeOrderPaid)
+			WHERE topic = $1 AND `+events.OutboxType+` = $2 GROUP BY 1`, events.TopicOrders, events.TypeOrderPaid)
 		return err
 	})
 	return v, err

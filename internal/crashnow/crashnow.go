@@ -330,8 +330,8 @@ func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
 			return fmt.Errorf("paying: %w", err)
 		}
 		var rows int
-		if err := l.sys.Pools["orders"].QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND partition_key = $2`,
-			events.TopicOrders, followed).Scan(&rows); err != nil {
+		if err := l.sys.Pools["orders"].QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND partition_key = $2 AND `+events.OutboxType+` = $3`,
+			events.TopicOrders, followed, events.TypeOrderPaid).Scan(&rows); err != nil {
 			return err
 		}
 		l.step("retried", "The client had no answer and paid again: the order was already paid, so nothing changed: %d OrderPaid row%s in orders' outbox (%s).",

@@ -33,6 +33,12 @@ const (
 	TopicInventory = "inventory.events"
 )
 
+// OutboxType is the SQL expression of an outbox row's event type: the
+// "type" of the JSON its payload column holds. Both services put more than
+// one type on their topic, so a query for one type of event names it:
+// WHERE topic = $1 AND `+events.OutboxType+` = 'OrderPaid'.
+const OutboxType = `convert_from(payload, 'UTF8')::jsonb ->> 'type'`
+
 // Event types, in the "type" field of every event.
 const (
 	TypeOrderPaid         = "OrderPaid"
