@@ -77,6 +77,9 @@ const (
 	hostileIDFormat     = "id_not_issued_format"
 	hostileOtherTopic   = "same_id_other_topic"
 	hostileNearLimit    = "near_broker_limit"
+	// An OrderCaptured for an order inventory never reserved: selling what
+	// nobody reserved; the guard must refuse it.
+	hostileCaptureUnreserved = "capture_of_unreserved_order"
 
 	// Records the inbox cannot store as they arrived, or that a lax JSON
 	// reader reads otherwise than a strict one (#31).
@@ -186,6 +189,9 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: paid(`[{"sku":"sku-01","quantity":0}]`), times: 1, kind: "dead_letter"},
 		{class: hostileNotUUID, consumer: "orders", topic: events.TopicInventory, id: newID(),
 			payload: []byte(`{"schema_version":1,"type":"InventoryRejected","order_id":"' OR 1=1 --","reason":"x"}`), times: 1, kind: "dead_letter"},
+		{class: hostileCaptureUnreserved, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"OrderCaptured","order_id":"%s","capture_id":"cap_forged"}`, newID()),
+			times:   1, kind: kindRefused},
 		{class: hostileDecided, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: realPayload, times: 1, kind: kindRefused},
 		// The applied OrderPaid's id in another spelling: a new key to an
