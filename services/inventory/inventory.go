@@ -295,8 +295,9 @@ func (r reserver) fulfil(w *writes, c capture, decided map[string]decision, line
 }
 
 // lookUpReservations returns, for each order caps end, the units reserved
-// per SKU: what the order's reservation took (one reservation: its first
-// message's rows, even if an unguarded run reserved it twice).
+// per SKU: what the order's reservation took. A reservation writes one row
+// per SKU (its lines summed); the first is read, so that an order an
+// unguarded run reserved twice is sold once per capture, not twice.
 func lookUpReservations(ctx context.Context, tx pgx.Tx, caps []capture) (map[string]map[string]int, error) {
 	held := map[string]map[string]int{}
 	if len(caps) == 0 {
@@ -307,7 +308,7 @@ func lookUpReservations(ctx context.Context, tx pgx.Tx, caps []capture) (map[str
 		ids[i] = c.orderID
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT DISTINCT ON (order_id, sku) order_id, sku, sum(quantity) OVER (PARTITION BY order_id, sku, message_id)::int
+		SELECT DISTINCT ON (order_id, sku) order_id, sku, quantity
 		FROM reservations WHERE order_id = ANY($1) ORDER BY order_id, sku, id`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("looking up reservations: %w", err)
@@ -472,10 +473,18 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	if len(w.fulOrder) > 0 {
+		// Unguarded (the control run), a second sale of one order's units
+		// would take reserved below zero, and its CHECK, a guard of its
+		// own, would fail the transaction over and over: the copy would
+		// stall its partition instead of showing what reaches the domain
+		// when nothing guards it. So reserved floors at zero there, and the
+		// double sale shows in sold and in fulfilments, where the checker
+		// counts it.
 		if _, err := tx.Exec(ctx, `
-			UPDATE stock s SET reserved = s.reserved - u.qty, sold = s.sold + u.qty, updated_at = now()
+			UPDATE stock s SET reserved = CASE WHEN $3 THEN s.reserved - u.qty ELSE greatest(s.reserved - u.qty, 0) END,
+				sold = s.sold + u.qty, updated_at = now()
 			FROM (SELECT sku, sum(qty) AS qty FROM unnest($1::text[], $2::int[]) AS f(sku, qty) GROUP BY sku) AS u
-			WHERE s.sku = u.sku`, w.fulSKU, w.fulQty); err != nil {
+			WHERE s.sku = u.sku`, w.fulSKU, w.fulQty, w.guarded); err != nil {
 			return fmt.Errorf("selling reserved stock: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `
