@@ -80,7 +80,14 @@ func (s *Server) Journey(ctx context.Context, orderID string) (Journey, error) {
 	if err := atInbox(ctx, s.opts.Inventory, "inventory", asked); err != nil {
 		return j, fmt.Errorf("inventory database: %w", err)
 	}
+	// OrderPaid asks inventory to decide; OrderCaptured, once the payment
+	// is captured, ends the order: its steps come after the settlement.
+	var ending []*message
 	for _, m := range asked {
+		if m.typ == events.TypeOrderCaptured {
+			ending = append(ending, m)
+			continue
+		}
 		j.message(m, "orders", "inventory")
 		if j.TraceID == "" {
 			j.TraceID = traceID(m.traceparent)
@@ -89,8 +96,9 @@ func (s *Server) Journey(ctx context.Context, orderID string) (Journey, error) {
 
 	var decision, decidedBy string
 	var decided time.Time
-	err = s.opts.Inventory.QueryRow(ctx, `SELECT decision, message_id, decided_at FROM decisions WHERE order_id = $1`, orderID).
-		Scan(&decision, &decidedBy, &decided)
+	var ended *time.Time
+	err = s.opts.Inventory.QueryRow(ctx, `SELECT decision, message_id, decided_at, fulfilled_at FROM decisions WHERE order_id = $1`, orderID).
+		Scan(&decision, &decidedBy, &decided, &ended)
 	switch {
 	case err == nil:
 		j.add(&decided, "decided", fmt.Sprintf("inventory %s the order, in the transaction that recorded OrderPaid %s in its inbox", decision, short(decidedBy)),
@@ -115,6 +123,13 @@ func (s *Server) Journey(ctx context.Context, orderID string) (Journey, error) {
 			what += ": " + *reason
 		}
 		j.add(settled, "settled", what, "orders: orders.settled_at")
+	}
+	for _, m := range ending {
+		j.message(m, "orders", "inventory")
+	}
+	if ended != nil {
+		j.add(ended, "ended", "payment captured, order ended: inventory turned its reserved units into sold ones, in the transaction that recorded OrderCaptured in its inbox",
+			"inventory: tables decisions, fulfilments, stock")
 	}
 	return j, nil
 }
