@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -23,6 +24,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -39,7 +41,20 @@ type hostileMsg struct {
 	headers  map[string]string // metadata beyond the partition key
 	times    int               // deliveries
 	kind     string            // the inbox_quarantine kind it must end as, or kindRefused
+	reason   string            // what its reason must say, when set
+	// forge says how the record is signed. "": as its topic's producer
+	// signs (a producer's own bug, which must reach the inbox's checks and
+	// the handler); forgeNone, forgeStranger, forgeTampered: a forgery.
+	forge string
 }
+
+// The forgeries: no signature, a key no consumer trusts, and the
+// producer's real signature over another payload.
+const (
+	forgeNone     = "unsigned"
+	forgeStranger = "stranger-key"
+	forgeTampered = "tampered"
+)
 
 // kindRefused: the message must end in its consumer's refusals, refused by
 // the domain guard with a reason, not in the inbox's quarantine.
@@ -80,6 +95,13 @@ const (
 	// An OrderCaptured for an order inventory never reserved: selling what
 	// nobody reserved; the guard must refuse it.
 	hostileCaptureUnreserved = "capture_of_unreserved_order"
+
+	// Forgeries (#30): written by a client that may write the topic but
+	// holds no key its consumer trusts. Sent when the services sign.
+	hostileForgedUnsigned = "forged_unsigned"
+	hostileForgedStranger = "forged_untrusted_key"
+	hostileForgedTampered = "forged_tampered_payload"
+	hostileForgedAnswer   = "forged_answer_unsigned"
 
 	// Records the inbox cannot store as they arrived, or that a lax JSON
 	// reader reads otherwise than a strict one (#31).
@@ -236,7 +258,42 @@ func (h *hostile) build(ctx context.Context) error {
 		{class: hostileSurrogate, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: paid(`[{"sku":"sku-01\ud800","quantity":1}]`), times: 1, kind: "dead_letter"},
 	}
+	if len(h.sys.Keys) > 0 {
+		// Well-formed events nobody who may sign wrote: an OrderPaid for a
+		// new order (stock reserved for nobody), unsigned, signed with a
+		// key no consumer trusts, and orders' real signature over another
+		// payload; and the forged answer of #30, unsigned, for a decided
+		// order. Each quarantined before dedupe, never applied.
+		const why = "not authenticated"
+		h.msgs = append(h.msgs,
+			hostileMsg{class: hostileForgedUnsigned, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+				payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: "invalid", reason: why, forge: forgeNone},
+			hostileMsg{class: hostileForgedStranger, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+				payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: "invalid", reason: why, forge: forgeStranger},
+			hostileMsg{class: hostileForgedTampered, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+				payload: paid(`[{"sku":"sku-01","quantity":9}]`), times: 1, kind: "invalid", reason: why, forge: forgeTampered},
+			hostileMsg{class: hostileForgedAnswer, consumer: "orders", topic: events.TopicInventory, id: newID(),
+				payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"forged"}`, decided),
+				times:   1, kind: "invalid", reason: why, forge: forgeNone},
+		)
+	}
 	return nil
+}
+
+// sign signs msg as m.forge says.
+func (h *hostile) sign(m hostileMsg, msg *message.Message) {
+	switch m.forge {
+	case "":
+		h.sys.SignAsProducer(m.topic, msg)
+	case forgeStranger:
+		stranger := signature.Key{ID: system.Producers[m.topic] + "-forger", Secret: []byte(strings.Repeat("k", signature.MinSecretBytes))}
+		signature.Sign(stranger, m.topic, msg.Metadata.Get(outbox.KeyMetadata), msg)
+	case forgeTampered: // orders signed 2 units; the record says 9
+		sent := msg.Payload
+		msg.Payload = bytes.Replace(sent, []byte(`"quantity":9`), []byte(`"quantity":2`), 1)
+		h.sys.SignAsProducer(m.topic, msg)
+		msg.Payload = sent
+	}
 }
 
 // nearLimit is an OrderPaid whose payload is just inside the consumer's
@@ -307,6 +364,7 @@ func (h *hostile) send(ctx context.Context) error {
 			for k, v := range m.headers {
 				msg.Metadata.Set(k, v)
 			}
+			h.sign(m, msg)
 			if err := pub.Publish(m.topic, msg); err != nil {
 				return fmt.Errorf("publishing %s: %w", m.class, err)
 			}
@@ -393,7 +451,7 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 			r.SuppressedRepeats = dups
 			r.QuarantinedOrDead = min(m.times, rows+dups)
 		}
-		r.Handled = rows >= 1 && r.QuarantinedOrDead == m.times && r.Reason != ""
+		r.Handled = rows >= 1 && r.QuarantinedOrDead == m.times && r.Reason != "" && strings.Contains(r.Reason, m.reason)
 		out[m.class] = r
 	}
 	return out, nil

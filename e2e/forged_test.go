@@ -32,7 +32,7 @@ func TestForgedAnswerRefused(t *testing.T) {
 	for _, signed := range []bool{true, false} {
 		t.Run(fmt.Sprintf("Signed=%t", signed), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, system.Options{Sign: signed})
+			b := setup(t, system.Options{Unsigned: !signed})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			inventory := b.sys.Procs["inventory"][0]

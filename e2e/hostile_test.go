@@ -40,7 +40,10 @@ type record struct {
 // value were never settled and the genuine orders behind them waited.
 func TestHostileRecordsNeverStall(t *testing.T) {
 	t.Parallel()
-	b := setup(t, system.Options{})
+	// Unsigned: every shape must reach the inbox's own checks and the
+	// handler, as a trusted producer's bug would. Signed, each would be
+	// quarantined before them as not authenticated (forged_test.go).
+	b := setup(t, system.Options{Unsigned: true})
 	var records []record
 	for _, c := range []struct{ topic, prefix string }{{events.TopicOrders, "op"}, {events.TopicInventory, "ir"}} {
 		id := func() []byte { return []byte(uuid.Must(uuid.NewV7()).String()) }

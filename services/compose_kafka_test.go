@@ -833,7 +833,7 @@ func replayOrderPaid(t *testing.T, ctx context.Context, sys *system.System, boot
 	var payload []byte
 	require.NoError(t, sys.Pools["orders"].QueryRow(ctx, `
 		SELECT message_id::text, partition_key, payload FROM outbox_messages
-		WHERE topic = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&id, &key, &payload))
+		WHERE topic = $1 AND published_at IS NOT NULL AND `+events.OutboxType+` = $2 ORDER BY id LIMIT 1`, events.TopicOrders, events.TypeOrderPaid).Scan(&id, &key, &payload))
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: []string{bootstrap}, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
 		OverwriteSaramaConfig: stack.SaramaConfig(),
@@ -842,5 +842,6 @@ func replayOrderPaid(t *testing.T, ctx context.Context, sys *system.System, boot
 	defer pub.Close()
 	msg := message.NewMessage(id, payload)
 	msg.Metadata.Set(outbox.KeyMetadata, key)
+	sys.SignAsProducer(events.TopicOrders, msg) // as orders' relay signed it
 	require.NoError(t, pub.Publish(events.TopicOrders, msg))
 }

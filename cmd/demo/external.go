@@ -23,22 +23,28 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
 // externalEnv are the variables of external mode; ORDERS_URL or
-// INVENTORY_URL switches it on, and then all are required.
+// INVENTORY_URL switches it on, and then all are required. (Where the
+// services sign their events, ORDERS_SIGNING_KEY, orders' SIGNING_KEY,
+// signs the replay.)
 var externalEnv = []string{"ORDERS_URL", "INVENTORY_URL", "ORDERS_DATABASE_URL", "INVENTORY_DATABASE_URL", "KAFKA_BROKERS"}
 
 type external struct {
 	ordersURL, inventoryURL string
 	ordersDB, inventoryDB   string
 	brokers                 []string
+	sign                    signer // ORDERS_SIGNING_KEY: the replay is signed as orders' relay signs
 }
 
 // externalFromEnv reports whether external mode is on, and its settings.
@@ -55,13 +61,27 @@ func externalFromEnv() (external, bool, error) {
 	if len(missing) > 0 {
 		return external{}, true, fmt.Errorf("external mode (ORDERS_URL/INVENTORY_URL set) needs %s too", strings.Join(missing, ", "))
 	}
-	return external{
+	ext := external{
 		ordersURL:    strings.TrimRight(os.Getenv("ORDERS_URL"), "/"),
 		inventoryURL: strings.TrimRight(os.Getenv("INVENTORY_URL"), "/"),
 		ordersDB:     os.Getenv("ORDERS_DATABASE_URL"),
 		inventoryDB:  os.Getenv("INVENTORY_DATABASE_URL"),
 		brokers:      stack.KafkaBrokersFromEnv(),
-	}, true, nil
+	}
+	// Where the services sign (SIGNING_KEY), the replay of a published
+	// OrderPaid must carry orders' signature, as the relay's copy did;
+	// unsigned, inventory would quarantine it as not authenticated instead
+	// of suppressing it as a duplicate.
+	if raw := strings.TrimSpace(os.Getenv("ORDERS_SIGNING_KEY")); raw != "" {
+		k, err := signature.ParseKey(raw)
+		if err != nil {
+			return external{}, true, fmt.Errorf("ORDERS_SIGNING_KEY: %w", err)
+		}
+		ext.sign = func(topic string, msg *message.Message) {
+			signature.Sign(k, topic, msg.Metadata.Get(outbox.KeyMetadata), msg)
+		}
+	}
+	return ext, true, nil
 }
 
 // followed is an order the demo narrates from payment to settlement, read
@@ -154,7 +174,7 @@ func runExternal(ctx context.Context, o options, ext external) error {
 	if err := waitSettled(waitCtx, orders, replayed.id); err != nil {
 		return err
 	}
-	msgID, err := replayOrderPaid(ctx, orders, ext.brokers, replayed.id)
+	msgID, err := replayOrderPaid(ctx, orders, ext.brokers, replayed.id, ext.sign)
 	if err != nil {
 		return fmt.Errorf("replaying a message: %w", err)
 	}
@@ -322,7 +342,7 @@ func suppressed(ctx context.Context, inventory *pgxpool.Pool, msgID string) int 
 // replayOrderPaid publishes the order's already-published OrderPaid again,
 // with its id, key and payload, as a relay that crashed before marking it
 // would.
-func replayOrderPaid(ctx context.Context, orders *pgxpool.Pool, brokers []string, orderID string) (string, error) {
+func replayOrderPaid(ctx context.Context, orders *pgxpool.Pool, brokers []string, orderID string, sign signer) (string, error) {
 	var id, key string
 	var payload []byte
 	err := orders.QueryRow(ctx, `
@@ -332,7 +352,7 @@ func replayOrderPaid(ctx context.Context, orders *pgxpool.Pool, brokers []string
 	if err != nil {
 		return "", fmt.Errorf("reading the OrderPaid of order %s: %w", orderID, err)
 	}
-	return id, republish(brokers, id, key, payload)
+	return id, republish(brokers, id, key, payload, sign)
 }
 
 // payTwiceAtOnce sends two payments of one order at the same moment.

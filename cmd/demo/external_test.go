@@ -33,6 +33,7 @@ func TestExternalMode(t *testing.T) {
 		ordersDB:     sys.DBURL["orders"],
 		inventoryDB:  sys.DBURL["inventory"],
 		brokers:      sys.Kafka.Brokers(),
+		sign:         sys.SignAsProducer,
 	}
 	flowLine := regexp.MustCompile(`(?m)^order …[0-9a-f]{8} paid → OrderPaid …[0-9a-f]{8} published → inventory reserved 3 × sku-07 → duplicate delivery of …[0-9a-f]{8} suppressed → order …[0-9a-f]{8} reserved$`)
 	for run := 1; run <= 2; run++ {

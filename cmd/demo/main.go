@@ -128,7 +128,7 @@ func run(ctx context.Context) error {
 	say("paid %d orders in %s (%d paid twice at once on purpose)", len(res.Paid), time.Since(start).Round(time.Millisecond), res.DoubleSubmits)
 
 	orders, inventory := sys.Pools["orders"], sys.Pools["inventory"]
-	replayed, err := replayOne(ctx, orders, sys.Kafka.Brokers())
+	replayed, err := replayOne(ctx, orders, sys.Kafka.Brokers(), sys.SignAsProducer)
 	if err != nil {
 		return fmt.Errorf("replaying a message: %w", err)
 	}
@@ -198,7 +198,7 @@ func trickle(ctx context.Context, sys *system.System, lab *crashnow.Lab, rate fl
 
 // replayOne publishes an already-published OrderPaid again, with its id,
 // key and payload, as a relay that crashed before marking it would.
-func replayOne(ctx context.Context, orders *pgxpool.Pool, brokers []string) (string, error) {
+func replayOne(ctx context.Context, orders *pgxpool.Pool, brokers []string, sign signer) (string, error) {
 	var id, key string
 	var payload []byte
 	err := orders.QueryRow(ctx, `
@@ -207,12 +207,17 @@ func replayOne(ctx context.Context, orders *pgxpool.Pool, brokers []string) (str
 	if err != nil {
 		return "", err
 	}
-	return id, republish(brokers, id, key, payload)
+	return id, republish(brokers, id, key, payload, sign)
 }
 
+// signer signs a record as its topic's producer would (its relay signs
+// what it publishes); nil when the services do not sign.
+type signer func(topic string, msg *message.Message)
+
 // republish publishes an OrderPaid again straight onto Kafka, with its id,
-// key and payload, as a relay that crashed before marking it would.
-func republish(brokers []string, id, key string, payload []byte) error {
+// key and payload, signed as orders' relay signed it, as a relay that
+// crashed before marking it would.
+func republish(brokers []string, id, key string, payload []byte, sign signer) error {
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: brokers, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
 		OverwriteSaramaConfig: kafkaconf.Sarama(),
@@ -223,6 +228,9 @@ func republish(brokers []string, id, key string, payload []byte) error {
 	defer pub.Close()
 	msg := message.NewMessage(id, payload)
 	msg.Metadata.Set(outbox.KeyMetadata, key)
+	if sign != nil {
+		sign(events.TopicOrders, msg)
+	}
 	return pub.Publish(events.TopicOrders, msg)
 }
 

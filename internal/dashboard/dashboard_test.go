@@ -295,6 +295,9 @@ func publishHostile(t *testing.T, b *testBundle) string {
 	replay := message.NewMessage(id, payload)
 	replay.Metadata.Set(outbox.KeyMetadata, key)
 	poison := outbox.NewMessage(uuid.NewString(), []byte(`{"type": "OrderPaid", "schema_version": 1, "order_id": `))
+	// Both stand for orders' own: a relay's replay, a producer's bug.
+	b.sys.SignAsProducer(events.TopicOrders, replay)
+	b.sys.SignAsProducer(events.TopicOrders, poison)
 	require.NoError(t, pub.Publish(events.TopicOrders, replay, poison))
 	return poison.UUID
 }

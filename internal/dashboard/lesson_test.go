@@ -178,6 +178,7 @@ func publishHeld(t *testing.T, b *testBundle) {
 	for _, body := range []string{`{"type": "OrderPaid", "schema_version": 1, "order_id": `, `{"type": "OrderPaid"}`} {
 		m := outbox.NewMessage(uuid.NewString(), []byte(body))
 		m.Metadata.Set(outbox.KeyMetadata, "held-key")
+		b.sys.SignAsProducer(events.TopicOrders, m) // a producer's bug, not a forgery
 		msgs = append(msgs, m)
 	}
 	require.NoError(t, pub.Publish(events.TopicOrders, msgs...))

@@ -17,11 +17,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
@@ -57,11 +59,16 @@ type Options struct {
 	ServiceDBURL func(url string) string
 	// Log receives one line per step. Defaults to io.Discard.
 	Log func(format string, args ...any)
-	// Sign gives each service a signing key of its own (SIGNING_KEY) and
-	// the other's as its trusted key (TRUSTED_KEYS): events are signed by
-	// their producer's relay and verified by their consumer's inbox
-	// (pkg/signature). System.Keys holds the keys.
-	Sign bool
+	// Unsigned runs the services without signing keys. By default each
+	// service gets a signing key of its own (SIGNING_KEY) and the other's
+	// as its trusted key (TRUSTED_KEYS): events are signed by their
+	// producer's relay and verified by their consumer's inbox
+	// (pkg/signature), so a record written by anyone else is quarantined.
+	// System.Keys holds the keys; SignAsProducer signs a record the way
+	// its topic's producer would. Only a test of what unsigned looks like
+	// (e2e/forged_test.go's control) or a comparison with a relay that
+	// cannot sign (the benchmark's textbook relay) sets it.
+	Unsigned bool
 }
 
 // System is a started system.
@@ -74,7 +81,7 @@ type System struct {
 	Procs    map[string][]*procs.Proc // service → replicas
 	Provider *procs.Proc              // the payment provider stand-in
 	Client   *loadgen.Client
-	Keys     map[string]signature.Key // service → its signing key, with Options.Sign
+	Keys     map[string]signature.Key // service → its signing key (none with Options.Unsigned)
 	ownPG    bool
 	logFiles []*os.File
 }
@@ -139,7 +146,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		return nil, err
 	}
 	signEnv := map[string][]string{}
-	if opts.Sign {
+	if !opts.Unsigned {
 		if s.Keys, signEnv, err = newKeys(); err != nil {
 			return nil, err
 		}
@@ -277,6 +284,20 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 				}
 			}
 		}(p)
+	}
+}
+
+// Producers names the service whose relay publishes each events topic.
+var Producers = map[string]string{events.TopicOrders: "orders", events.TopicInventory: "inventory"}
+
+// SignAsProducer signs msg as the producer of topic would (its relay signs
+// what it publishes), when the system signs; it does nothing otherwise, or
+// for a topic no service produces. A test or a harness that puts a record
+// on a topic to stand for the producer's own (a replay of a published
+// event, a producer's bug) signs it so; a forgery does not.
+func (s *System) SignAsProducer(topic string, msg *message.Message) {
+	if k, ok := s.Keys[Producers[topic]]; ok {
+		signature.Sign(k, topic, msg.Metadata.Get(outbox.KeyMetadata), msg)
 	}
 }
 
