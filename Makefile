@@ -131,6 +131,10 @@ bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this
 	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke
 	BENCH_RELAY_REPORT=$${BENCH_RELAY_REPORT:-/tmp/bench-relay-smoke.json} $(GO) run ./bench -relay -smoke
 
+.PHONY: compose-env
+compose-env: ## Once, before docker compose up: write .env with this machine's secrets (Postgres password, signing keys); never committed
+	$(GO) run ./deploy/composeenv
+
 .PHONY: compose-ci
 compose-ci: ## docker-compose.yml for real on this Docker engine (stand-in base images, kfake for Kafka): demo must pass, down -v leaves nothing
 	deploy/ci/compose-ci.sh

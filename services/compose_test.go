@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
 )
 
@@ -33,8 +34,9 @@ const (
 	servicesFile = "Dockerfile"
 )
 
-// load parses compose files as `docker compose` would, with no variables
-// set, so every ${VAR:-default} takes its default: what a user gets.
+// load parses compose files as `docker compose` would, with only the
+// secrets `make compose-env` writes to .env set, so every other
+// ${VAR:-default} takes its default: what a user gets.
 func load(t *testing.T, files ...string) *types.Project {
 	t.Helper()
 	return loadProfiles(t, nil, files...)
@@ -43,7 +45,7 @@ func load(t *testing.T, files ...string) *types.Project {
 // loadProfiles is load with the given profiles enabled ("*": all).
 func loadProfiles(t *testing.T, profiles []string, files ...string) *types.Project {
 	t.Helper()
-	details := types.ConfigDetails{WorkingDir: "..", Environment: types.Mapping{}}
+	details := types.ConfigDetails{WorkingDir: "..", Environment: secrets}
 	for _, f := range files {
 		abs, err := filepath.Abs(f)
 		if err != nil {
@@ -59,6 +61,78 @@ func loadProfiles(t *testing.T, profiles []string, files ...string) *types.Proje
 		t.Fatalf("loading %v: %v", files, err)
 	}
 	return p
+}
+
+// secrets stands for the .env `make compose-env` writes (deploy/composeenv).
+var secrets = types.Mapping{
+	"POSTGRES_PASSWORD":     "0123456789abcdef0123456789abcdef",
+	"ORDERS_SIGNING_KEY":    signature.FormatKey(signature.Key{ID: "orders-1", Secret: []byte(strings.Repeat("o", signature.MinSecretBytes))}),
+	"INVENTORY_SIGNING_KEY": signature.FormatKey(signature.Key{ID: "inventory-1", Secret: []byte(strings.Repeat("i", signature.MinSecretBytes))}),
+}
+
+// TestComposeSecretsFromEnvFile: no password or key is written in the
+// compose file; each comes from .env, and without it compose refuses to
+// start, saying how to make one; the services get the Postgres password
+// and sign with their own key, trusting the other's (the demo signs its
+// replay with orders'); .env is never committed; and every published port
+// is bound to 127.0.0.1.
+func TestComposeSecretsFromEnvFile(t *testing.T) {
+	raw, err := os.ReadFile(composeFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`://[^:@/\s]+:([^@\s]+)@`).FindAllStringSubmatch(string(raw), -1) {
+		if m[1] != "${POSTGRES_PASSWORD:?run make compose-env once (it writes .env)}" {
+			t.Errorf("a URL with the password %q written in the compose file", m[1])
+		}
+	}
+	for _, m := range regexp.MustCompile(`(?m)^\s*(\w*(PASSWORD|SECRET|KEYS?|TOKEN))\s*:\s*(.*)$`).FindAllStringSubmatch(string(raw), -1) {
+		if !strings.HasPrefix(m[3], "${") || !strings.Contains(m[3], ":?") {
+			t.Errorf("%s is set in the compose file (%q), not required from .env", m[1], m[3])
+		}
+	}
+
+	details := types.ConfigDetails{WorkingDir: "..", Environment: types.Mapping{},
+		ConfigFiles: []types.ConfigFile{{Filename: composeFile}}}
+	_, err = loader.LoadWithContext(context.Background(), details, func(o *loader.Options) { o.SetProjectName("outbox-inbox", true) })
+	if err == nil || !strings.Contains(err.Error(), "make compose-env") {
+		t.Errorf("without .env, compose must refuse to start and say how to make one; got %v", err)
+	}
+
+	p := loadProfiles(t, []string{"*"}, composeFile)
+	env := func(svc, key string) string {
+		if v := service(t, p, svc).Environment[key]; v != nil {
+			return *v
+		}
+		return ""
+	}
+	if got := env("postgres", "POSTGRES_PASSWORD"); got != secrets["POSTGRES_PASSWORD"] {
+		t.Errorf("postgres: POSTGRES_PASSWORD %q, want .env's", got)
+	}
+	for _, s := range p.Services {
+		for k, v := range s.Environment {
+			if v != nil && strings.Contains(k, "DATABASE_URL") && !strings.Contains(*v, ":"+secrets["POSTGRES_PASSWORD"]+"@") {
+				t.Errorf("%s: %s does not carry .env's password: %s", s.Name, k, *v)
+			}
+		}
+		for _, port := range s.Ports {
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("%s: port %d published on %q, want 127.0.0.1 only", s.Name, port.Target, port.HostIP)
+			}
+		}
+	}
+	for svc, want := range map[string][2]string{"orders": {"ORDERS_SIGNING_KEY", "INVENTORY_SIGNING_KEY"}, "inventory": {"INVENTORY_SIGNING_KEY", "ORDERS_SIGNING_KEY"}} {
+		if env(svc, "SIGNING_KEY") != secrets[want[0]] || env(svc, "TRUSTED_KEYS") != secrets[want[1]] {
+			t.Errorf("%s: SIGNING_KEY must be %s and TRUSTED_KEYS %s", svc, want[0], want[1])
+		}
+	}
+	if env("demo", "ORDERS_SIGNING_KEY") != secrets["ORDERS_SIGNING_KEY"] {
+		t.Error("demo: its replay is not signed with orders' key")
+	}
+	ignore, err := os.ReadFile("../.gitignore")
+	if err != nil || !slices.Contains(strings.Fields(string(ignore)), "/.env") {
+		t.Errorf(".gitignore does not keep .env out of git (%v)", err)
+	}
 }
 
 func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {

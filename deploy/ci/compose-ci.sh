@@ -66,7 +66,12 @@ fi
 SNAP=$(mktemp -d /var/tmp/outbox-compose-ci.XXXXXX)
 tar --exclude=./.git --exclude=./.tmp --exclude=./bin -c . | tar -x -C "$SNAP"
 
-compose() { (cd "$SNAP" && docker-compose -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml "$@"); }
+# The secrets, as a user's `make compose-env` writes them to .env: new ones
+# for this run, outside the snapshot, handed to every docker-compose call.
+ENV_FILE="$OUT/compose.env"
+(cd "$SNAP" && go run ./deploy/composeenv -o "$ENV_FILE" -force) >/dev/null || fail "writing the secrets (deploy/composeenv)"
+
+compose() { (cd "$SNAP" && docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml "$@"); }
 
 finish() {
 	local rc=$?
@@ -139,7 +144,7 @@ say "docker-compose up --exit-code-from demo demo dashboard (DEMO_ORDERS=$DEMO_O
 set +e
 (
 	cd "$SNAP"
-	timeout -k 20 "$TIMEOUT" docker-compose -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml \
+	timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml \
 		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo dashboard
 ) 2>&1 | tee "$OUT/up.log"
 up_rc=${PIPESTATUS[0]}
@@ -195,12 +200,14 @@ for _ in $(seq 1 60); do
 	compose exec -T postgres pg_isready -h 127.0.0.1 -U postgres >/dev/null 2>&1 && break
 	sleep 1
 done
-psql_orders() { compose exec -T postgres psql -h 127.0.0.1 -U postgres -d orders -tAc "$1"; }
+# psql inside the postgres container, with the password .env gave it.
+psql_in() { compose exec -T postgres sh -c 'PGPASSWORD="$POSTGRES_PASSWORD" psql -h 127.0.0.1 -U postgres -d "$0" -tAc "$1"' "$1" "$2"; }
+psql_orders() { psql_in orders "$1"; }
 counts=$(psql_orders "SELECT count(*) FILTER (WHERE status IN ('reserved', 'rejected')) || ' ' || count(*) FILTER (WHERE status = 'paid') FROM orders")
 read -r settled unsettled <<<"$counts"
 [ "$unsettled" = 0 ] || fail "psql: $unsettled paid orders are neither reserved nor rejected"
 [ "$settled" = $((DEMO_ORDERS + 3)) ] || fail "psql: $settled orders settled, want $((DEMO_ORDERS + 3))"
-tables=$(compose exec -T postgres psql -h 127.0.0.1 -U postgres -d inventory -tAc \
+tables=$(psql_in inventory \
 	"SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE tablename IN ('stock', 'reservations', 'inbox_messages', 'outbox_messages')")
 [ "$tables" = "inbox_messages,outbox_messages,reservations,stock" ] || fail "psql: inventory's migrations did not run ($tables)"
 say "ok: psql: $settled paid orders, every one reserved or rejected; both services migrated their databases"
