@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -707,6 +708,14 @@ func TestComposeKafka(t *testing.T) {
 	sys, err := system.Start(ctx, system.Options{Postgres: pg, DBPrefix: prefix, Work: filepath.Join(dir, "system"), EnvFor: envFor, Log: t.Logf, Unsigned: true})
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
+	sys.Client.Token = *service(t, p, "orders").Environment["HTTP_TOKEN"] // as the demo container sends it
+	// Without it, compose's services refuse every state-changing request.
+	for _, name := range system.Services {
+		resp, err := http.Post("http://"+sys.Procs[name][0].Addr+"/orders", "application/json", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s: a POST without HTTP_TOKEN", name)
+	}
 
 	skus := loadgen.SKUs(10)
 	stock := loadgen.StockFor(200, skus)

@@ -66,6 +66,8 @@ func loadProfiles(t *testing.T, profiles []string, files ...string) *types.Proje
 // secrets stands for the .env `make compose-env` writes (deploy/composeenv).
 var secrets = types.Mapping{
 	"POSTGRES_PASSWORD":     "0123456789abcdef0123456789abcdef",
+	"API_TOKEN":             "api-token-0123456789abcdef",
+	"PROVIDER_TOKEN":        "provider-token-0123456789abcdef",
 	"ORDERS_SIGNING_KEY":    signature.FormatKey(signature.Key{ID: "orders-1", Secret: []byte(strings.Repeat("o", signature.MinSecretBytes))}),
 	"INVENTORY_SIGNING_KEY": signature.FormatKey(signature.Key{ID: "inventory-1", Secret: []byte(strings.Repeat("i", signature.MinSecretBytes))}),
 }
@@ -74,8 +76,9 @@ var secrets = types.Mapping{
 // compose file; each comes from .env, and without it compose refuses to
 // start, saying how to make one; the services get the Postgres password
 // and sign with their own key, trusting the other's (the demo signs its
-// replay with orders'); .env is never committed; and every published port
-// is bound to 127.0.0.1.
+// replay with orders'); every server with state-changing routes has a
+// credential and its clients send it; .env is never committed; and every
+// published port is bound to 127.0.0.1.
 func TestComposeSecretsFromEnvFile(t *testing.T) {
 	raw, err := os.ReadFile(composeFile)
 	if err != nil {
@@ -128,6 +131,16 @@ func TestComposeSecretsFromEnvFile(t *testing.T) {
 	}
 	if env("demo", "ORDERS_SIGNING_KEY") != secrets["ORDERS_SIGNING_KEY"] {
 		t.Error("demo: its replay is not signed with orders' key")
+	}
+	// Every server with state-changing routes listens beyond loopback in
+	// its container, so each has a credential, and its clients send it.
+	for svc, token := range map[string]string{"orders": "API_TOKEN", "inventory": "API_TOKEN", "provider": "PROVIDER_TOKEN", "demo": "API_TOKEN"} {
+		if env(svc, "HTTP_TOKEN") != secrets[token] {
+			t.Errorf("%s: HTTP_TOKEN is not .env's %s", svc, token)
+		}
+	}
+	if env("orders", "PROVIDER_TOKEN") != secrets["PROVIDER_TOKEN"] {
+		t.Error("orders: PROVIDER_TOKEN is not the provider's HTTP_TOKEN")
 	}
 	ignore, err := os.ReadFile("../.gitignore")
 	if err != nil || !slices.Contains(strings.Fields(string(ignore)), "/.env") {

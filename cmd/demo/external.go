@@ -37,7 +37,7 @@ import (
 // externalEnv are the variables of external mode; ORDERS_URL or
 // INVENTORY_URL switches it on, and then all are required. (Where the
 // services sign their events, ORDERS_SIGNING_KEY, orders' SIGNING_KEY,
-// signs the replay.)
+// signs the replay; where they require a credential, HTTP_TOKEN is it.)
 var externalEnv = []string{"ORDERS_URL", "INVENTORY_URL", "ORDERS_DATABASE_URL", "INVENTORY_DATABASE_URL", "KAFKA_BROKERS"}
 
 type external struct {
@@ -45,6 +45,7 @@ type external struct {
 	ordersDB, inventoryDB   string
 	brokers                 []string
 	sign                    signer // ORDERS_SIGNING_KEY: the replay is signed as orders' relay signs
+	token                   string // HTTP_TOKEN: the services' credential for state-changing requests
 }
 
 // externalFromEnv reports whether external mode is on, and its settings.
@@ -67,6 +68,7 @@ func externalFromEnv() (external, bool, error) {
 		ordersDB:     os.Getenv("ORDERS_DATABASE_URL"),
 		inventoryDB:  os.Getenv("INVENTORY_DATABASE_URL"),
 		brokers:      stack.KafkaBrokersFromEnv(),
+		token:        strings.TrimSpace(os.Getenv("HTTP_TOKEN")),
 	}
 	// Where the services sign (SIGNING_KEY), the replay of a published
 	// OrderPaid must carry orders' signature, as the relay's copy did;
@@ -117,6 +119,7 @@ func runExternal(ctx context.Context, o options, ext external) error {
 	}
 
 	client := loadgen.NewClient([]string{ext.ordersURL}, []string{ext.inventoryURL})
+	client.Token = ext.token
 	skus := loadgen.SKUs(20)
 	stock := loadgen.StockFor(o.orders, skus)
 	if err := client.SeedStock(ctx, stock); err != nil {

@@ -1,9 +1,11 @@
 // Command composeenv writes the secrets docker-compose.yml reads, as an env
 // file (`make compose-env` writes .env, which docker compose reads by
-// itself and git ignores): the Postgres password, and a signing key for
-// each service (orders signs what it publishes with ORDERS_SIGNING_KEY and
-// inventory trusts it, and the other way round). No secret is in a
-// committed file; each machine makes its own.
+// itself and git ignores): the Postgres password; the credentials of the
+// state-changing HTTP routes (API_TOKEN for orders and inventory, which the
+// demo sends; PROVIDER_TOKEN, the provider's API key, which orders sends);
+// and a signing key for each service (orders signs what it publishes with
+// ORDERS_SIGNING_KEY and inventory trusts it, and the other way round). No
+// secret is in a committed file; each machine makes its own.
 //
 //	go run ./deploy/composeenv            # writes .env, unless it exists
 //	go run ./deploy/composeenv -o path    # elsewhere (compose-ci: --env-file)
@@ -25,7 +27,7 @@ import (
 )
 
 // Variables are the variables an env file from Write holds, in order.
-var Variables = []string{"POSTGRES_PASSWORD", "ORDERS_SIGNING_KEY", "INVENTORY_SIGNING_KEY"}
+var Variables = []string{"POSTGRES_PASSWORD", "API_TOKEN", "PROVIDER_TOKEN", "ORDERS_SIGNING_KEY", "INVENTORY_SIGNING_KEY"}
 
 func main() {
 	out := flag.String("o", ".env", "the env file to write")
@@ -73,6 +75,13 @@ func Generate() (string, error) {
 	b.WriteString("# docker compose secrets, made on this machine by `make compose-env`\n")
 	b.WriteString("# (deploy/composeenv). Never commit this file.\n")
 	fmt.Fprintf(&b, "POSTGRES_PASSWORD=%s\n", password)
+	for _, name := range []string{"API_TOKEN", "PROVIDER_TOKEN"} {
+		token, err := random(24)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "%s=%s\n", name, token)
+	}
 	for _, name := range []string{"orders", "inventory"} {
 		id, err := random(6)
 		if err != nil {

@@ -420,6 +420,13 @@ func Start(ctx context.Context, addr string, opts Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Its one state-changing route, "crash it now" (make live), needs a
+	// credential beyond loopback; without it the page only reads.
+	if opts.Crash != nil {
+		if err := httpserve.CheckExposure("the dashboard's address", addr, os.Getenv(httpserve.TokenEnv)); err != nil {
+			return "", err
+		}
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("dashboard: listening on %s: %w", addr, err)

@@ -14,13 +14,19 @@
 //   - JSON only: a state-changing request with a body must say
 //     Content-Type: application/json (415 otherwise), so no HTML form can
 //     send one; a body-less POST (pay an order) needs none, and a browser
-//     sending it from another site is refused by the check above.
+//     sending it from another site is refused by the check above;
+//   - a credential for every state-changing request, when the server has a
+//     token (HTTP_TOKEN): "Authorization: Bearer <token>", 401 otherwise.
+//     A server whose state-changing routes listen beyond loopback must
+//     have one: CheckExposure refuses to start it without.
 //
 // Refusals are JSON ({"error": "..."}) with the reason.
 package httpserve
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -53,12 +59,45 @@ type Timeouts struct {
 // answers: a comma-separated list of names or name:port.
 const AllowedHostsEnv = "HTTP_ALLOWED_HOSTS"
 
+// TokenEnv names the variable that holds the token a server requires of
+// every state-changing request.
+const TokenEnv = "HTTP_TOKEN"
+
 // Options configures Server.
 type Options struct {
 	Timeouts
 	// AllowedHosts are hosts (name or name:port) answered beside loopback
 	// and the listen address. Defaults to $HTTP_ALLOWED_HOSTS.
 	AllowedHosts []string
+	// Token, when set, is required of every state-changing request as
+	// "Authorization: Bearer <token>". Defaults to $HTTP_TOKEN.
+	Token string
+}
+
+// CheckExposure refuses a server with state-changing routes that listens
+// beyond loopback (":8081", "0.0.0.0:8081", a LAN address, a name) without
+// a token: anyone who can reach the port could change its state. variable
+// names the setting that chose addr, for the message.
+func CheckExposure(variable, addr, token string) error {
+	if token != "" || Loopback(addr) {
+		return nil
+	}
+	return fmt.Errorf("%s %q listens beyond loopback and the state-changing routes would be open to anyone who reaches it: "+
+		"set %s (clients then send Authorization: Bearer <token>) or listen on 127.0.0.1", variable, addr, TokenEnv)
+}
+
+// Loopback reports whether a listen address (host:port) is on loopback
+// only.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Server returns an http.Server for h, listening at addr, with the
@@ -67,6 +106,12 @@ func Server(addr string, h http.Handler, o Options) *http.Server {
 	t := o.Timeouts
 	if o.AllowedHosts == nil {
 		o.AllowedHosts = HostsFromEnv()
+	}
+	if o.Token == "" {
+		o.Token = strings.TrimSpace(os.Getenv(TokenEnv))
+	}
+	if o.Token != "" {
+		h = RequireToken(o.Token, h)
 	}
 	return &http.Server{
 		Addr:              addr,
@@ -124,6 +169,28 @@ func Guard(listen string, allowed []string, h http.Handler) http.Handler {
 			return
 		}
 		inner.ServeHTTP(w, r)
+	})
+}
+
+// RequireToken returns h behind the credential check: a state-changing
+// request must carry "Authorization: Bearer <token>" (401 otherwise,
+// compared in constant time); a read needs none.
+func RequireToken(token string, h http.Handler) http.Handler {
+	want := sha256.Sum256([]byte("Bearer " + token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if unsafe(r.Method) {
+			got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+			if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="state-changing routes"`)
+				reason := "no credential: a state-changing request needs Authorization: Bearer <token>"
+				if r.Header.Get("Authorization") != "" {
+					reason = "wrong credential: the Authorization header does not hold this server's token"
+				}
+				Refuse(w, http.StatusUnauthorized, reason)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 

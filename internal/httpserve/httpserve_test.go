@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +141,69 @@ func TestGuard(t *testing.T) {
 			require.Equal(t, c.status, resp.StatusCode, string(body))
 			require.Contains(t, string(body), c.reason)
 		})
+	}
+}
+
+// TestToken: with a token, every state-changing request needs it, as a
+// bearer credential: none, another, or the token without "Bearer " is
+// refused with 401 and its reason; a read needs none. Without a token (the
+// zero Options on loopback), nothing is asked.
+func TestToken(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }) //nolint:errcheck
+	h := httpserve.RequireToken("s3cret", ok)
+	for _, c := range []struct {
+		method, auth string
+		code         int
+		says         string
+	}{
+		{"POST", "", http.StatusUnauthorized, "no credential"},
+		{"PUT", "Bearer wrong", http.StatusUnauthorized, "wrong credential"},
+		{"DELETE", "s3cret", http.StatusUnauthorized, "wrong credential"},
+		{"POST", "Bearer s3cret2", http.StatusUnauthorized, "wrong credential"},
+		{"POST", "Bearer s3cret", http.StatusOK, "ok"},
+		{"GET", "", http.StatusOK, "ok"},
+		{"HEAD", "", http.StatusOK, ""},
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(c.method, "/orders", nil)
+		if c.auth != "" {
+			req.Header.Set("Authorization", c.auth)
+		}
+		h.ServeHTTP(rec, req)
+		require.Equal(t, c.code, rec.Code, "%s with %q: %s", c.method, c.auth, rec.Body)
+		require.Contains(t, rec.Body.String(), c.says, "%s with %q", c.method, c.auth)
+		if c.code == http.StatusUnauthorized {
+			require.Contains(t, rec.Header().Get("WWW-Authenticate"), "Bearer")
+		}
+	}
+
+	// Server takes it from HTTP_TOKEN.
+	t.Setenv(httpserve.TokenEnv, "from-env")
+	srv := httpserve.Server("127.0.0.1:0", ok, httpserve.Options{})
+	rec := httptest.NewRecorder()
+	srv.Handler.ServeHTTP(rec, httptest.NewRequest("POST", "http://127.0.0.1/orders", nil))
+	require.Equal(t, http.StatusUnauthorized, rec.Code, "HTTP_TOKEN set: a POST without it")
+	t.Setenv(httpserve.TokenEnv, "")
+	srv = httpserve.Server("127.0.0.1:0", ok, httpserve.Options{})
+	rec = httptest.NewRecorder()
+	srv.Handler.ServeHTTP(rec, httptest.NewRequest("POST", "http://127.0.0.1/orders", nil))
+	require.Equal(t, http.StatusOK, rec.Code, "no token, loopback: nothing asked")
+}
+
+// TestCheckExposure: a server with state-changing routes starts beyond
+// loopback only with a token.
+func TestCheckExposure(t *testing.T) {
+	for addr, loopback := range map[string]bool{
+		"127.0.0.1:8081": true, "localhost:8081": true, "[::1]:8081": true, "127.0.0.2:1": true,
+		":8081": false, "0.0.0.0:8081": false, "[::]:8081": false, "10.1.2.3:8081": false, "orders:8081": false, "8081": false,
+	} {
+		err := httpserve.CheckExposure("HTTP_ADDR", addr, "")
+		if loopback {
+			require.NoError(t, err, addr)
+		} else {
+			require.ErrorContains(t, err, "HTTP_TOKEN", addr)
+			require.ErrorContains(t, err, "listens beyond loopback", addr)
+		}
+		require.NoError(t, httpserve.CheckExposure("HTTP_ADDR", addr, "token"), addr)
 	}
 }

@@ -26,6 +26,9 @@ type Client struct {
 	Orders    []string // base URLs, e.g. http://127.0.0.1:8081
 	Inventory []string
 	HTTP      *http.Client
+	// Token, when set, is sent with every state-changing request as
+	// "Authorization: Bearer <token>" (the services' HTTP_TOKEN).
+	Token string
 
 	next    atomic.Uint64
 	retries atomic.Int64
@@ -61,6 +64,9 @@ func (c *Client) do(ctx context.Context, bases []string, method, path string, bo
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if c.Token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.Token)
+		}
 		resp, err := c.HTTP.Do(req)
 		if err == nil {
 			data, rerr := io.ReadAll(resp.Body)

@@ -34,6 +34,11 @@ type Config struct {
 	DatabaseURL string `env:"PROVIDER_DATABASE_URL"`
 	// HTTPAddr defaults to DefaultHTTPAddr.
 	HTTPAddr string `env:"HTTP_ADDR"`
+	// HTTPToken, when set, is the API key every POST must carry
+	// ("Authorization: Bearer <token>", 401 otherwise), as a real
+	// provider's secret key. Beyond loopback the provider refuses to start
+	// without one.
+	HTTPToken string `env:"HTTP_TOKEN"`
 	// Instance names the process in logs. Defaults to host-pid.
 	Instance string `env:"INSTANCE"`
 	// LogLevel defaults to info.

@@ -36,11 +36,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if err := httpserve.CheckExposure("HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPToken); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := httpserve.Server(cfg.HTTPAddr, p.Handler(), httpserve.Options{}) // reads HTTP_ALLOWED_HOSTS
+	srv := httpserve.Server(cfg.HTTPAddr, p.Handler(), httpserve.Options{Token: cfg.HTTPToken}) // reads HTTP_ALLOWED_HOSTS
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {

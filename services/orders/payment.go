@@ -146,7 +146,7 @@ func captures(pool *pgxpool.Pool, cfg platform.Config, log watermill.LoggerAdapt
 	if cfg.ProviderURL == "" {
 		return platform.Effects{Kind: captureKind}, nil // recorded, counted, not called
 	}
-	c := &captureClient{url: strings.TrimSuffix(cfg.ProviderURL, "/") + "/v1/captures", keys: !cfg.EffectKeysDisabled, log: log}
+	c := &captureClient{url: strings.TrimSuffix(cfg.ProviderURL, "/") + "/v1/captures", keys: !cfg.EffectKeysDisabled, token: cfg.ProviderToken, log: log}
 	r, err := effect.NewRunner(effect.Config[captured]{
 		Pool: pool, Kind: captureKind, Do: c.do, Record: recordCapture, Logger: log,
 		Workers: cfg.EffectWorkers, Lease: cfg.EffectLease, MinBackoff: cfg.EffectMinBackoff, MaxBackoff: cfg.EffectMaxBackoff,
@@ -162,10 +162,11 @@ func captures(pool *pgxpool.Pool, cfg platform.Config, log watermill.LoggerAdapt
 
 // captureClient calls the provider.
 type captureClient struct {
-	url  string
-	keys bool // send the Idempotency-Key (off only in the control run)
-	http http.Client
-	log  watermill.LoggerAdapter
+	url   string
+	keys  bool   // send the Idempotency-Key (off only in the control run)
+	token string // PROVIDER_TOKEN: the provider's API key
+	http  http.Client
+	log   watermill.LoggerAdapter
 }
 
 // do makes one capture call. A 200 or 402 (declined) ends the effect; a
@@ -187,6 +188,9 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 		return captured{}, effect.Permanent(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	if c.keys {
 		req.Header.Set("Idempotency-Key", e.Key)
 	}

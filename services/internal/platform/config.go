@@ -27,8 +27,12 @@ type Config struct {
 	// answers besides loopback and HTTP_ADDR's host; any other Host header
 	// is refused with 421 (internal/httpserve: DNS rebinding).
 	HTTPAllowedHosts []string `env:"HTTP_ALLOWED_HOSTS"`
-	Instance         string   `env:"INSTANCE"` // replica name in logs; defaults to host-pid
-	LogLevel         string   `env:"LOG_LEVEL" default:"info"`
+	// HTTPToken, when set, is required of every state-changing request
+	// ("Authorization: Bearer <token>", 401 otherwise). A service whose
+	// HTTP_ADDR is beyond loopback refuses to start without it.
+	HTTPToken string `env:"HTTP_TOKEN"`
+	Instance  string `env:"INSTANCE"` // replica name in logs; defaults to host-pid
+	LogLevel  string `env:"LOG_LEVEL" default:"info"`
 	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.
 	DebugPprof bool `env:"DEBUG_PPROF" default:"false"`
 
@@ -105,6 +109,7 @@ type Config struct {
 	// Effects outside the database (pkg/effect): orders captures payments
 	// at PROVIDER_URL (unset: captures are recorded and wait, none is made).
 	ProviderURL      string        `env:"PROVIDER_URL"`
+	ProviderToken    string        `env:"PROVIDER_TOKEN"`                  // the provider's HTTP_TOKEN, sent with each capture
 	EffectWorkers    int           `env:"EFFECT_WORKERS" default:"0"`      // 0: effect.DefaultWorkers
 	EffectLease      time.Duration `env:"EFFECT_LEASE" default:"0s"`       // 0: effect.DefaultLease
 	EffectMinBackoff time.Duration `env:"EFFECT_MIN_BACKOFF" default:"0s"` // 0: effect.DefaultMinBackoff

@@ -46,3 +46,24 @@ func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
 	require.ErrorContains(t, err, "INBOX_RETENTION")
 	require.ErrorContains(t, err, "Config.Retention=96h0m0s")
 }
+
+// TestRunRefusesExposureWithoutToken: a service whose HTTP_ADDR is beyond
+// loopback refuses to start without HTTP_TOKEN, naming both, before it
+// touches anything; with the token, or on loopback, it gets past that.
+func TestRunRefusesExposureWithoutToken(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{":0", "0.0.0.0:0", "[::]:0"} {
+		cfg := defaults
+		cfg.DatabaseURL, cfg.HTTPAddr, cfg.Instance = "postgres://nowhere.invalid/x", addr, "exposed"
+		err := Run(t.Context(), cfg, Service{Name: "exposed", Topic: "exposed"})
+		require.ErrorContains(t, err, "HTTP_TOKEN", addr)
+		require.ErrorContains(t, err, fmt.Sprintf("HTTP_ADDR %q listens beyond loopback", addr))
+	}
+	cfg := defaults
+	cfg.DatabaseURL, cfg.HTTPAddr, cfg.HTTPToken = "postgres://nowhere.invalid/x", ":0", "token"
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	err := Run(ctx, cfg, Service{Name: "exposed", Topic: "exposed"})
+	require.Error(t, err, "the database does not exist")
+	require.NotContains(t, err.Error(), "HTTP_TOKEN", "with a token, exposure is allowed")
+}

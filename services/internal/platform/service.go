@@ -83,6 +83,11 @@ type Stats struct {
 // of them returned.
 func Run(ctx context.Context, cfg Config, svc Service) error {
 	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
+	// Its state-changing routes are open to whoever reaches HTTP_ADDR:
+	// beyond loopback, only with a credential.
+	if err := httpserve.CheckExposure("HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPToken); err != nil {
+		return err
+	}
 	if err := failpoint.FromEnv(); err != nil { // a no-op unless built with -tags failpoint
 		return fmt.Errorf("failpoints: %w", err)
 	}
@@ -249,7 +254,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	crashRoute(mux, log) // POST /debug/crash, in a failpoint build only
 	svc.Routes(mux, pool, cfg)
 	// Timeouts, known hosts only, no cross-site writes, JSON bodies only.
-	srv := httpserve.Server(cfg.HTTPAddr, traceHTTP(mux), httpserve.Options{AllowedHosts: cfg.HTTPAllowedHosts})
+	// A credential on every state-changing route when HTTP_TOKEN is set
+	// (checked at the start of Run when the server listens beyond loopback).
+	srv := httpserve.Server(cfg.HTTPAddr, traceHTTP(mux), httpserve.Options{AllowedHosts: cfg.HTTPAllowedHosts, Token: cfg.HTTPToken})
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
