@@ -1,5 +1,7 @@
-// Package docs holds the project's documentation; its test keeps
-// architecture.md true to the code.
+// Package docs holds the project's documentation; its tests keep it true to
+// the code: architecture.md's files, functions and crash windows
+// (architecture_test.go), and the files, make targets, flags and environment
+// variables that README.md and every page here name (docs_test.go).
 package docs
 
 import (
@@ -45,9 +47,17 @@ type ref struct {
 	names []string
 }
 
-// parseDoc returns the file references and directory references of doc, and
-// the malformed ones.
+// parseDoc returns the file references and directory references of
+// architecture.md's text doc, and the malformed ones.
 func parseDoc(doc string) (refs []ref, dirs []ref, bad []string) {
+	return parseDocAt(doc, docPath, true)
+}
+
+// parseDocAt is parseDoc for the doc at path. strict holds it to
+// architecture.md's conventions: a code span after a file's names that is
+// not a name, or a Type.name without its file, is malformed. Otherwise such
+// a span only ends the file's list of names.
+func parseDocAt(doc, path string, strict bool) (refs []ref, dirs []ref, bad []string) {
 	for i, line := range strings.Split(doc, "\n") {
 		cur := -1 // the index in refs of the file whose names may follow
 		prevEnd := 0
@@ -61,7 +71,9 @@ func parseDoc(doc string) (refs []ref, dirs []ref, bad []string) {
 				cur = len(refs) - 1
 			case cur >= 0 && separator.MatchString(between):
 				if !name.MatchString(span) {
-					bad = append(bad, fmt.Sprintf("%s:%d: `%s` follows `%s` but is not a name (Type.method or Name); put other text between them", docPath, i+1, span, refs[cur].file))
+					if strict {
+						bad = append(bad, fmt.Sprintf("%s:%d: `%s` follows `%s` but is not a name (Type.method or Name); put other text between them", path, i+1, span, refs[cur].file))
+					}
 					cur = -1
 					continue
 				}
@@ -71,8 +83,8 @@ func parseDoc(doc string) (refs []ref, dirs []ref, bad []string) {
 				switch {
 				case dirPath.MatchString(span):
 					dirs = append(dirs, ref{line: i + 1, file: span})
-				case typeDot.MatchString(span):
-					bad = append(bad, fmt.Sprintf("%s:%d: `%s` is named without its file, so nothing checks it: put it right after its file (`path/to/file.go` `%s`), or name it in words", docPath, i+1, span, span))
+				case strict && typeDot.MatchString(span):
+					bad = append(bad, fmt.Sprintf("%s:%d: `%s` is named without its file, so nothing checks it: put it right after its file (`path/to/file.go` `%s`), or name it in words", path, i+1, span, span))
 				}
 			}
 		}
