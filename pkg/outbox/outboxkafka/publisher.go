@@ -8,6 +8,7 @@
 package outboxkafka
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -101,6 +102,24 @@ func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshal
 	c.Producer.Return.Successes = true
 	c.Producer.Return.Errors = true
 	c.Net.MaxOpenRequests = 1
+	// Sarama counts retries per message, and a message buffered behind a
+	// failing request is counted a retry for each failure it waited
+	// through as well, but from a later start: when the connection keeps
+	// being reset, the first message of a key runs out of retries while the
+	// ones behind it still have some, and those are sent and taken once the
+	// broker answers again. Kafka would then hold the key's second message
+	// before its first, and the relay's retry of the batch could not put the
+	// first back in front (TestKeyOrderThroughFailedRequests; Sarama issue
+	// 2619). So a transient failure is retried until Kafka takes the batch
+	// or refuses it for good (a record too large, a topic that cannot be),
+	// for half an hour of outage (SendRetries, backoff doubling to 2s): a
+	// send waits out an outage instead of giving up on part of a key. A
+	// relay whose send outlasts its batch loses its session and with it
+	// its rows (RelayConfig.BatchTimeout): the shard's next owner sends
+	// them again, in order, and what the stuck send delivers later is a
+	// repeat.
+	c.Producer.Retry.Max = SendRetries
+	c.Producer.Retry.BackoffFunc = retryBackoff(cmp.Or(c.Producer.Retry.Backoff, 100*time.Millisecond))
 	client, err := sarama.NewClient(brokers, &c)
 	if err != nil {
 		return nil, fmt.Errorf("outboxkafka: connecting: %w", err)
@@ -123,6 +142,25 @@ func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshal
 	return p, nil
 }
 
+// retryBackoff doubles first at each retry of a message, up to maxBackoff.
+func retryBackoff(first time.Duration) func(retries, maxRetries int) time.Duration {
+	return func(retries, _ int) time.Duration {
+		return min(first<<min(retries, 8), max(first, maxBackoff))
+	}
+}
+
+// maxBackoff is the longest wait between two tries of a message.
+const maxBackoff = 2 * time.Second
+
+// SendRetries is how often a message is tried again before a send gives
+// up on it: with maxBackoff, about 33 minutes. (Sarama keeps a slot per
+// retry and partition, so it cannot be unbounded.)
+const SendRetries = 1000
+
+// SlowSendAfter is how long a send may wait for Kafka before the publisher
+// says so in its log (it goes on waiting: see NewPublisher).
+const SlowSendAfter = 10 * time.Second
+
 // Publish sends msgs to topic as one batch.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	batch := make([]*sarama.ProducerMessage, len(msgs))
@@ -141,7 +179,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			}
 		}
 	}
-	if err := p.producer.SendMessages(batch); err != nil {
+	slow := time.AfterFunc(SlowSendAfter, func() {
+		p.logger.Info("Outbox publisher: Kafka has not taken the batch yet; its messages are retried until it does (a broker down, a leader moving, the network?)",
+			watermill.LogFields{"topic": topic, "messages": len(batch), "waiting": SlowSendAfter.String()})
+	})
+	err := p.producer.SendMessages(batch)
+	slow.Stop()
+	if err != nil {
 		var refused sarama.ProducerErrors // its text gives a count, not the reason: name the first
 		if errors.As(err, &refused) && len(refused) > 0 && refused[0] != nil {
 			err = fmt.Errorf("%w (the first for: %w)", err, refused[0].Err)

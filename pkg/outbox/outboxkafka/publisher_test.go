@@ -3,11 +3,16 @@ package outboxkafka_test
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
@@ -54,4 +59,122 @@ func TestNewPublisherLeavesTheConfigAlone(t *testing.T) {
 		t.Fatalf("NewPublisher changed the caller's config: Return.Successes %v, MaxOpenRequests %d",
 			conf.Producer.Return.Successes, conf.Net.MaxOpenRequests)
 	}
+}
+
+// TestKeyOrderThroughFailedRequests: the broker refuses the first produce
+// requests (a leader moving, a broker restarting) for longer than Sarama's
+// default retries last. Sarama then fails the messages of the refused
+// request but sends the later messages of the same partition, which the
+// broker takes: Kafka would hold message 1 before message 0, and the
+// relay's retry of the batch could not put 0 back in front (Sarama issue
+// 2619: MaxOpenRequests = 1 is not enough). The publisher must keep a key's
+// first copies in the order of the batch.
+func TestKeyOrderThroughFailedRequests(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reset=%t", reset), func(t *testing.T) { keyOrderThroughFailedRequests(t, reset) })
+	}
+}
+
+func keyOrderThroughFailedRequests(t *testing.T, resetConn bool) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "ordered"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	var refused atomic.Int32
+	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		r := req.(*kmsg.ProduceRequest)
+		n := 0
+		for _, rt := range r.Topics {
+			for _, rp := range rt.Partitions {
+				if b, err := kgoRecords(rp.Records); err == nil {
+					n += b
+				}
+			}
+		}
+		t.Logf("produce request %d: %d records", refused.Load()+1, n)
+		if refused.Add(1) > 4 { // Sarama's default: 3 retries
+			return nil, nil, false
+		}
+		if resetConn {
+			return nil, errors.New("connection reset"), true
+		}
+		resp := r.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	conf := sarama.NewConfig()
+	conf.Version = sarama.V2_8_0_0
+	conf.Producer.RequiredAcks = sarama.WaitForAll
+	conf.Producer.Retry.Backoff = 10 * time.Millisecond
+	conf.Metadata.Retry.Backoff = 10 * time.Millisecond
+	pub, err := outboxkafka.NewPublisher(cluster.ListenAddrs(), conf, kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() }) //nolint:errcheck
+	var msgs []*message.Message
+	for i := range 40 {
+		m := message.NewMessage(fmt.Sprint(i), []byte(fmt.Sprint(i)))
+		m.Metadata.Set(outbox.KeyMetadata, "one-key")
+		msgs = append(msgs, m)
+	}
+	for attempt := 1; ; attempt++ { // as the relay does: the whole batch again
+		if err = pub.Publish("ordered", msgs...); err == nil {
+			break
+		}
+		t.Logf("attempt %d: %v", attempt, err)
+		if attempt == 5 {
+			t.Fatal("the batch never went through")
+		}
+	}
+
+	consumer, err := sarama.NewConsumer(cluster.ListenAddrs(), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition("ordered", 0, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	seen := map[string]bool{}
+	var first []string
+	for len(seen) < len(msgs) {
+		select {
+		case rec := <-pc.Messages():
+			if v := string(rec.Value); !seen[v] {
+				seen[v] = true
+				first = append(first, v)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of %d messages in Kafka: %v", len(seen), len(msgs), first)
+		}
+	}
+	for i, v := range first {
+		if v != fmt.Sprint(i) {
+			t.Fatalf("first copies out of order at %d: %v", i, first)
+		}
+	}
+}
+
+// kgoRecords counts the records of a record batch.
+func kgoRecords(raw []byte) (int, error) {
+	var b kmsg.RecordBatch
+	if err := b.ReadFrom(raw); err != nil {
+		return 0, err
+	}
+	return int(b.NumRecords), nil
 }
