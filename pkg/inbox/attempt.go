@@ -28,7 +28,7 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	if !in.cfg.DisableDedupe {
+	if !in.cfg.disableDedupe {
 		var holder, hold string
 		if in.holds(d) {
 			// hold.go: a held key's messages park, but for its holder, whose

@@ -205,7 +205,7 @@ func (in *Inbox) runSetBatchSplitting(a applier, items []*batchItem) []batchResu
 func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, error) {
 	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
 		fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
-		if in.cfg.DisableDedupe {
+		if in.cfg.disableDedupe {
 			for i := range items {
 				fresh = append(fresh, i)
 			}
@@ -293,7 +293,7 @@ func (in *Inbox) savepoint(ctx context.Context, tx pgx.Tx, a applier, d *deliver
 	if err != nil {
 		return batchResult{}, err
 	}
-	if !in.cfg.DisableDedupe {
+	if !in.cfg.disableDedupe {
 		fresh, err := in.insertRows(ctx, sp, []*delivery{d}, rowProcessed)
 		if err != nil {
 			return batchResult{}, err

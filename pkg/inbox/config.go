@@ -143,10 +143,11 @@ type Config struct {
 	// inboxkafka.Key reads the Kafka record's key instead.
 	Key func(*message.Message) string
 
-	// DisableDedupe skips the inbox row: every delivery runs the handler.
-	// It exists only for the chaos harness's control run, which must show
-	// double-applies without the inbox. Never set it in production.
-	DisableDedupe bool
+	// disableDedupe skips the inbox row: every delivery runs the handler.
+	// Only a failpoint build can set it (WithoutDedupe, control.go): the
+	// chaos harness's control run must show double-applies without the
+	// inbox. A default build has no way to switch the inbox off.
+	disableDedupe bool
 }
 
 // The defaults of Config's zero fields.
@@ -221,8 +222,8 @@ func (c Config) Validate() error {
 		return errors.New("inbox: Config.TxTimeout must not be negative (0: the default)")
 	case c.OnDeadLetter != SkipKey && c.OnDeadLetter != HoldKey:
 		return fmt.Errorf("inbox: Config.OnDeadLetter %d is neither SkipKey nor HoldKey", c.OnDeadLetter)
-	case c.OnDeadLetter == HoldKey && c.DisableDedupe:
-		return errors.New("inbox: Config.OnDeadLetter HoldKey needs the inbox rows that Config.DisableDedupe skips")
+	case c.OnDeadLetter == HoldKey && c.disableDedupe:
+		return errors.New("inbox: Config.OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
 	case c.LogStart != nil && c.Position == nil:
 		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
 	case c.Retention < c.RedeliveryHorizon:

@@ -117,7 +117,7 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 				}
 			}
 		}
-		if !in.cfg.DisableDedupe && !d.parked {
+		if !in.cfg.disableDedupe && !d.parked {
 			fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowDeadLettered)
 			if err != nil {
 				return err

@@ -8,8 +8,8 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
 
-// TestMiddlewareDedupeScope: deduplication is per consumer, and with
-// DisableDedupe (the chaos harness's control run) every delivery applies.
+// TestMiddlewareDedupeScope: deduplication is per consumer. (Without it, in
+// a failpoint build's control run, every delivery applies: control_test.go.)
 func TestMiddlewareDedupeScope(t *testing.T) {
 	t.Parallel()
 
@@ -32,33 +32,6 @@ func TestMiddlewareDedupeScope(t *testing.T) {
 		require.Equal(t, 2, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE message_id = $1`, id))
 	})
 
-	// The control runs: without the inbox row the same deliveries are applied
-	// more than once. They show that the tests above can fail.
-	t.Run("DisableDedupeAppliesConcurrentDeliveriesEach", func(t *testing.T) {
-		t.Parallel()
-		in, b := setup(t, inbox.Config{DisableDedupe: true})
-		b.handler.hook = holdUntilContended(t, b, 9)
-		id := newID()
-
-		deliverConcurrently(t, b.ctx, in.Middleware(b.handler.handle), id, []byte(`{"amount":100}`), 10)
-
-		require.Equal(t, 10, appliedRows(t, b, consumer, id))
-		require.Equal(t, int64(10), in.Stats().Applied)
-		require.Equal(t, 0, scalar[int](t, b, `SELECT count(*) FROM inbox_messages`))
-	})
-
-	t.Run("DisableDedupeAppliesRedeliveryTwice", func(t *testing.T) {
-		t.Parallel()
-		in, b := setup(t, inbox.Config{DisableDedupe: true})
-		mw := in.Middleware(b.handler.handle)
-		id, payload := newID(), []byte(`{"amount":100}`)
-
-		require.NoError(t, deliver(b.ctx, mw, id, payload))
-		require.NoError(t, deliver(b.ctx, mw, id, payload))
-
-		require.Equal(t, 2, appliedRows(t, b, consumer, id))
-		require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Applied}, b.events.outcomes(id))
-	})
 }
 
 // TestDuplicatesCounterSaturates: a message id delivered again and again (a

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/textbook"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
@@ -35,10 +34,33 @@ func newRelayPublisher(cfg Config, service string, marshaler kafka.MarshalerUnma
 	}
 }
 
-// runRelay runs the relay RELAY_DRIVER asks for until ctx ends.
+// runRelay runs the relay RELAY_DRIVER asks for until ctx ends. The
+// benchmark's textbook relay is linked into failpoint builds only
+// (controls_failpoint.go).
 func runRelay(ctx context.Context, cfg Config, relay *outbox.Relay, pool *pgxpool.Pool, pub message.Publisher, log watermill.LoggerAdapter) error {
 	if cfg.RelayDriver == "textbook" {
-		return textbook.Run(ctx, pool, pub, log)
+		return runTextbook(ctx, pool, pub, log)
 	}
 	return relay.Run(ctx)
+}
+
+// controlsSet names the control runs' switches cfg has set: each turns a
+// guarantee off, or swaps the relay for one the benchmark compares.
+func controlsSet(cfg Config) []string {
+	var set []string
+	for _, c := range []struct {
+		on   bool
+		name string
+	}{
+		{cfg.InboxDisabled, "INBOX_DISABLED"},
+		{cfg.DomainGuardDisabled, "DOMAIN_GUARD_DISABLED"},
+		{cfg.EffectKeysDisabled, "EFFECT_KEYS_DISABLED"},
+		{cfg.RelayParallel, "RELAY_PARALLEL"},
+		{cfg.RelayDriver != "" && cfg.RelayDriver != "batch", "RELAY_DRIVER=" + cfg.RelayDriver},
+	} {
+		if c.on {
+			set = append(set, c.name)
+		}
+	}
+	return set
 }

@@ -88,6 +88,12 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err := httpserve.CheckExposure("HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPToken); err != nil {
 		return err
 	}
+	// The control runs' switches turn a guarantee off: only a failpoint
+	// build honours them, and a default build refuses to start with one
+	// set (controls.go).
+	if err := checkControls(cfg); err != nil {
+		return err
+	}
 	if err := failpoint.FromEnv(); err != nil { // a no-op unless built with -tags failpoint
 		return fmt.Errorf("failpoints: %w", err)
 	}
@@ -168,17 +174,17 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
-	ibx, err := inbox.New(inbox.Config{
+	ibx, err := inbox.New(withControls(cfg, inbox.Config{
 		Pool: pool, Consumer: svc.Name, Logger: wlog, OnDeadLetter: onDeadLetter,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
-		DisableDedupe: cfg.InboxDisabled, Retention: cfg.InboxRetention,
+		Retention: cfg.InboxRetention,
 		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
 		Verify:    signing.verify,                        // TRUSTED_KEYS: only what a trusted producer signed
 		Position:  inboxkafka.Position,                   // each row records where Kafka holds its message
 		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // and stays while Kafka holds it
 		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log
-	})
+	}))
 	if err != nil {
 		return err
 	}
