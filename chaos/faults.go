@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 )
 
 // brokerFaults injects faults into the embedded broker through kfake's
@@ -85,20 +87,7 @@ func (b *brokerFaults) arm(kind string) {
 	case faultProduceError:
 		c.ControlKey(kmsg.Produce.Int16(), func(r kmsg.Request) (kmsg.Response, error, bool) {
 			b.add(kind)
-			req := r.(*kmsg.ProduceRequest)
-			resp := req.ResponseKind().(*kmsg.ProduceResponse)
-			for _, t := range req.Topics {
-				rt := kmsg.NewProduceResponseTopic()
-				rt.Topic = t.Topic
-				for _, p := range t.Partitions {
-					rp := kmsg.NewProduceResponseTopicPartition()
-					rp.Partition = p.Partition
-					rp.ErrorCode = kerr.NotLeaderForPartition.Code
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				resp.Topics = append(resp.Topics, rt)
-			}
-			return resp, nil, true
+			return kafkatest.RefuseProduce(r.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition.Code), nil, true
 		})
 	case faultCommitDelay, faultProduceDelay:
 		key := kmsg.OffsetCommit.Int16()

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
@@ -100,19 +101,7 @@ func keyOrderThroughFailedRequests(t *testing.T, resetConn bool) {
 		if resetConn {
 			return nil, errors.New("connection reset"), true
 		}
-		resp := r.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotLeaderForPartition.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return kafkatest.RefuseProduce(r, kerr.NotLeaderForPartition.Code), nil, true
 	})
 	conf := sarama.NewConfig()
 	conf.Version = sarama.V2_8_0_0
