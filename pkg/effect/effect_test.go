@@ -329,3 +329,25 @@ func TestMaxAge(t *testing.T) {
 	require.Contains(t, got["k0"][0], "older than MaxAge")
 	require.Zero(t, calls.Load())
 }
+
+// TestRunnerRunsOnce: as inbox.Inbox and outbox.Relay, a Runner runs once
+// at a time: a second Run while the first runs is refused with ErrRunning,
+// and Running says whether one runs.
+func TestRunnerRunsOnce(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	cfg := effect.Config[string]{Pool: pool, Kind: "charge", Record: record,
+		Do: func(context.Context, effect.Effect) (string, error) { return "ok", nil }}
+	r, err := effect.NewRunner(cfg)
+	require.NoError(t, err)
+	require.False(t, r.Running())
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, r.Running, 5*time.Second, 5*time.Millisecond)
+	require.ErrorIs(t, r.Run(t.Context()), effect.ErrRunning, "a second Run must be refused while the first runs")
+	require.True(t, r.Running(), "the refused call leaves the first running")
+	cancel()
+	require.NoError(t, <-done)
+	require.False(t, r.Running())
+}

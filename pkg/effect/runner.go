@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -77,9 +78,17 @@ var ErrTooOld = errors.New("effect: older than MaxAge: the outside system may ha
 type Runner[R any] struct {
 	cfg Config[R]
 
-	mu    sync.Mutex
-	stats RunnerStats
+	mu      sync.Mutex
+	stats   RunnerStats
+	running atomic.Bool // Run was called and has not returned
 }
+
+// ErrRunning is returned by Run when the Runner is already running (as
+// inbox.ErrRunning and outbox.ErrRunning are by theirs).
+var ErrRunning = errors.New("effect: Runner.Run is already running")
+
+// Running reports whether Run is running: for a readiness check.
+func (r *Runner[R]) Running() bool { return r.running.Load() }
 
 // RunnerStats counts what one Runner did since it started.
 type RunnerStats struct {
@@ -127,8 +136,13 @@ func (r *Runner[R]) count(f func(*RunnerStats)) {
 }
 
 // Run performs due effects until ctx ends, then waits for the calls in
-// flight to be recorded (each within its deadline) and returns nil.
+// flight to be recorded (each within its deadline) and returns nil. It is
+// an error (ErrRunning) to call Run while it runs.
 func (r *Runner[R]) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
 	slots := make(chan struct{}, r.cfg.Workers)
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -43,7 +43,17 @@ type Relay struct {
 	leases                    leases
 	claimShards, pendingShard string     // the statements for cfg.Shards
 	batchMu                   sync.Mutex // one batch at a time per sharded relay: its leases do not exclude its own batches
+
+	running atomic.Bool // Run was called and has not returned
 }
+
+// ErrRunning is returned by Run when the Relay is already running (as
+// inbox.ErrRunning and effect.ErrRunning are by theirs).
+var ErrRunning = errors.New("outbox: Relay.Run is already running")
+
+// Running reports whether Run is running: for a readiness check, or a test
+// that must not commit before the relay listens.
+func (r *Relay) Running() bool { return r.running.Load() }
 
 // NewRelay checks cfg and returns a relay; Run starts it.
 func NewRelay(cfg RelayConfig) (*Relay, error) {
@@ -72,8 +82,13 @@ func (r *Relay) Stats() RelayStats {
 }
 
 // Run publishes rows until ctx ends, then finishes the batch in flight and
-// returns nil. It also runs the listener and the retention job.
+// returns nil. It also runs the listener and the retention job. It is an
+// error (ErrRunning) to call Run while it runs.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
 	if r.cfg.Shards > 1 {
 		// A first round before the first batch, then every LeaseTTL/3; when
 		// ctx ends the leases are given back, each once the batch in flight

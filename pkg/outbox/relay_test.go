@@ -399,3 +399,19 @@ func (p *gatedPublisher) WaitEntered(t testing.TB) {
 
 // Release lets the blocked call (and all later ones) through.
 func (p *gatedPublisher) Release() { p.once.Do(func() { close(p.release) }) }
+
+// TestRelayRunOnce: as inbox.Inbox and effect.Runner, a Relay runs once at
+// a time: a second Run while the first runs is refused with ErrRunning, and
+// Running says whether one runs.
+func TestRelayRunOnce(t *testing.T) {
+	t.Parallel()
+	_, bundle := setupRelay(t)
+	relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub})
+	require.False(t, relay.Running())
+	r := startRelay(t, relay)
+	require.Eventually(t, relay.Running, 5*time.Second, 5*time.Millisecond)
+	require.ErrorIs(t, relay.Run(t.Context()), outbox.ErrRunning, "a second Run must be refused while the first runs")
+	require.True(t, relay.Running(), "the refused call leaves the first running")
+	r.Stop(t)
+	require.False(t, relay.Running())
+}

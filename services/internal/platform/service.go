@@ -239,6 +239,10 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
 		case !router.IsRunning():
 			http.Error(w, "consumer not running", http.StatusServiceUnavailable)
+		case !ibx.Running():
+			http.Error(w, "inbox not running", http.StatusServiceUnavailable)
+		case cfg.RelayDriver != "textbook" && !relay.Running():
+			http.Error(w, "relay not running", http.StatusServiceUnavailable)
 		default:
 			w.Write([]byte("ready\n")) //nolint:errcheck
 		}
