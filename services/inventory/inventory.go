@@ -472,6 +472,24 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 			return fmt.Errorf("recording reservations: %w", err)
 		}
 	}
+	if len(w.fulOrderDec) > 0 {
+		// Only an order that has not ended ends here. The decisions were
+		// read before the stock was locked: a second OrderCaptured of the
+		// same order under another id, applied at the same time by another
+		// batch, read them too. Whichever commits second finds the order
+		// ended here, fails, and is retried: it then reads the order as
+		// ended and refuses the capture (TestConcurrentCapturesSellOnce).
+		tag, err := tx.Exec(ctx, `
+			UPDATE decisions d SET fulfilled_by = u.msg, fulfilled_at = now()
+			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id AND d.fulfilled_by IS NULL`,
+			w.fulOrderDec, w.fulMsgDec)
+		if err != nil {
+			return fmt.Errorf("recording the orders that ended: %w", err)
+		}
+		if n := tag.RowsAffected(); n != int64(len(w.fulOrderDec)) {
+			return fmt.Errorf("%d of %d orders ended meanwhile, by another capture applied at the same time: retrying", int64(len(w.fulOrderDec))-n, len(w.fulOrderDec))
+		}
+	}
 	if len(w.fulOrder) > 0 {
 		// Unguarded (the control run), a second sale of one order's units
 		// would take reserved below zero, and its CHECK, a guard of its
@@ -492,14 +510,6 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 			SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[])`,
 			w.fulOrder, w.fulSKU, w.fulQty, w.fulMsg); err != nil {
 			return fmt.Errorf("recording fulfilments: %w", err)
-		}
-	}
-	if len(w.fulOrderDec) > 0 {
-		if _, err := tx.Exec(ctx, `
-			UPDATE decisions d SET fulfilled_by = u.msg, fulfilled_at = now()
-			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id`,
-			w.fulOrderDec, w.fulMsgDec); err != nil {
-			return fmt.Errorf("recording the orders that ended: %w", err)
 		}
 	}
 	if len(w.rejOrder) > 0 {

@@ -224,3 +224,36 @@ func TestCaptureSellsReserved(t *testing.T) {
 		require.Equal(t, [][]any{want}, rowsOf(t, unguarded, stock), "unguarded: sold again")
 	}
 }
+
+// TestConcurrentCapturesSellOnce: two OrderCaptured of one order under two
+// ids, applied by two batches at the same time (two partitions, two
+// workers), both read the order as not ended before either commits. The
+// second to commit must not sell again: it fails and, retried, is refused.
+// Before the end was recorded only where it had not been, both sold.
+func TestConcurrentCapturesSellOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	order, open := uuid.NewString(), uuid.NewString()
+	pool := newDB(t, map[string]int{"a": 10})
+	// Another open order holds units of the SKU too, so that reserved's
+	// CHECK cannot stop a second sale: only the guard can.
+	apply(t, pool, []*message.Message{orderPaid(t, order, events.Line{SKU: "a", Quantity: 3}), orderPaid(t, open, events.Line{SKU: "a", Quantity: 3})})
+
+	first, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, reserveOrders(ctx, first, []*message.Message{orderCaptured(t, order)}))
+	second := make(chan error, 1)
+	go func() { // blocks on the stock row the first holds
+		second <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return reserveOrders(ctx, tx, []*message.Message{orderCaptured(t, order)})
+		})
+	}()
+	time.Sleep(300 * time.Millisecond) // let the second read the decisions and wait
+	require.NoError(t, first.Commit(ctx))
+	err = <-second
+	require.ErrorContains(t, err, "ended meanwhile")
+	apply(t, pool, []*message.Message{orderCaptured(t, order)}) // the retry
+	require.Equal(t, [][]any{{int32(4), int64(3), int64(3)}}, rowsOf(t, pool, `SELECT available, reserved, sold FROM stock`))
+	require.Equal(t, [][]any{{int64(3)}}, rowsOf(t, pool, `SELECT sum(quantity) FROM fulfilments`))
+	require.Len(t, rowsOf(t, pool, `SELECT 1 FROM refusals`), 1, "the retried capture is refused")
+}
