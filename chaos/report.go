@@ -121,7 +121,7 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		NetworkFaults:        map[string]int{},
 		DuplicatesSuppressed: final.DuplicatesSuppressed,
 		DoubleApplied:        final.DoubleApplied,
-		Lost:                 final.Unsettled + final.NotApplied,
+		Lost:                 final.Unsettled + final.NotApplied + final.NotEnded,
 		Invariants:           map[string]bool{},
 		Details:              map[string]string{},
 		Hostile:              map[string]HostileResult{},

@@ -25,7 +25,8 @@ import (
 //     every settled status is what inventory decided: reserved only with
 //     reservations, rejected only with a rejection;
 //   - within orders: every OrderPaid in the outbox belongs to a paid order,
-//     and an answer was applied only to an order that was paid.
+//     every OrderCaptured to an order whose payment was captured, and an
+//     answer was applied only to an order that was paid.
 //
 // inventory's view was read before orders'; an answer orders applied may
 // come from a decision taken between the two reads, so an answer that
@@ -42,6 +43,15 @@ func effectsHaveCauses(ctx context.Context, inventory *pgxpool.Pool, ord ordersV
 	for _, id := range sortedKeys(ord.orderPaid) {
 		if o := ord.orders[id]; o == nil || !o.paid() {
 			problems[id] = join(problems[id], fmt.Sprintf("%d OrderPaid in the orders outbox, but %s", ord.orderPaid[id], describe(o)))
+		}
+	}
+	for _, id := range sortedKeys(ord.orderCaptured) {
+		if o := ord.orders[id]; o == nil || o.payment != "captured" {
+			what := "orders has no such order"
+			if o != nil {
+				what = fmt.Sprintf("its payment is %q", o.payment)
+			}
+			problems[id] = join(problems[id], fmt.Sprintf("%d OrderCaptured in the orders outbox, but %s", ord.orderCaptured[id], what))
 		}
 	}
 

@@ -42,7 +42,7 @@ type Report struct {
 
 	Ended      int // orders captured in orders and ended (their units sold) in inventory
 	NotEnded   int // orders captured in orders that inventory has not ended: lost, if the run is drained
-	EndedTwice int // orders whose units inventory sold more than once
+	EndedTwice int // orders whose units inventory sold more than once, or with more than one OrderCaptured
 
 	ReservationsMade     int            // reserved orders, as inventory counts them
 	DuplicatesSuppressed int64          // redeliveries the inboxes skipped (the first layer)
@@ -201,10 +201,10 @@ func exactlyOnce(r *Report, ord ordersView, inv inventoryView) Invariant {
 			ended = (ended + skus - 1) / skus
 		}
 		switch {
-		case ended > 1:
+		case ended > 1 || ord.orderCaptured[id] > 1:
 			r.EndedTwice++
 			if len(examples) < maxExamples {
-				examples = append(examples, fmt.Sprintf("order %s: its units sold %d times", id, ended))
+				examples = append(examples, fmt.Sprintf("order %s: its units sold %d times, %d OrderCaptured in the orders outbox", id, ended, ord.orderCaptured[id]))
 			}
 		case ended == 1:
 			r.Ended++

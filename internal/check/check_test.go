@@ -343,6 +343,30 @@ func TestAdversarialRunsFail(t *testing.T) {
 			alsoFails: []string{check.Quantities},
 		},
 		{
+			name: "a second OrderCaptured in the orders outbox",
+			tamper: func(t *testing.T, b *testBundle) string {
+				// A stale capture attempt published its end again; inventory
+				// refuses it, and only the outbox shows it.
+				payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, b.reserved), CaptureID: "cap_2"})
+				require.NoError(t, err)
+				b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
+					uuid.NewString(), events.TopicOrders, b.reserved, payload)
+				return b.reserved
+			},
+			fails: check.ExactlyOnce,
+		},
+		{
+			name: "OrderCaptured in the outbox for an order whose payment was not captured",
+			tamper: func(t *testing.T, b *testBundle) string {
+				payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, b.reserved2), CaptureID: "cap_x"})
+				require.NoError(t, err)
+				b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
+					uuid.NewString(), events.TopicOrders, b.reserved2, payload)
+				return b.reserved2
+			},
+			fails: check.EffectsHaveCauses,
+		},
+		{
 			name: "units sold for an order whose payment was never captured",
 			tamper: func(t *testing.T, b *testBundle) string {
 				b.end(t, b.reserved2, map[string]int{"sku-b": 2})

@@ -152,7 +152,8 @@ func perOrderAndSKU(ctx context.Context, tx pgx.Tx, table string) (map[string]ma
 // ordersView is what orders recorded, read in one snapshot.
 type ordersView struct {
 	orders    map[string]*order // every order, paid or not
-	orderPaid map[string]int    // OrderPaid rows in the outbox, per order id
+	orderPaid     map[string]int // OrderPaid rows in the outbox, per order id
+	orderCaptured map[string]int // OrderCaptured rows in the outbox, per order id
 }
 
 type order struct {
@@ -216,6 +217,11 @@ func readOrders(ctx context.Context, pool *pgxpool.Pool) (ordersView, error) {
 		}
 		v.orderPaid, err = countBy(ctx, tx, `SELECT partition_key, count(*) FROM outbox_messages
 			WHERE topic = $1 AND `+events.OutboxType+` = $2 GROUP BY 1`, events.TopicOrders, events.TypeOrderPaid)
+		if err != nil {
+			return err
+		}
+		v.orderCaptured, err = countBy(ctx, tx, `SELECT partition_key, count(*) FROM outbox_messages
+			WHERE topic = $1 AND `+events.OutboxType+` = $2 GROUP BY 1`, events.TopicOrders, events.TypeOrderCaptured)
 		return err
 	})
 	return v, err
