@@ -103,7 +103,8 @@ func run(ctx context.Context) error {
 		dopts.Crash = lab
 	}
 	dash, err := dashboard.Start(ctx, o.dashboard, dopts)
-	if err != nil { // the port is taken: any free one will do
+	if err != nil { // the port is taken, say: any free one on loopback will do
+		say("live page: %v; on a free loopback port instead", err)
 		if dash, err = dashboard.Start(ctx, "127.0.0.1:0", dopts); err != nil {
 			return err
 		}

@@ -58,6 +58,11 @@ func Write(path string, force bool) error {
 	if err != nil {
 		return err
 	}
+	// A file -force replaces keeps its mode: make it its owner's alone.
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
 	if _, err := f.WriteString(body); err != nil {
 		f.Close()
 		return err

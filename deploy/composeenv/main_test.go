@@ -63,8 +63,14 @@ func TestWrite(t *testing.T) {
 	if read(a)["POSTGRES_PASSWORD"] != ea["POSTGRES_PASSWORD"] {
 		t.Error("the refused write changed the file")
 	}
+	if err := os.Chmod(a, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := Write(a, true); err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(a); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("after -force over a 0644 file: mode %v (%v), want 0600", fi.Mode().Perm(), err)
 	}
 	if read(a)["POSTGRES_PASSWORD"] == ea["POSTGRES_PASSWORD"] {
 		t.Error("-force kept the old secrets")

@@ -151,9 +151,9 @@ func perOrderAndSKU(ctx context.Context, tx pgx.Tx, table string) (map[string]ma
 
 // ordersView is what orders recorded, read in one snapshot.
 type ordersView struct {
-	orders    map[string]*order // every order, paid or not
-	orderPaid     map[string]int // OrderPaid rows in the outbox, per order id
-	orderCaptured map[string]int // OrderCaptured rows in the outbox, per order id
+	orders        map[string]*order // every order, paid or not
+	orderPaid     map[string]int    // OrderPaid rows in the outbox, per order id
+	orderCaptured map[string]int    // OrderCaptured rows in the outbox, per order id
 }
 
 type order struct {

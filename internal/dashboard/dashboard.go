@@ -420,12 +420,11 @@ func Start(ctx context.Context, addr string, opts Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// Its one state-changing route, "crash it now" (make live), needs a
-	// credential beyond loopback; without it the page only reads.
-	if opts.Crash != nil {
-		if err := httpserve.CheckExposure("the dashboard's address", addr, os.Getenv(httpserve.TokenEnv)); err != nil {
-			return "", err
-		}
+	// Its one state-changing route, "crash it now" (make live), is served
+	// on loopback only: the page's button sends no credential, so no token
+	// could let it beyond. Without that route the page only reads.
+	if opts.Crash != nil && !httpserve.Loopback(addr) {
+		return "", fmt.Errorf("dashboard: %q is beyond loopback, and \"crash it now\" (which kills processes on this machine) is served on loopback only: listen on 127.0.0.1", addr)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

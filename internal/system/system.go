@@ -173,6 +173,10 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 				dbURL = opts.ServiceDBURL(dbURL)
 			}
 			env := append([]string{
+				// They listen on loopback: a credential exported in the
+				// shell (for the dashboard, say) is not theirs, and the
+				// load generator sends none. Options.Env or EnvFor may set one.
+				"HTTP_TOKEN=", "PROVIDER_TOKEN=",
 				"DATABASE_URL=" + dbURL,
 				"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ","),
 			}, opts.Env...)
@@ -212,7 +216,7 @@ func (s *System) startProvider(bin string, env []string) error {
 	}
 	s.logFiles = append(s.logFiles, f)
 	s.Provider = &procs.Proc{Service: "provider", Name: "provider", Bin: bin, Addr: addr, Log: f,
-		Env: append([]string{"PROVIDER_DATABASE_URL=" + s.DBURL["provider"]}, env...)}
+		Env: append([]string{"HTTP_TOKEN=", "PROVIDER_DATABASE_URL=" + s.DBURL["provider"]}, env...)}
 	return s.Provider.Start()
 }
 

@@ -77,7 +77,10 @@ type RelayConfig struct {
 	IsPermanent func(error) bool
 	// BatchTimeout bounds one claim-publish-mark transaction. A batch in
 	// flight when Run's context ends is finished, within this bound, so a
-	// graceful shutdown does not republish it. It is also the fence: a
+	// graceful shutdown does not republish it; the Publisher's call itself
+	// is not bounded by it (outboxkafka.Publisher waits out a Kafka outage,
+	// and Run with it: a process stopped meanwhile loses nothing, its rows
+	// go to the next relay). It is also the fence: a
 	// relay whose transaction sits idle longer than BatchTimeout + 1s (a
 	// paused process, a publish that never returns) has its session ended by
 	// Postgres, so a standby takes the lead and the rows. Defaults to

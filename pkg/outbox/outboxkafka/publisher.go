@@ -112,12 +112,15 @@ func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshal
 	// first back in front (TestKeyOrderThroughFailedRequests; Sarama issue
 	// 2619). So a transient failure is retried until Kafka takes the batch
 	// or refuses it for good (a record too large, a topic that cannot be),
-	// for half an hour of outage (SendRetries, backoff doubling to 2s): a
-	// send waits out an outage instead of giving up on part of a key. A
-	// relay whose send outlasts its batch loses its session and with it
-	// its rows (RelayConfig.BatchTimeout): the shard's next owner sends
-	// them again, in order, and what the stuck send delivers later is a
-	// repeat.
+	// SendRetries times with a backoff doubling to 2s: at least half an
+	// hour of outage, longer where each try also waits out a connection
+	// timeout. A send waits out an outage instead of giving up on part of
+	// a key, and so do the relay's Run and this Publisher's Close (a
+	// graceful shutdown during an outage waits too; a process killed
+	// meanwhile loses nothing). A relay whose send outlasts its batch loses
+	// its session and with it its rows (RelayConfig.BatchTimeout): the
+	// shard's next owner sends them again, in order, and what the stuck
+	// send delivers later is a repeat.
 	c.Producer.Retry.Max = SendRetries
 	c.Producer.Retry.BackoffFunc = retryBackoff(cmp.Or(c.Producer.Retry.Backoff, 100*time.Millisecond))
 	client, err := sarama.NewClient(brokers, &c)
@@ -153,8 +156,8 @@ func retryBackoff(first time.Duration) func(retries, maxRetries int) time.Durati
 const maxBackoff = 2 * time.Second
 
 // SendRetries is how often a message is tried again before a send gives
-// up on it: with maxBackoff, about 33 minutes. (Sarama keeps a slot per
-// retry and partition, so it cannot be unbounded.)
+// up on it: with maxBackoff, at least 33 minutes. (Sarama keeps a slot
+// per retry and partition, so it cannot be unbounded.)
 const SendRetries = 1000
 
 // SlowSendAfter is how long a send may wait for Kafka before the publisher
