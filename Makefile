@@ -30,6 +30,10 @@ vet: ## go vet and a gofmt check
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
+.PHONY: model
+model: ## The protocol's Promela model in Spin (apt-get install spin): every property holds at the bounds docs/model.md states, every control fails with its counterexample (model/check.sh)
+	model/check.sh
+
 .PHONY: build
 build: ## Build the service binaries into bin/
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/orders ./services/inventory
