@@ -76,15 +76,17 @@ mtype = { /* the model's only mtype, so printf's %e names a window */
 #define MAXEFFLOSS 1   /* row 3: effect leases expiring under a runner still calling */
 #endif
 #ifdef NO_EFFECT_LEASE
+/* the control has no lease to expire */
 #undef MAXEFFLOSS
-#define MAXEFFLOSS 0   /* the control has no lease to expire */
+#define MAXEFFLOSS 0
 #endif
 #define BATCH      2   /* rows per relay batch */
 #define NRELAY     2   /* relay replicas (the lease steps are written out for 2 shards) */
 #define NSHARD     2
 #define NORD       2   /* orders 0 and 1; an order's id is its partition key */
-#define NROWS      3   /* the producer's rows, one transaction each, in this commit order: */
-                       /* 0 OrderPaid(order 0), 1 OrderPaid(order 1), 2 a later event of order 0 */
+/* the producer's rows, one transaction each, in this commit order:
+ * 0 OrderPaid(order 0), 1 OrderPaid(order 1), 2 a later event of order 0 */
+#define NROWS      3   /* rows the producer commits */
 #define NRUNNER    2   /* effect runners (orders replicas) */
 #define MAXATT     2   /* inbox MaxAttempts */
 #define LOGMAX     12  /* row 2: the partition's capacity (asserted) */
