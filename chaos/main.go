@@ -181,7 +181,7 @@ var profiles = map[string]profile{
 	// min.insync.replicas 2, acks=all), leaders and coordinators SIGKILLed,
 	// a zombie pause, a full-cluster restart, and network faults between
 	// the services and Kafka and Postgres, on top of everything ci does.
-	"apache": {Name: "apache", Orders: 7_000, Rate: 60, MinPerWindow: 10, MinKills: 100, PGRestarts: 1,
+	"apache": {Name: "apache", Orders: 8_500, Rate: 60, MinPerWindow: 10, MinKills: 100, PGRestarts: 1,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 6 * time.Second, Drain: 4 * time.Minute,
 		Broker: stack.ImplApache, Nodes: 3, NetFault: 4 * time.Second, MinBrokerKills: 5, MinPauses: 1, ClusterRestarts: 1, MinNetKinds: 3,
 		RelayShards: 8},
