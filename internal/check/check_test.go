@@ -148,7 +148,14 @@ func (b *testBundle) reserveRows(t *testing.T, id string, quantities map[string]
 func (b *testBundle) captured(t *testing.T, id string) {
 	t.Helper()
 	b.exec(t, b.orders, `UPDATE orders SET payment = 'captured', capture_id = 'cap_1', payment_at = now() WHERE id = $1`, id)
-	payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, id), CaptureID: "cap_1"})
+	b.publishOrderCaptured(t, id, "cap_1")
+}
+
+// publishOrderCaptured puts an OrderCaptured for order id in the orders
+// outbox, published.
+func (b *testBundle) publishOrderCaptured(t *testing.T, id, captureID string) {
+	t.Helper()
+	payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, id), CaptureID: captureID})
 	require.NoError(t, err)
 	b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
 		uuid.NewString(), events.TopicOrders, id, payload)
@@ -347,10 +354,7 @@ func TestAdversarialRunsFail(t *testing.T) {
 			tamper: func(t *testing.T, b *testBundle) string {
 				// A stale capture attempt published its end again; inventory
 				// refuses it, and only the outbox shows it.
-				payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, b.reserved), CaptureID: "cap_2"})
-				require.NoError(t, err)
-				b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
-					uuid.NewString(), events.TopicOrders, b.reserved, payload)
+				b.publishOrderCaptured(t, b.reserved, "cap_2")
 				return b.reserved
 			},
 			fails: check.ExactlyOnce,
@@ -358,10 +362,7 @@ func TestAdversarialRunsFail(t *testing.T) {
 		{
 			name: "OrderCaptured in the outbox for an order whose payment was not captured",
 			tamper: func(t *testing.T, b *testBundle) string {
-				payload, err := events.Encode(events.OrderCaptured{Envelope: events.NewEnvelope(events.TypeOrderCaptured, b.reserved2), CaptureID: "cap_x"})
-				require.NoError(t, err)
-				b.exec(t, b.orders, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES ($1, $2, $3, $4, now())`,
-					uuid.NewString(), events.TopicOrders, b.reserved2, payload)
+				b.publishOrderCaptured(t, b.reserved2, "cap_x")
 				return b.reserved2
 			},
 			fails: check.EffectsHaveCauses,
