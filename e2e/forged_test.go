@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -43,6 +44,22 @@ func TestForgedAnswerRefused(t *testing.T) {
 			_, err = b.sys.Client.Pay(ctx, o.ID)
 			require.NoError(t, err)
 
+			if signed {
+				// Before the inbox sees anything: the broker refuses a
+				// writer without the right to the topic. Orders' own
+				// principal may not write inventory's topic, a principal
+				// with no grants may write nothing, and a client without a
+				// login is not let in at all.
+				nobody, err := b.sys.Kafka.AddPrincipal(ctx, "nobody-"+uuid.NewString()[:8])
+				require.NoError(t, err)
+				for name, login := range map[string]kafkaconf.Credentials{"orders": b.sys.Logins["orders"], "no grants": nobody} {
+					err := publishAs(b, login, events.TopicInventory, forgedAnswer(t, o.ID))
+					require.ErrorIs(t, err, sarama.ErrTopicAuthorizationFailed, "%s wrote %s", name, events.TopicInventory)
+				}
+				require.Error(t, publishAs(b, kafkaconf.Credentials{}, events.TopicInventory, forgedAnswer(t, o.ID)), "a client without a login wrote")
+				require.NoError(t, publishAs(b, b.sys.Logins["inventory"], events.TopicInventory, forgedAnswer(t, o.ID)),
+					"the topic's producer may write it (its unsigned record must then meet the inbox)")
+			}
 			unsigned, otherKey := forgedAnswer(t, o.ID), forgedAnswer(t, o.ID)
 			otherKey.Metadata.Set("signature_key_id", "inventory-1")
 			otherKey.Metadata.Set("signature", "bm90IGEgcmVhbCBzaWduYXR1cmUgYXQgYWxsLCBqdXN0IGJ5dGVzIQ")
@@ -68,6 +85,10 @@ func TestForgedAnswerRefused(t *testing.T) {
 					[]string{unsigned.UUID, otherKey.UUID}).Scan(&n))
 				return n == 2
 			}, time.Minute, 50*time.Millisecond, "both forgeries quarantined as not authenticated")
+			var quarantined int
+			require.NoError(t, b.sys.Pools["orders"].QueryRow(ctx, `SELECT count(*) FROM inbox_quarantine
+				WHERE consumer = 'orders' AND kind = 'invalid' AND reason LIKE 'not authenticated: %'`).Scan(&quarantined))
+			require.Equal(t, 3, quarantined, "the two forgeries and the unsigned record inventory's own principal wrote; nothing the broker refused")
 			s, _ := status()
 			require.Equal(t, "paid", s, "a forgery settled the order")
 
@@ -88,6 +109,23 @@ func forgedAnswer(t *testing.T, orderID string) *message.Message {
 	})
 	require.NoError(t, err)
 	return outbox.NewMessage(orderID, payload)
+}
+
+// publishAs writes msgs to topic logged in as login, through the listener
+// the services use, and returns the broker's answer.
+func publishAs(b *testBundle, login kafkaconf.Credentials, topic string, msgs ...*message.Message) error {
+	conf := kafkaconf.SaramaAs(login)
+	conf.Net.DialTimeout = 3 * time.Second
+	conf.Metadata.Retry.Max, conf.Producer.Retry.Max = 1, 0
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
+		OverwriteSaramaConfig: conf,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	return pub.Publish(topic, msgs...)
 }
 
 // publish writes msgs to topic with a Kafka client of the test's own,

@@ -25,8 +25,13 @@ var Version = sarama.V2_8_0_0
 //   - producer: waits for all in-sync replicas and returns successes, so the
 //     outbox relay marks a row only after the broker acknowledged it;
 //   - consumer: a new group starts at the oldest offset, so nothing published
-//     before a consumer first joined is skipped.
-func Sarama() *sarama.Config {
+//     before a consumer first joined is skipped;
+//   - login: Current() (UseCredentials, else KAFKA_SASL_*), if any.
+func Sarama() *sarama.Config { return SaramaAs(Current()) }
+
+// SaramaAs is Sarama logging in as creds (none when empty), whatever
+// Current() is: a harness acting as a principal other than its own.
+func SaramaAs(creds Credentials) *sarama.Config {
 	c := sarama.NewConfig()
 	c.Version = Version
 	c.ClientID = "outbox-inbox"
@@ -40,5 +45,6 @@ func Sarama() *sarama.Config {
 	c.Consumer.Return.Errors = true
 
 	c.Metadata.AllowAutoTopicCreation = true
+	creds.Apply(c)
 	return c
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+
 	kafkadist "github.com/outboxref/outbox-inbox/deploy/kafka"
 )
 
@@ -109,6 +111,8 @@ func StartApache(ctx context.Context, opts ApacheOptions) (_ *ApacheCluster, err
 	if c.log == nil {
 		c.log = func(string, ...any) {}
 	}
+	admin := AdminCredentials() // the harness's clients log in as the superuser
+	kafkaconf.UseCredentials(admin)
 	java, err := findJava()
 	if err != nil {
 		return nil, err
@@ -166,7 +170,7 @@ func StartApache(ctx context.Context, opts ApacheOptions) (_ *ApacheCluster, err
 			"advertised.listeners":                             fmt.Sprintf("CLIENT://%s,INTERNAL://%s", advertised, n.internal),
 			"controller.listener.names":                        "CONTROLLER",
 			"inter.broker.listener.name":                       "INTERNAL",
-			"listener.security.protocol.map":                   "CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+			"listener.security.protocol.map":                   "CLIENT:SASL_PLAINTEXT,INTERNAL:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
 			"log.dirs":                                         filepath.Join(n.dir, "data"),
 			"num.partitions":                                   strconv.Itoa(opts.Partitions),
 			"default.replication.factor":                       strconv.Itoa(rf),
@@ -191,6 +195,9 @@ func StartApache(ctx context.Context, opts ApacheOptions) (_ *ApacheCluster, err
 			"num.io.threads":      "2",
 			"background.threads":  "2",
 		}
+		for k, v := range apacheAuth(admin) {
+			props[k] = v
+		}
 		if opts.MinSessionTimeout > 0 {
 			props["group.min.session.timeout.ms"] = strconv.FormatInt(opts.MinSessionTimeout.Milliseconds(), 10)
 		}
@@ -201,7 +208,7 @@ func StartApache(ctx context.Context, opts ApacheOptions) (_ *ApacheCluster, err
 			return nil, fmt.Errorf("stack: %w", err)
 		}
 		conf := filepath.Join(n.dir, "server.properties")
-		if err := os.WriteFile(conf, []byte(properties(props)), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(properties(props)), 0o600); err != nil { // it holds admin's password
 			return nil, fmt.Errorf("stack: %w", err)
 		}
 		jvm := []string{
@@ -213,7 +220,8 @@ func StartApache(ctx context.Context, opts ApacheOptions) (_ *ApacheCluster, err
 			"-cp", filepath.Join(libs, "*"),
 		}
 		format := append(append([]string(nil), jvm...), "kafka.tools.StorageTool", "format",
-			"--cluster-id", apacheClusterID, "--config", conf, "--ignore-formatted")
+			"--cluster-id", apacheClusterID, "--config", conf, "--ignore-formatted",
+			"--add-scram", fmt.Sprintf("%s=[name=%s,password=%s]", kafkaconf.ScramSHA512, admin.Username, admin.Password))
 		cmd := exec.CommandContext(ctx, format[0], format[1:]...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("stack: kafka storage format (node %d): %w\n%s", id, err, tail(out))

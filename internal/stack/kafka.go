@@ -31,8 +31,9 @@ var KafkaVersion = kafkaconf.Version
 // cluster (the default).
 type Kafka struct {
 	brokers []string
-	test    *kafkatest.Broker // the embedded broker or KAFKA_BROKERS, or nil
-	apache  *ApacheCluster    // the real broker, or nil
+	test    *kafkatest.Broker     // the embedded broker or KAFKA_BROKERS, or nil
+	apache  *ApacheCluster        // the real broker, or nil
+	admin   kafkaconf.Credentials // the harness's login; empty when the broker asks for none
 	once    sync.Once
 }
 
@@ -110,14 +111,33 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	if err != nil {
 		return nil, err
 	}
-	if impl == ImplApache && len(KafkaBrokersFromEnv()) == 0 {
+	if len(KafkaBrokersFromEnv()) > 0 { // external: the harness logs in as KAFKA_SASL_* says
+		admin, err := kafkaconf.CredentialsFromEnv()
+		if err != nil {
+			return nil, fmt.Errorf("stack: %w", err)
+		}
+		b, err := kafkatest.Start(ctx, kafkatest.Options{Partitions: partitions})
+		if err != nil {
+			return nil, err
+		}
+		k := &Kafka{brokers: b.Brokers(), test: b, admin: admin}
+		if len(opts.Topics) > 0 {
+			if err := k.CreateTopics(ctx, partitions, opts.Topics...); err != nil {
+				return nil, err
+			}
+		}
+		return k, nil
+	}
+	admin := AdminCredentials()
+	kafkaconf.UseCredentials(admin)
+	if impl == ImplApache {
 		aopts := opts.Apache
 		aopts.Nodes, aopts.Partitions, aopts.MinSessionTimeout = nodes, partitions, opts.MinSessionTimeout
 		c, err := StartApache(ctx, aopts)
 		if err != nil {
 			return nil, err
 		}
-		k := &Kafka{brokers: c.Brokers(), apache: c}
+		k := &Kafka{brokers: c.Brokers(), apache: c, admin: admin}
 		if len(opts.Topics) > 0 {
 			if err := k.CreateTopics(ctx, partitions, opts.Topics...); err != nil {
 				c.Close()
@@ -128,11 +148,12 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	}
 	b, err := kafkatest.Start(ctx, kafkatest.Options{
 		Partitions: partitions, Topics: opts.Topics, Port: opts.Port, MinSessionTimeout: opts.MinSessionTimeout,
+		Superuser: kafkatest.Login{User: admin.Username, Password: admin.Password},
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Kafka{brokers: b.Brokers(), test: b}, nil
+	return &Kafka{brokers: b.Brokers(), test: b, admin: admin}, nil
 }
 
 // Brokers returns the bootstrap addresses (host:port).

@@ -17,9 +17,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/procs"
 	"github.com/outboxref/outbox-inbox/internal/stack"
@@ -81,7 +83,8 @@ type System struct {
 	Procs    map[string][]*procs.Proc // service → replicas
 	Provider *procs.Proc              // the payment provider stand-in
 	Client   *loadgen.Client
-	Keys     map[string]signature.Key // service → its signing key (none with Options.Unsigned)
+	Keys     map[string]signature.Key         // service → its signing key (none with Options.Unsigned)
+	Logins   map[string]kafkaconf.Credentials // service → its Kafka principal's login (Grants)
 	ownPG    bool
 	logFiles []*os.File
 }
@@ -141,6 +144,15 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		return nil, fmt.Errorf("starting kafka: %w", err)
 	}
 	log("kafka: %s at %v", s.Kafka.Describe(), s.Kafka.Brokers())
+	s.Logins = map[string]kafkaconf.Credentials{}
+	for _, name := range Services {
+		if s.Logins[name], err = s.Kafka.AddPrincipal(ctx, name, Grants(name)...); err != nil {
+			return nil, err
+		}
+	}
+	if s.Kafka.Authenticated() {
+		log("kafka: SASL/SCRAM and ACLs: principals orders and inventory, each may write only its own topic (Grants)")
+	}
 
 	if err := s.startProvider(bins["provider"], opts.ProviderEnv); err != nil {
 		return nil, err
@@ -179,7 +191,8 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 				"HTTP_TOKEN=", "PROVIDER_TOKEN=",
 				"DATABASE_URL=" + dbURL,
 				"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ","),
-			}, opts.Env...)
+			}, s.Logins[name].Env()...)
+			env = append(env, opts.Env...)
 			if name == "orders" {
 				env = append(env, "PROVIDER_URL=http://"+s.Provider.Addr)
 			}
@@ -293,6 +306,31 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 
 // Producers names the service whose relay publishes each events topic.
 var Producers = map[string]string{events.TopicOrders: "orders", events.TopicInventory: "inventory"}
+
+// Grants are what service's Kafka principal may do, and all it may do: write
+// the topic it produces (and its dead-letter topic), read the topic it
+// consumes and that topic's settings (the inbox checks its retention
+// against Kafka's), join and commit its own consumer group, and read the
+// brokers' settings. Another service's topic is not among them: a service
+// that writes where it may not is refused by the broker.
+func Grants(service string) []stack.Grant {
+	topic := func(name string, ops ...sarama.AclOperation) stack.Grant {
+		return stack.Grant{Resource: sarama.AclResourceTopic, Name: name, Ops: ops}
+	}
+	var grants []stack.Grant
+	for t, producer := range Producers {
+		if producer == service {
+			grants = append(grants, topic(t, sarama.AclOperationWrite, sarama.AclOperationDescribe))
+		} else {
+			grants = append(grants, topic(t, sarama.AclOperationRead, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs))
+		}
+	}
+	return append(grants,
+		topic(service+".dlq", sarama.AclOperationWrite, sarama.AclOperationDescribe),
+		stack.Grant{Resource: sarama.AclResourceGroup, Name: service, Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe}},
+		stack.Grant{Resource: sarama.AclResourceCluster, Name: stack.ClusterResource, Ops: []sarama.AclOperation{sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}},
+	)
+}
 
 // SignAsProducer signs msg as the producer of topic would (its relay signs
 // what it publishes), when the system signs; it does nothing otherwise, or

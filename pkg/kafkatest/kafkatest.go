@@ -56,7 +56,16 @@ type Options struct {
 	// MinSessionTimeout, if > 0, lowers kfake's minimum consumer-group
 	// session timeout (6s by default), so clients may use a shorter one.
 	MinSessionTimeout time.Duration
+	// Superuser, when its User is set, makes the broker authenticate every
+	// connection (SASL/SCRAM-SHA-512) and authorize every request by ACL:
+	// this login may do anything; any other needs a user and ACLs created
+	// through the Kafka admin API (AlterUserScramCredentials, CreateACLs),
+	// as on a real cluster. Ignored when external.
+	Superuser Login
 }
+
+// Login is a SASL/SCRAM-SHA-512 username and password.
+type Login struct{ User, Password string }
 
 // Broker is a running Kafka-protocol broker.
 type Broker struct {
@@ -108,6 +117,10 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	}
 	if opts.MinSessionTimeout > 0 {
 		kopts = append(kopts, kfake.GroupMinSessionTimeout(opts.MinSessionTimeout))
+	}
+	if opts.Superuser.User != "" {
+		kopts = append(kopts, kfake.EnableSASL(), kfake.EnableACLs(),
+			kfake.Superuser("SCRAM-SHA-512", opts.Superuser.User, opts.Superuser.Password))
 	}
 	c, err := kfake.NewCluster(kopts...)
 	if err != nil {

@@ -100,6 +100,18 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if !failpoint.Enabled && os.Getenv("FAILPOINTS") != "" {
 		log.Warn("FAILPOINTS is ignored: this binary was built without -tags failpoint, no crash window can fire")
 	}
+	// Its Kafka login (KAFKA_SASL_*): every Sarama client it makes
+	// (kafkaconf.Sarama) logs in as this principal; a half-set login is
+	// refused here rather than as a handshake failure later.
+	login, err := kafkaconf.CredentialsFromEnv()
+	if err != nil {
+		return err
+	}
+	if login.Empty() {
+		log.Warn("kafka: no login (KAFKA_SASL_USERNAME unset): a broker that authenticates will refuse this service")
+	} else {
+		log.Info("kafka: logging in", "principal", login.Principal(), "mechanism", login.Mechanism)
+	}
 	wlog := newWatermillLogger(log)
 	stopTracing, err := setupTracing(ctx, cfg, svc.Name) // tracing.go
 	if err != nil {
