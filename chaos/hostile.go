@@ -46,6 +46,9 @@ type hostileMsg struct {
 	// signs (a producer's own bug, which must reach the inbox's checks and
 	// the handler); forgeNone, forgeStranger, forgeTampered: a forgery.
 	forge string
+	// as is the principal that writes it, when not the harness's own: a
+	// login the broker must refuse on this topic (kindBrokerRefused).
+	as string
 }
 
 // The forgeries: no signature, a key no consumer trusts, and the
@@ -60,12 +63,17 @@ const (
 // the domain guard with a reason, not in the inbox's quarantine.
 const kindRefused = "refused"
 
+// kindBrokerRefused: the broker must refuse the write (its principal may
+// not write the topic), so no consumer ever sees it.
+const kindBrokerRefused = "refused_by_broker"
+
 type hostile struct {
 	sys   *system.System
 	inbox bool // the consumers run their inbox
 	rng   *rand.Rand
 	msgs  []hostileMsg
-	http  httpResults // hostile_http.go
+	http  httpResults  // hostile_http.go
+	kafka kafkaResults // hostile_broker.go
 	sent  atomic.Bool
 }
 
@@ -102,6 +110,12 @@ const (
 	hostileForgedStranger = "forged_untrusted_key"
 	hostileForgedTampered = "forged_tampered_payload"
 	hostileForgedAnswer   = "forged_answer_unsigned"
+	// Writers the broker must refuse (#30), with the producer's real
+	// signature (a stolen signing key is not a Kafka login): another
+	// service's principal, and one with no grants. Sent when the broker
+	// authenticates.
+	hostileOtherPrincipal = "written_by_other_service"
+	hostileNoGrants       = "written_without_rights"
 
 	// Records the inbox cannot store as they arrived, or that a lax JSON
 	// reader reads otherwise than a strict one (#31).
@@ -277,6 +291,15 @@ func (h *hostile) build(ctx context.Context) error {
 				times:   1, kind: "invalid", reason: why, forge: forgeNone},
 		)
 	}
+	if h.sys.Kafka.Authenticated() {
+		h.msgs = append(h.msgs,
+			hostileMsg{class: hostileOtherPrincipal, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+				payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: kindBrokerRefused, as: "inventory"},
+			hostileMsg{class: hostileNoGrants, consumer: "orders", topic: events.TopicInventory, id: newID(),
+				payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"forged"}`, decided),
+				times:   1, kind: kindBrokerRefused, as: intruder},
+		)
+	}
 	return nil
 }
 
@@ -358,6 +381,12 @@ func (h *hostile) send(ctx context.Context) error {
 	}
 	defer pub.Close()
 	for _, m := range h.msgs {
+		if m.as != "" {
+			if err := h.sendAs(ctx, m); err != nil { // hostile_broker.go
+				return err
+			}
+			continue
+		}
 		for range m.times {
 			msg := message.NewMessage(m.id, m.payload)
 			msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, hostileKeyPrefix+m.class))
@@ -412,6 +441,14 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 	for _, m := range h.msgs {
 		pool := h.sys.Pools[m.consumer]
 		r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
+		if m.kind == kindBrokerRefused {
+			res, err := h.brokerResult(ctx, m) // hostile_broker.go
+			if err != nil {
+				return nil, err
+			}
+			out[m.class] = res
+			continue
+		}
 		if m.kind == kindRefused {
 			var reason *string
 			if err := pool.QueryRow(ctx, `SELECT count(*), min(reason) FROM refusals WHERE message_id = $1`, m.id).

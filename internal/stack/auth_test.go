@@ -84,4 +84,3 @@ func produce(k *Kafka, creds kafkaconf.Credentials, topic string) error {
 	_, _, err = p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder("x")})
 	return err
 }
-

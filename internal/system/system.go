@@ -11,6 +11,7 @@ import (
 	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -307,26 +308,23 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 // Producers names the service whose relay publishes each events topic.
 var Producers = map[string]string{events.TopicOrders: "orders", events.TopicInventory: "inventory"}
 
-// Grants are what service's Kafka principal may do, and all it may do: write
-// the topic it produces (and its dead-letter topic), read the topic it
+// Grants are what service's Kafka principal may do, and all it may do:
+// write the topics it owns, those named "<service>." (its events, its
+// dead letters, the chaos harness's probe stream), read the topic it
 // consumes and that topic's settings (the inbox checks its retention
 // against Kafka's), join and commit its own consumer group, and read the
 // brokers' settings. Another service's topic is not among them: a service
 // that writes where it may not is refused by the broker.
 func Grants(service string) []stack.Grant {
-	topic := func(name string, ops ...sarama.AclOperation) stack.Grant {
-		return stack.Grant{Resource: sarama.AclResourceTopic, Name: name, Ops: ops}
-	}
-	var grants []stack.Grant
-	for t, producer := range Producers {
-		if producer == service {
-			grants = append(grants, topic(t, sarama.AclOperationWrite, sarama.AclOperationDescribe))
-		} else {
-			grants = append(grants, topic(t, sarama.AclOperationRead, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs))
+	grants := []stack.Grant{{Resource: sarama.AclResourceTopic, Name: service + ".", Prefixed: true,
+		Ops: []sarama.AclOperation{sarama.AclOperationWrite, sarama.AclOperationDescribe}}}
+	for _, t := range slices.Sorted(maps.Keys(Producers)) {
+		if Producers[t] != service {
+			grants = append(grants, stack.Grant{Resource: sarama.AclResourceTopic, Name: t,
+				Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}})
 		}
 	}
 	return append(grants,
-		topic(service+".dlq", sarama.AclOperationWrite, sarama.AclOperationDescribe),
 		stack.Grant{Resource: sarama.AclResourceGroup, Name: service, Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe}},
 		stack.Grant{Resource: sarama.AclResourceCluster, Name: stack.ClusterResource, Ops: []sarama.AclOperation{sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}},
 	)
