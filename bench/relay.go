@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/internal/progress"
@@ -453,8 +454,17 @@ type reader struct {
 }
 
 func newReader(brokers []string, topic string) (*reader, error) {
-	client, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50 * time.Millisecond)}
+	if login := kafkaconf.Current(); !login.Empty() { // the stack's brokers ask for one (SCRAM-SHA-512)
+		auth := scram.Auth{User: login.Username, Pass: login.Password}
+		mech := auth.AsSha512Mechanism()
+		if login.Mechanism == kafkaconf.ScramSHA256 {
+			mech = auth.AsSha256Mechanism()
+		}
+		opts = append(opts, kgo.SASL(mech))
+	}
+	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, err
 	}
