@@ -191,7 +191,7 @@ func runExternal(ctx context.Context, o options, ext external) error {
 			return settled(r) && suppressed(waitCtx, inventory, msgID) > 0
 		},
 		func(r check.Report) {
-			say("waiting: %d of %d paid orders settled", r.Reserved+r.Rejected, r.OrdersPaid)
+			say("waiting: %s", progressLine(r))
 		})
 	if err != nil && waitCtx.Err() == nil {
 		return err

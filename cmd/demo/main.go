@@ -141,7 +141,7 @@ func run(ctx context.Context) error {
 	report, err := check.Wait(waitCtx, orders, inventory, stock, res.Client(),
 		func(r check.Report) bool { return settled(r) && r.DuplicatesSuppressed > 0 },
 		func(r check.Report) {
-			say("waiting: %d of %d paid orders settled", r.Reserved+r.Rejected, r.OrdersPaid)
+			say("waiting: %s", progressLine(r))
 		})
 	if err != nil && waitCtx.Err() == nil {
 		return err
@@ -233,6 +233,16 @@ func republish(brokers []string, id, key string, payload []byte, sign signer) er
 		sign(events.TopicOrders, msg)
 	}
 	return pub.Publish(events.TopicOrders, msg)
+}
+
+// progressLine says how far the run is, and, once every paid order is
+// settled, what the wait is still for (a capture not yet ended, say).
+func progressLine(r check.Report) string {
+	line := fmt.Sprintf("%d of %d paid orders settled", r.Reserved+r.Rejected, r.OrdersPaid)
+	if lost, ok := r.Invariant(check.NothingLost); ok && !lost.OK && r.Reserved+r.Rejected == r.OrdersPaid {
+		line += "; still missing: " + lost.Detail
+	}
+	return line
 }
 
 func printReport(r check.Report, took time.Duration) {
