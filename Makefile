@@ -140,5 +140,5 @@ compose-env: ## Once, before docker compose up: write .env with this machine's s
 	$(GO) run ./deploy/composeenv
 
 .PHONY: compose-ci
-compose-ci: ## docker-compose.yml for real on this Docker engine (stand-in base images, kfake for Kafka): demo must pass, down -v leaves nothing
+compose-ci: ## docker-compose.yml for real on this Docker engine (stand-ins of the official images, real Apache Kafka): demo must pass, down -v leaves nothing
 	deploy/ci/compose-ci.sh

@@ -4,12 +4,14 @@
 #
 # What is substituted, and only because this machine has no container
 # registry (nothing can be pulled):
-#   - the base images: GO_IMAGE and POSTGRES_IMAGE point at local stand-ins
-#     (deploy/ci/standins.sh: debootstrapped Debian + the host's Go / Debian's
-#     postgresql-15), built once and cached;
-#   - Kafka: deploy/ci/docker-compose.ci.yml replaces `kafka` and
-#     `kafka-init` with the kfake broker (deploy/kfake).
-# Everything else is the user's: services/Dockerfile (multi-stage, static,
+#   - the base images: GO_IMAGE, POSTGRES_IMAGE and KAFKA_IMAGE point at
+#     local stand-ins (deploy/ci/standins.sh: debootstrapped Debian + the
+#     host's Go / Debian's postgresql-15 / Debian's JRE 17 with Apache
+#     Kafka's own jars from Maven Central, configured from the compose
+#     file's KAFKA_* as the apache/kafka image configures itself), built
+#     once and cached.
+# Everything else is the user's: the compose file as it is (no override),
+# real Apache Kafka included; services/Dockerfile (multi-stage, static,
 # scratch, non-root), docker-compose.yml's healthchecks, depends_on
 # conditions, network, environment, the init script, the migrations the
 # services apply at start, and the demo container.
@@ -71,7 +73,7 @@ tar --exclude=./.git --exclude=./.tmp --exclude=./bin -c . | tar -x -C "$SNAP"
 ENV_FILE="$OUT/compose.env"
 (cd "$SNAP" && go run ./deploy/composeenv -o "$ENV_FILE" -force) >/dev/null || fail "writing the secrets (deploy/composeenv)"
 
-compose() { (cd "$SNAP" && docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml "$@"); }
+compose() { (cd "$SNAP" && docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml "$@"); }
 
 finish() {
 	local rc=$?
@@ -102,9 +104,9 @@ finish() {
 }
 trap finish EXIT
 
-# 1. Stand-ins of the official base images (and of Kafka).
+# 1. Stand-ins of the official images.
 eval "$("$SNAP/deploy/ci/standins.sh")"
-export GO_IMAGE POSTGRES_IMAGE
+export GO_IMAGE POSTGRES_IMAGE KAFKA_IMAGE
 mark "stand-in images"
 
 # 2. Build. The services' build stage first, under a tag: compose's builds
@@ -144,7 +146,7 @@ say "docker-compose up --exit-code-from demo demo dashboard (DEMO_ORDERS=$DEMO_O
 set +e
 (
 	cd "$SNAP"
-	timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f deploy/ci/docker-compose.ci.yml \
+	timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml \
 		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo dashboard
 ) 2>&1 | tee "$OUT/up.log"
 up_rc=${PIPESTATUS[0]}

@@ -7,17 +7,18 @@
 #   outbox-ci/postgres:15-<hash> that + Debian's postgresql-15 and an
 #                                entrypoint with the official image's contract
 #                                (for postgres:15.18-bookworm)
-#   outbox-ci/kfake:ci           deploy/kfake built on the host, alone in an
-#                                image (for apache/kafka:4.1.0, through
-#                                deploy/ci/docker-compose.ci.yml)
+#   outbox-ci/kafka:4.1.0-<hash> that + Debian's JRE 17 + Apache Kafka's jars
+#                                from Maven Central (deploy/ci/kafkajars, the
+#                                chaos proof's) + a launch script doing what
+#                                the image's does (for apache/kafka:4.1.0)
 #
 # Each is built once and kept: an image whose tag exists is not rebuilt
-# (postgres' tag carries a hash of its recipe; kfake is imported again only
-# when its binary changed). The final stage of the service images is
+# (the postgres and kafka tags carry a hash of their recipes, kafka's of its
+# jars too). The final stage of the service images is
 # `scratch`, which needs no stand-in. Prints the variables to export.
 #
 #   deploy/ci/standins.sh            build what is missing
-#   deploy/ci/standins.sh --rebuild  build all three again
+#   deploy/ci/standins.sh --rebuild  build all four again
 set -euo pipefail
 cd "$(dirname "$0")/standins"
 ROOT=$(cd ../../.. && pwd)
@@ -28,7 +29,9 @@ GO_VERSION=${GO_VERSION#go}
 GO_IMAGE=outbox-ci/golang:$GO_VERSION
 # Tagged with a hash of its recipe: editing the entrypoint rebuilds it.
 POSTGRES_IMAGE=outbox-ci/postgres:15-$(cat postgres-setup.sh postgres-entrypoint.sh | sha256sum | cut -c1-12)
-KFAKE_IMAGE=outbox-ci/kfake:ci
+KAFKA_LIBS=$(cd "$ROOT" && go run ./deploy/ci/kafkajars)
+KAFKA_VERSION=$(cd "$ROOT" && sed -n 's#.*<kafka.version>\(.*\)</kafka.version>.*#\1#p' deploy/kafka/pom.xml)
+KAFKA_IMAGE=outbox-ci/kafka:$KAFKA_VERSION-$(cat kafka-setup.sh kafka-run kafka-bin/* "$KAFKA_LIBS/../manifest" | sha256sum | cut -c1-12)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 rebuild=
@@ -137,45 +140,46 @@ build_postgres() {
 	fi
 }
 
-build_kfake() {
-	# Not a docker build: a static binary from the host's toolchain and
-	# build cache, imported as the image's only file.
-	local dir sum
-	dir=$(mktemp -d)
-	(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$dir/kfake" ./deploy/kfake)
-	sum=$(sha256sum "$dir/kfake" | cut -c1-16)
-	if [ -z "$rebuild" ] && [ "$(docker image inspect -f '{{index .Config.Labels "org.outboxref.kfake-sha256"}}' "$KFAKE_IMAGE" 2>/dev/null)" = "$sum" ]; then
-		log "$KFAKE_IMAGE: cached"
+build_kafka() {
+	if have "$KAFKA_IMAGE"; then
+		log "$KAFKA_IMAGE: cached"
 	else
-		old=$(docker image inspect -f '{{.Id}}' "$KFAKE_IMAGE" 2>/dev/null || true)
-		tar -C "$dir" -c kfake | docker import \
-			--change 'USER 65532:65532' \
+		start=$SECONDS
+		log "$KAFKA_IMAGE: $BASE_IMAGE + Debian's JRE 17 + $KAFKA_LIBS"
+		docker rm -f outbox-ci-kafka-standin >/dev/null 2>&1 || true
+		quiet docker run --name outbox-ci-kafka-standin -v "$PWD:/standins:ro" -v "$KAFKA_LIBS:/libs:ro" "$BASE_IMAGE" /standins/kafka-setup.sh
+		# The image's settings (docker/jvm/Dockerfile).
+		docker commit \
+			--change 'USER appuser' \
+			--change 'WORKDIR /opt/kafka' \
+			--change 'ENV PATH=/opt/kafka/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+			--change 'VOLUME /var/lib/kafka/data' \
 			--change 'EXPOSE 9092' \
-			--change 'ENTRYPOINT ["/kfake"]' \
-			--change "LABEL org.outboxref.kfake-sha256=$sum" - "$KFAKE_IMAGE" >/dev/null
-		[ -z "$old" ] || docker rmi "$old" >/dev/null 2>&1 || true
-		log "$KFAKE_IMAGE: imported (binary $sum)"
+			--change 'CMD ["/etc/kafka/docker/run"]' \
+			outbox-ci-kafka-standin "$KAFKA_IMAGE" >/dev/null
+		docker rm outbox-ci-kafka-standin >/dev/null
+		log "$KAFKA_IMAGE: built in $((SECONDS - start))s"
 	fi
-	rm -rf "$dir"
 }
 
-# The three are independent: build them side by side.
+# The three images are independent: build them side by side.
 ( build_go ) &
 go_pid=$!
 ( build_postgres ) &
 pg_pid=$!
-( build_kfake ) &
-kfake_pid=$!
+( build_kafka ) &
+kafka_pid=$!
 failed=
 wait "$go_pid" || failed=1
 wait "$pg_pid" || failed=1
-wait "$kfake_pid" || failed=1
+wait "$kafka_pid" || failed=1
 [ -z "$failed" ] || { log "FAILED"; exit 1; }
 
 # Stand-ins of other Go versions or recipes are of no further use.
-for repo in outbox-ci/golang outbox-ci/postgres; do
+for repo in outbox-ci/golang outbox-ci/postgres outbox-ci/kafka; do
 	docker images --format '{{.Repository}}:{{.Tag}}' "$repo"
-done | grep -vxF -e "$GO_IMAGE" -e "$POSTGRES_IMAGE" | xargs -r docker rmi >/dev/null || true
+done | grep -vxF -e "$GO_IMAGE" -e "$POSTGRES_IMAGE" -e "$KAFKA_IMAGE" | xargs -r docker rmi >/dev/null || true
 
 echo "GO_IMAGE=$GO_IMAGE"
 echo "POSTGRES_IMAGE=$POSTGRES_IMAGE"
+echo "KAFKA_IMAGE=$KAFKA_IMAGE"
