@@ -78,6 +78,9 @@ compose() { (cd "$SNAP" && docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -
 finish() {
 	local rc=$?
 	set +e
+	if [ -n "${CONTROL_STARTED:-}" ]; then
+		control down -v --remove-orphans --timeout 20 >>"$OUT/down.log" 2>&1
+	fi
 	if [ -n "${STARTED:-}" ]; then
 		compose logs --no-color --timestamps >"$OUT/compose.log" 2>&1
 		compose down -v --remove-orphans --timeout 20 >"$OUT/down.log" 2>&1
@@ -317,14 +320,42 @@ offsets=$(compose exec -T kafka /opt/kafka/bin/kafka-run-class.sh org.apache.kaf
 say "ok: down and up: $paid_after paid orders kept, $offsets records of orders.events kept, no redelivery to an inbox"
 mark "down and up"
 
+# 8. The control: the same run with the inbox and the domain guard off
+# (deploy/ci/control.yml: failpoint builds of the services, the only ones
+# that honour those switches) must fail, on exactly-once, because the
+# demo's replayed OrderPaid is applied twice. Its own project, so the
+# proof's images and volumes are not touched.
+compose down -v --remove-orphans --timeout 20 >>"$OUT/down.log" 2>&1 || fail "docker-compose down -v before the control"
+control() { (cd "$SNAP" && docker-compose --env-file "$ENV_FILE" -p "$PROJECT-control" -f docker-compose.yml -f deploy/ci/control.yml "$@"); }
+CONTROL_STARTED=1
+control build orders inventory provider demo >"$OUT/control-build.log" 2>&1 || { tail -20 "$OUT/control-build.log"; fail "building the control's failpoint services"; }
+set +e
+(
+	cd "$SNAP"
+	timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$PROJECT-control" -f docker-compose.yml -f deploy/ci/control.yml \
+		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo
+) >"$OUT/control-up.log" 2>&1
+control_rc=$?
+set -e
+control logs --no-color demo >"$OUT/control-demo.log" 2>&1 || true
+control down -v --remove-orphans --timeout 20 >>"$OUT/down.log" 2>&1 || fail "docker-compose down -v of the control"
+CONTROL_STARTED=
+[ "$control_rc" != 0 ] || fail "the control run (inbox and domain guard off) passed: the demo's checks cannot see a message applied twice"
+grep -Eq 'FAIL +exactly-once' "$OUT/control-demo.log" ||
+	{ tail -30 "$OUT/control-demo.log"; fail "the control run failed (exit $control_rc), but not on exactly-once (see $OUT/control-demo.log)"; }
+say "ok: the control (inbox and domain guard off) failed, as it must: $(grep -Em1 'FAIL +exactly-once' "$OUT/control-demo.log" | sed -E 's/^[^|]*\| ?//')"
+mark "control run"
+
 # 8. Down -v; then nothing of the project may be left (finish checks).
 STARTED=
 trap - EXIT
 compose down -v --remove-orphans --timeout 20 >"$OUT/down.log" 2>&1 || fail "docker-compose down -v failed (see $OUT/down.log)"
 left=$(
-	docker ps -aq --filter "label=com.docker.compose.project=$PROJECT"
-	docker network ls -q --filter "label=com.docker.compose.project=$PROJECT"
-	docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT"
+	for p in "$PROJECT" "$PROJECT-control"; do
+		docker ps -aq --filter "label=com.docker.compose.project=$p"
+		docker network ls -q --filter "label=com.docker.compose.project=$p"
+		docker volume ls -q --filter "label=com.docker.compose.project=$p"
+	done
 )
 rm -rf "$SNAP"
 [ -z "$left" ] || fail "left behind after down -v: $left"
