@@ -1,0 +1,120 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// intruder is the principal the harness creates with no grants at all: it
+// can log in, and may do nothing.
+const intruder = "intruder"
+
+// kafkaResults holds, per class written as another principal, what the
+// broker answered.
+type kafkaResults struct {
+	mu  sync.Mutex
+	out map[string]error // class → the broker's refusal, or nil: accepted
+}
+
+// login is the Kafka login of principal as: a service's own (system.Logins),
+// or the intruder's, created on first use.
+func (h *hostile) login(ctx context.Context, as string) (kafkaconf.Credentials, error) {
+	if l, ok := h.sys.Logins[as]; ok {
+		return l, nil
+	}
+	if as != intruder {
+		return kafkaconf.Credentials{}, fmt.Errorf("no principal %q", as)
+	}
+	return h.sys.Kafka.AddPrincipal(ctx, intruder+"-"+uuid.NewString()[:8])
+}
+
+// sendAs writes m as its principal through the listener the services use,
+// and records the broker's answer. A refusal for authorization ends it; a
+// transient failure (a broker the harness killed, a leader moving) is
+// retried for up to two minutes, so an outage is never taken for a refusal.
+func (h *hostile) sendAs(ctx context.Context, m hostileMsg) error {
+	login, err := h.login(ctx, m.as)
+	if err != nil {
+		return fmt.Errorf("%s: %w", m.class, err)
+	}
+	conf := kafkaconf.SaramaAs(login)
+	conf.Net.DialTimeout = 3 * time.Second
+	conf.Metadata.Retry.Max, conf.Producer.Retry.Max = 1, 0
+	conf.Metadata.AllowAutoTopicCreation = false
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err = publishOnce(h.sys.Kafka.Brokers(), conf, m)
+		if err == nil || errors.Is(err, sarama.ErrTopicAuthorizationFailed) || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	h.kafka.mu.Lock()
+	defer h.kafka.mu.Unlock()
+	if h.kafka.out == nil {
+		h.kafka.out = map[string]error{}
+	}
+	h.kafka.out[m.class] = err
+	return nil
+}
+
+func publishOnce(brokers []string, conf *sarama.Config, m hostileMsg) error {
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: brokers, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey), OverwriteSaramaConfig: conf,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	msg := message.NewMessage(m.id, m.payload)
+	msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, hostileKeyPrefix+m.class))
+	return pub.Publish(m.topic, msg)
+}
+
+// brokerResult: handled when the broker refused the write for authorization
+// and no trace of the id is in its consumer's database (inbox, quarantine,
+// refusals), so nothing of it was ever applied.
+func (h *hostile) brokerResult(ctx context.Context, m hostileMsg) (HostileResult, error) {
+	r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
+	h.kafka.mu.Lock()
+	refusal, sent := h.kafka.out[m.class]
+	h.kafka.mu.Unlock()
+	var seen int
+	if err := h.sys.Pools[m.consumer].QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM inbox_messages WHERE message_id = $1) +
+		(SELECT count(*) FROM inbox_quarantine WHERE message_id = $1) +
+		(SELECT count(*) FROM refusals WHERE message_id = $1)`, m.id).Scan(&seen); err != nil {
+		return r, err
+	}
+	switch {
+	case !sent:
+		r.Reason = "not sent"
+	case refusal == nil:
+		r.Reason = fmt.Sprintf("the broker accepted it from %s", m.as)
+	case !errors.Is(refusal, sarama.ErrTopicAuthorizationFailed):
+		r.Reason = "not refused for authorization: " + refusal.Error()
+	case seen > 0:
+		r.Reason = fmt.Sprintf("refused by the broker, yet %d row(s) of its id in %s", seen, m.consumer)
+	default:
+		r.QuarantinedOrDead, r.Handled = m.times, true
+		r.Reason = fmt.Sprintf("%s may not write %s: %v", m.as, m.topic, refusal)
+	}
+	return r, nil
+}
