@@ -30,7 +30,8 @@ type kafkaResults struct {
 }
 
 // login is the Kafka login of principal as: a service's own (system.Logins),
-// or the intruder's, created on first use.
+// or the intruder's, created on first use; while the harness kills and
+// pauses brokers that can take a few tries, for up to two minutes.
 func (h *hostile) login(ctx context.Context, as string) (kafkaconf.Credentials, error) {
 	if l, ok := h.sys.Logins[as]; ok {
 		return l, nil
@@ -38,7 +39,18 @@ func (h *hostile) login(ctx context.Context, as string) (kafkaconf.Credentials, 
 	if as != intruder {
 		return kafkaconf.Credentials{}, fmt.Errorf("no principal %q", as)
 	}
-	return h.sys.Kafka.AddPrincipal(ctx, intruder+"-"+uuid.NewString()[:8])
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		l, err := h.sys.Kafka.AddPrincipal(ctx, intruder+"-"+uuid.NewString()[:8])
+		if err == nil || time.Now().After(deadline) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return kafkaconf.Credentials{}, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // sendAs writes m as its principal through the listener the services use,
@@ -47,8 +59,9 @@ func (h *hostile) login(ctx context.Context, as string) (kafkaconf.Credentials, 
 // retried for up to two minutes, so an outage is never taken for a refusal.
 func (h *hostile) sendAs(ctx context.Context, m hostileMsg) error {
 	login, err := h.login(ctx, m.as)
-	if err != nil {
-		return fmt.Errorf("%s: %w", m.class, err)
+	if err != nil { // recorded as the class's result: the other classes still go out
+		h.record(m.class, fmt.Errorf("no login for %s: %w", m.as, err))
+		return nil
 	}
 	conf := kafkaconf.SaramaAs(login)
 	conf.Net.DialTimeout = 3 * time.Second
@@ -66,13 +79,18 @@ func (h *hostile) sendAs(ctx context.Context, m hostileMsg) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	h.record(m.class, err)
+	return nil
+}
+
+// record keeps what the broker answered class's write.
+func (h *hostile) record(class string, err error) {
 	h.kafka.mu.Lock()
 	defer h.kafka.mu.Unlock()
 	if h.kafka.out == nil {
 		h.kafka.out = map[string]error{}
 	}
-	h.kafka.out[m.class] = err
-	return nil
+	h.kafka.out[class] = err
 }
 
 func publishOnce(brokers []string, conf *sarama.Config, m hostileMsg) error {

@@ -44,7 +44,10 @@ func TestForgedAnswerRefused(t *testing.T) {
 			_, err = b.sys.Client.Pay(ctx, o.ID)
 			require.NoError(t, err)
 
-			if signed {
+			if signed && !b.sys.Kafka.Authenticated() {
+				t.Log("KAFKA_BROKERS names a broker that asks for no login: the broker's refusals are not tested")
+			}
+			if signed && b.sys.Kafka.Authenticated() {
 				// Before the inbox sees anything: the broker refuses a
 				// writer without the right to the topic. Orders' own
 				// principal may not write inventory's topic, a principal

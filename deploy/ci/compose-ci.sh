@@ -108,7 +108,8 @@ finish() {
 trap finish EXIT
 
 # 1. Stand-ins of the official images.
-eval "$("$SNAP/deploy/ci/standins.sh")"
+standins=$("$SNAP/deploy/ci/standins.sh") || fail "building the stand-in images (deploy/ci/standins.sh)"
+eval "$standins"
 export GO_IMAGE POSTGRES_IMAGE KAFKA_IMAGE
 mark "stand-in images"
 
@@ -265,8 +266,15 @@ victim=$(cid_of inventory)
 ( cd "$SNAP" && timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml \
 	run --rm -T --no-deps demo -orders 600 >"$OUT/demo-crash.log" 2>&1 ) &
 demo_pid=$!
-for _ in $(seq 1 120); do grep -q "^seeded" "$OUT/demo-crash.log" 2>/dev/null && break; sleep 0.25; done
-pid=$(docker inspect -f '{{.State.Pid}}' "$victim")
+seeded=
+for _ in $(seq 1 240); do
+	if grep -q "^seeded" "$OUT/demo-crash.log" 2>/dev/null; then seeded=1; break; fi
+	sleep 0.25
+done
+[ -n "$seeded" ] || fail "the second demo run did not start its load within 60 s (see $OUT/demo-crash.log)"
+! grep -q '^what happened' "$OUT/demo-crash.log" || fail "the second demo run was over before the kill: not mid-load"
+pid=$(docker inspect -f '{{if .State.Running}}{{.State.Pid}}{{end}}' "$victim")
+[[ "$pid" =~ ^[1-9][0-9]*$ ]] || fail "inventory is not running (pid '$pid'): nothing to kill"
 kill -KILL "$pid" || fail "SIGKILL of inventory's process $pid"
 say "inventory's process $pid SIGKILLed mid-load"
 wait "$demo_pid" || { tail -30 "$OUT/demo-crash.log"; fail "the demo run across inventory's crash failed (see $OUT/demo-crash.log)"; }
@@ -314,7 +322,7 @@ paid_after=$(count orders "SELECT count(*) FROM orders WHERE status <> 'created'
 dups_after=$(($(count orders "SELECT coalesce(sum(duplicates), 0) FROM inbox_messages") + $(count inventory "SELECT coalesce(sum(duplicates), 0) FROM inbox_messages")))
 [ "$paid_after" = "$paid_before" ] || fail "after down and up: $paid_after paid orders, before $paid_before"
 [ "$dups_after" = "$dups_before" ] || fail "after down and up the inboxes suppressed $((dups_after - dups_before)) more duplicates: the consumers read again what they had committed"
-offsets=$(compose exec -T kafka /opt/kafka/bin/kafka-run-class.sh org.apache.kafka.tools.GetOffsetShell --bootstrap-server localhost:9092 --topic orders.events 2>/dev/null |
+offsets=$(compose exec -T kafka /opt/kafka/bin/kafka-run-class.sh org.apache.kafka.tools.GetOffsetShell --bootstrap-server localhost:9092 --topic orders.events 2>>"$OUT/down-up.log" |
 	awk -F: '{n += $3} END {print n + 0}')
 [ "$offsets" -gt "$paid_before" ] || fail "after down and up Kafka holds $offsets records of orders.events, fewer than the $paid_before paid orders"
 say "ok: down and up: $paid_after paid orders kept, $offsets records of orders.events kept, no redelivery to an inbox"

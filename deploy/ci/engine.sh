@@ -9,7 +9,7 @@
 #
 # Exits non-zero, with a line that says why, when no engine can be had.
 set -euo pipefail
-PIDFILE=/var/tmp/outbox-ci-dockerd.pid
+PIDFILE=/run/outbox-ci-dockerd.pid
 LOG=/var/tmp/outbox-ci-dockerd.log
 say() { echo "engine: $*" >&2; }
 
@@ -21,8 +21,14 @@ start)
 	fi
 	if ! command -v dockerd >/dev/null 2>&1; then
 		say "dockerd missing; installing Debian's docker.io"
-		apt-get update -qq
+		apt-get update -qq >&2
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+		# A package that starts its own daemon (an init system here) leaves
+		# nothing for this script to start, or stop.
+		if docker info >/dev/null 2>&1; then
+			echo running
+			exit 0
+		fi
 	fi
 	say "starting dockerd (log: $LOG)"
 	dockerd >"$LOG" 2>&1 &
@@ -40,16 +46,28 @@ start)
 		fi
 		sleep 1
 	done
-	say "dockerd did not answer within 60s; its log ends:"
+	say "dockerd did not answer within 60s; stopping it; its log ends:"
 	tail -15 "$LOG" >&2
+	kill "$(cat "$PIDFILE")" 2>/dev/null || true
+	rm -f "$PIDFILE"
 	exit 1
 	;;
 stop)
 	if [ -f "$PIDFILE" ]; then
 		pid=$(cat "$PIDFILE")
-		kill "$pid" 2>/dev/null || true
-		for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
 		rm -f "$PIDFILE"
+		# Only the dockerd this script started: the pid must still be one.
+		if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" != "$(command -v dockerd)" ] &&
+			[ "$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null)")" != dockerd ]; then
+			say "pid $pid is no longer a dockerd; nothing to stop"
+			exit 0
+		fi
+		kill "$pid"
+		for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+		if kill -0 "$pid" 2>/dev/null; then
+			say "dockerd $pid still running 30 s after SIGTERM; killing it"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
 		say "dockerd stopped"
 	fi
 	;;

@@ -74,21 +74,8 @@ func (k *Kafka) AddPrincipal(ctx context.Context, user string, grants ...Grant) 
 		return kafkaconf.Credentials{}, fmt.Errorf("stack: admin client: %w", err)
 	}
 	defer ca.Close()
-	res, err := ca.UpsertUserScramCredentials([]sarama.AlterUserScramCredentialsUpsert{{
-		Name: user, Mechanism: sarama.SCRAM_MECHANISM_SHA_512, Iterations: 4096, Salt: []byte(cryptorand.Text()), Password: []byte(creds.Password),
-	}})
-	if err != nil {
-		return kafkaconf.Credentials{}, fmt.Errorf("stack: creating principal %s: %w", user, err)
-	}
-	for _, r := range res {
-		if r.ErrorCode != sarama.ErrNoError {
-			msg := ""
-			if r.ErrorMessage != nil {
-				msg = *r.ErrorMessage
-			}
-			return kafkaconf.Credentials{}, fmt.Errorf("stack: creating principal %s: %v %s", user, r.ErrorCode, msg)
-		}
-	}
+	// The grants first, then the login: the metadata log applies records
+	// in order, so a broker that lets the login in applies its ACLs too.
 	var acls []*sarama.ResourceAcls
 	for _, g := range grants {
 		pattern := sarama.AclPatternLiteral
@@ -106,23 +93,40 @@ func (k *Kafka) AddPrincipal(ctx context.Context, user string, grants ...Grant) 
 			return kafkaconf.Credentials{}, fmt.Errorf("stack: granting %s its ACLs: %w", user, err)
 		}
 	}
+	res, err := ca.UpsertUserScramCredentials([]sarama.AlterUserScramCredentialsUpsert{{
+		Name: user, Mechanism: sarama.SCRAM_MECHANISM_SHA_512, Iterations: 4096, Salt: []byte(cryptorand.Text()), Password: []byte(creds.Password),
+	}})
+	if err != nil {
+		return kafkaconf.Credentials{}, fmt.Errorf("stack: creating principal %s: %w", user, err)
+	}
+	for _, r := range res {
+		if r.ErrorCode != sarama.ErrNoError {
+			msg := ""
+			if r.ErrorMessage != nil {
+				msg = *r.ErrorMessage
+			}
+			return kafkaconf.Credentials{}, fmt.Errorf("stack: creating principal %s: %v %s", user, r.ErrorCode, msg)
+		}
+	}
 	if err := k.waitLogin(ctx, creds); err != nil {
 		return kafkaconf.Credentials{}, err
 	}
 	return creds, nil
 }
 
-// waitLogin waits until every node lets creds in: a new SCRAM credential
-// reaches each broker through the metadata log, a moment after the
-// controller accepted it.
+// waitLogin waits until every node that runs lets creds in: a new SCRAM
+// credential reaches each broker through the metadata log, a moment after
+// the controller accepted it. A node the harness killed or paused learns it
+// from the log when it is back.
 func (k *Kafka) waitLogin(ctx context.Context, creds kafkaconf.Credentials) error {
 	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var last error
 	for {
 		last = nil
-		for _, addr := range k.DirectBrokers() {
+		for _, addr := range k.liveBrokers() {
 			conf := kafkaconf.SaramaAs(creds)
+			conf.Net.DialTimeout, conf.Net.ReadTimeout = 2*time.Second, 5*time.Second
 			conf.Metadata.Retry.Max = 0
 			b := sarama.NewBroker(addr)
 			if err := b.Open(conf); err != nil {
@@ -168,4 +172,19 @@ func apacheAuth(admin kafkaconf.Credentials) map[string]string {
 		"super.users":                                           "User:" + admin.Username,
 		"allow.everyone.if.no.acl.found":                        "false",
 	}
+}
+
+// liveBrokers are DirectBrokers less an Apache cluster's nodes that are
+// down or paused.
+func (k *Kafka) liveBrokers() []string {
+	if k.apache == nil {
+		return k.DirectBrokers()
+	}
+	var out []string
+	for _, n := range k.apache.nodes {
+		if n.Running() && !n.Paused() {
+			out = append(out, n.internal)
+		}
+	}
+	return out
 }

@@ -12,8 +12,8 @@ import (
 
 // TestAuthKfake and TestAuthApache hold every broker the stack starts to
 // what the services rely on: no login, a wrong password or an unknown user
-// is refused at the handshake; a principal may produce and consume only
-// where its ACLs say, and is refused by the broker elsewhere.
+// is refused at the handshake; a principal may produce only where its ACLs
+// say, and is refused by the broker elsewhere.
 func TestAuthKfake(t *testing.T) {
 	testAuth(t, KafkaOptions{Impl: ImplKfake})
 }

@@ -116,6 +116,9 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 		if err != nil {
 			return nil, fmt.Errorf("stack: %w", err)
 		}
+		// The process's clients log in as this broker wants (or not at
+		// all), whatever a broker started before it wanted.
+		kafkaconf.UseCredentials(admin)
 		b, err := kafkatest.Start(ctx, kafkatest.Options{Partitions: partitions})
 		if err != nil {
 			return nil, err

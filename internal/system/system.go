@@ -155,8 +155,11 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		// A client of the operator's own (kcat, a script, an audit) logs in
 		// with the harness's login: source this file.
 		login := filepath.Join(s.Work, "kafka-admin.env")
-		env := append([]string{"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ",")}, s.Kafka.Admin().Env()...)
-		if err := os.WriteFile(login, []byte(strings.Join(env, "\n")+"\n"), 0o600); err != nil {
+		var file strings.Builder
+		for _, kv := range append([]string{"KAFKA_BROKERS=" + strings.Join(s.Kafka.Brokers(), ",")}, s.Kafka.Admin().Env()...) {
+			fmt.Fprintf(&file, "export %s\n", kv) // `. kafka-admin.env`, then inboxctl, outboxctl, the dashboard log in
+		}
+		if err := os.WriteFile(login, []byte(file.String()), 0o600); err != nil {
 			return nil, err
 		}
 		log("kafka: SASL/SCRAM and ACLs: orders and inventory log in as principals of their own, each may write only its own topics; the superuser's login is in %s", login)
