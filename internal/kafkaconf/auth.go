@@ -13,16 +13,20 @@ import (
 
 // The SASL mechanisms the project's clients speak. SCRAM keeps the password
 // off the wire (the broker stores a salted hash, the client proves it knows
-// the password); PLAIN would send it in the clear without TLS.
+// the password); PLAIN sends it in the clear without TLS, and is here only
+// for a broker's bootstrap superuser, whose login must work before any
+// SCRAM credential exists (docker-compose.yml's admin: its broker, the
+// kafka-init job, the healthcheck).
 const (
 	ScramSHA512 = "SCRAM-SHA-512"
 	ScramSHA256 = "SCRAM-SHA-256"
+	Plain       = "PLAIN"
 )
 
 // Credentials are a Kafka principal's SASL/SCRAM login. The zero value
 // means no authentication.
 type Credentials struct {
-	Mechanism string // ScramSHA512 (the default when empty) or ScramSHA256
+	Mechanism string // ScramSHA512 (the default when empty), ScramSHA256 or Plain
 	Username  string
 	Password  string
 }
@@ -44,11 +48,14 @@ const (
 // KAFKA_SASL_MECHANISM (SCRAM-SHA-512 when unset). None set means no
 // authentication; a username without a password, a password without a
 // username, or another mechanism is an error that names the variable.
-func CredentialsFromEnv() (Credentials, error) {
+func CredentialsFromEnv() (Credentials, error) { return CredentialsFrom(os.Getenv) }
+
+// CredentialsFrom is CredentialsFromEnv over another environment.
+func CredentialsFrom(getenv func(string) string) (Credentials, error) {
 	c := Credentials{
-		Mechanism: strings.TrimSpace(os.Getenv(EnvMechanism)),
-		Username:  strings.TrimSpace(os.Getenv(EnvUsername)),
-		Password:  os.Getenv(EnvPassword),
+		Mechanism: strings.TrimSpace(getenv(EnvMechanism)),
+		Username:  strings.TrimSpace(getenv(EnvUsername)),
+		Password:  getenv(EnvPassword),
 	}
 	switch {
 	case c.Username == "" && c.Password == "" && c.Mechanism == "":
@@ -73,8 +80,8 @@ func (c Credentials) mechanism() string {
 }
 
 func (c Credentials) check() error {
-	if m := c.mechanism(); m != ScramSHA512 && m != ScramSHA256 {
-		return fmt.Errorf("%s=%q: want %s or %s", EnvMechanism, c.Mechanism, ScramSHA512, ScramSHA256)
+	if m := c.mechanism(); m != ScramSHA512 && m != ScramSHA256 && m != Plain {
+		return fmt.Errorf("%s=%q: want %s, %s or %s", EnvMechanism, c.Mechanism, ScramSHA512, ScramSHA256, Plain)
 	}
 	return nil
 }
@@ -89,8 +96,8 @@ func (c Credentials) Env() []string {
 	return []string{EnvMechanism + "=" + c.mechanism(), EnvUsername + "=" + c.Username, EnvPassword + "=" + c.Password}
 }
 
-// Apply makes conf log in as c (SASL/SCRAM, handshake v1); empty c leaves
-// conf as it is.
+// Apply makes conf log in as c (SASL handshake v1); empty c leaves conf as
+// it is.
 func (c Credentials) Apply(conf *sarama.Config) {
 	if c.Empty() {
 		return
@@ -101,6 +108,8 @@ func (c Credentials) Apply(conf *sarama.Config) {
 	conf.Net.SASL.User = c.Username
 	conf.Net.SASL.Password = c.Password
 	switch c.mechanism() {
+	case Plain:
+		conf.Net.SASL.Mechanism = sarama.SASLTypePlaintext
 	case ScramSHA256:
 		conf.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
 		conf.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA256} }

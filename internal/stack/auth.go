@@ -34,17 +34,11 @@ var admin = sync.OnceValue(func() kafkaconf.Credentials {
 // process starts: random per process, never written to a committed file.
 func AdminCredentials() kafkaconf.Credentials { return admin() }
 
-// Grant is one ACL: operations on a resource (a topic, a group, or the
-// cluster), for the principal AddPrincipal creates.
-type Grant struct {
-	Resource sarama.AclResourceType // sarama.AclResourceTopic, AclResourceGroup or AclResourceCluster
-	Name     string                 // the topic or group; ClusterResource for the cluster
-	Prefixed bool                   // Name is a prefix (e.g. every group a service's tools use)
-	Ops      []sarama.AclOperation
-}
+// Grant is one ACL (kafkaconf.Grant).
+type Grant = kafkaconf.Grant
 
 // ClusterResource is the name Kafka gives the cluster resource in ACLs.
-const ClusterResource = "kafka-cluster"
+const ClusterResource = kafkaconf.ClusterResource
 
 // Authenticated reports whether the broker asks for a login: always for a
 // broker the stack started; for KAFKA_BROKERS, when KAFKA_SASL_USERNAME gives
@@ -68,45 +62,13 @@ func (k *Kafka) AddPrincipal(ctx context.Context, user string, grants ...Grant) 
 		return kafkaconf.Credentials{}, fmt.Errorf("stack: principal %q: want a name of its own", user)
 	}
 	creds := kafkaconf.Credentials{Mechanism: kafkaconf.ScramSHA512, Username: user, Password: cryptorand.Text()}
-	conf := kafkaconf.SaramaAs(k.admin)
-	ca, err := sarama.NewClusterAdmin(k.DirectBrokers(), conf)
+	ca, err := sarama.NewClusterAdmin(k.DirectBrokers(), kafkaconf.SaramaAs(k.admin))
 	if err != nil {
 		return kafkaconf.Credentials{}, fmt.Errorf("stack: admin client: %w", err)
 	}
 	defer ca.Close()
-	// The grants first, then the login: the metadata log applies records
-	// in order, so a broker that lets the login in applies its ACLs too.
-	var acls []*sarama.ResourceAcls
-	for _, g := range grants {
-		pattern := sarama.AclPatternLiteral
-		if g.Prefixed {
-			pattern = sarama.AclPatternPrefixed
-		}
-		ra := &sarama.ResourceAcls{Resource: sarama.Resource{ResourceType: g.Resource, ResourceName: g.Name, ResourcePatternType: pattern}}
-		for _, op := range g.Ops {
-			ra.Acls = append(ra.Acls, &sarama.Acl{Principal: creds.Principal(), Host: "*", Operation: op, PermissionType: sarama.AclPermissionAllow})
-		}
-		acls = append(acls, ra)
-	}
-	if len(acls) > 0 {
-		if err := ca.CreateACLs(acls); err != nil {
-			return kafkaconf.Credentials{}, fmt.Errorf("stack: granting %s its ACLs: %w", user, err)
-		}
-	}
-	res, err := ca.UpsertUserScramCredentials([]sarama.AlterUserScramCredentialsUpsert{{
-		Name: user, Mechanism: sarama.SCRAM_MECHANISM_SHA_512, Iterations: 4096, Salt: []byte(cryptorand.Text()), Password: []byte(creds.Password),
-	}})
-	if err != nil {
-		return kafkaconf.Credentials{}, fmt.Errorf("stack: creating principal %s: %w", user, err)
-	}
-	for _, r := range res {
-		if r.ErrorCode != sarama.ErrNoError {
-			msg := ""
-			if r.ErrorMessage != nil {
-				msg = *r.ErrorMessage
-			}
-			return kafkaconf.Credentials{}, fmt.Errorf("stack: creating principal %s: %v %s", user, r.ErrorCode, msg)
-		}
+	if err := kafkaconf.CreatePrincipal(ca, creds, grants); err != nil {
+		return kafkaconf.Credentials{}, err
 	}
 	if err := k.waitLogin(ctx, creds); err != nil {
 		return kafkaconf.Credentials{}, err

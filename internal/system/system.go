@@ -18,7 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -49,6 +48,10 @@ type Options struct {
 	// ProviderEnv is added to the payment provider's environment (its
 	// faults: PROVIDER_FAIL_RATE, PROVIDER_LOST_RESPONSE_RATE, ...).
 	ProviderEnv []string
+	// OwnLogins: the services bring their Kafka logins in EnvFor
+	// (KAFKA_SASL_*, principals someone else made, as docker-compose.yml's
+	// kafka-init does); Start creates none.
+	OwnLogins bool
 	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
 	Kafka stack.KafkaOptions
 	// DBPrefix prefixes the two database names, so several systems can
@@ -147,6 +150,9 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	log("kafka: %s at %v", s.Kafka.Describe(), s.Kafka.Brokers())
 	s.Logins = map[string]kafkaconf.Credentials{}
 	for _, name := range Services {
+		if opts.OwnLogins {
+			break
+		}
 		if s.Logins[name], err = s.Kafka.AddPrincipal(ctx, name, Grants(name)...); err != nil {
 			return nil, err
 		}
@@ -318,26 +324,18 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 // Producers names the service whose relay publishes each events topic.
 var Producers = map[string]string{events.TopicOrders: "orders", events.TopicInventory: "inventory"}
 
-// Grants are what service's Kafka principal may do, and all it may do:
-// write the topics it owns, those named "<service>." (its events, its
-// dead letters, the chaos harness's probe stream), read the topic it
-// consumes and that topic's settings (the inbox checks its retention
-// against Kafka's), join and commit its own consumer group, and read the
-// brokers' settings. Another service's topic is not among them: a service
-// that writes where it may not is refused by the broker.
+// Grants are what service's Kafka principal may do, and all it may do
+// (kafkaconf.ServiceGrants): write the topics named "<service>.", read the
+// events topics the other services produce, its own group, the brokers'
+// settings. docker-compose.yml's kafka-init grants the same.
 func Grants(service string) []stack.Grant {
-	grants := []stack.Grant{{Resource: sarama.AclResourceTopic, Name: service + ".", Prefixed: true,
-		Ops: []sarama.AclOperation{sarama.AclOperationWrite, sarama.AclOperationDescribe}}}
+	var consumes []string
 	for _, t := range slices.Sorted(maps.Keys(Producers)) {
 		if Producers[t] != service {
-			grants = append(grants, stack.Grant{Resource: sarama.AclResourceTopic, Name: t,
-				Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}})
+			consumes = append(consumes, t)
 		}
 	}
-	return append(grants,
-		stack.Grant{Resource: sarama.AclResourceGroup, Name: service, Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe}},
-		stack.Grant{Resource: sarama.AclResourceCluster, Name: stack.ClusterResource, Ops: []sarama.AclOperation{sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}},
-	)
+	return kafkaconf.ServiceGrants(service, consumes...)
 }
 
 // SignAsProducer signs msg as the producer of topic would (its relay signs
