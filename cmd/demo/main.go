@@ -33,6 +33,7 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
 	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/kafkainit"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -97,8 +98,14 @@ func run(ctx context.Context) error {
 	say("logs in %s", sys.Work)
 	lab := crashnow.New(ctx, sys, fpLog)
 	defer lab.Wait() // before sys.Stop: a lesson ends with ctx
+	// The page reads Kafka's offsets as a principal of its own, as in
+	// docker-compose.yml: it may describe the topics and groups, no more.
+	pageLogin, err := sys.Kafka.AddPrincipal(ctx, "dashboard", kafkainit.Grants("dashboard")...)
+	if err != nil {
+		return err
+	}
 	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"],
-		Brokers: sys.Kafka.Brokers(), TraceURL: os.Getenv("DASHBOARD_TRACE_URL")}
+		Brokers: sys.Kafka.Brokers(), KafkaLogin: pageLogin, TraceURL: os.Getenv("DASHBOARD_TRACE_URL")}
 	if o.keep {
 		dopts.Crash = lab
 	}

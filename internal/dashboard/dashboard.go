@@ -31,6 +31,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+
 	"github.com/outboxref/outbox-inbox/internal/httpserve"
 )
 
@@ -47,6 +49,10 @@ type Options struct {
 	// Brokers, when set, are the Kafka brokers the page reads the topics'
 	// partitions from: end offsets and the consumer groups' committed ones.
 	Brokers []string
+	// KafkaLogin is the page's own Kafka login, a principal that may read
+	// offsets and nothing else (kafkainit.Grants("dashboard")); empty: the
+	// process's (KAFKA_SASL_*, or a harness's kafkaconf.UseCredentials).
+	KafkaLogin kafkaconf.Credentials
 	// Crash, when set, adds "crash it now" to the page: the live demo's
 	// lesson (internal/crashnow). cmd/dashboard never sets it.
 	Crash Crasher
@@ -99,7 +105,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, tmpl: tmpl}
 	if len(opts.Brokers) > 0 {
-		s.kafka = &offsets{brokers: opts.Brokers}
+		s.kafka = &offsets{brokers: opts.Brokers, login: opts.KafkaLogin}
 	}
 	return s, nil
 }

@@ -157,6 +157,7 @@ func readServiceFlow(ctx context.Context, pool *pgxpool.Pool, name, topic string
 // page starts before the broker in docker-compose.yml).
 type offsets struct {
 	brokers []string
+	login   kafkaconf.Credentials // empty: kafkaconf.Sarama()'s
 	mu      sync.Mutex
 	client  sarama.Client
 	admin   sarama.ClusterAdmin
@@ -167,6 +168,9 @@ func (o *offsets) connect() error {
 		return nil
 	}
 	cfg := kafkaconf.Sarama()
+	if !o.login.Empty() {
+		cfg = kafkaconf.SaramaAs(o.login)
+	}
 	cfg.ClientID = "outbox-inbox-dashboard"
 	cfg.Net.DialTimeout, cfg.Net.ReadTimeout, cfg.Net.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
 	cfg.Metadata.Retry.Max = 1
