@@ -49,9 +49,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -65,6 +63,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/check"
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/internal/kafkainit"
 	"github.com/outboxref/outbox-inbox/internal/loadgen"
 	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/internal/system"
@@ -553,85 +553,22 @@ func tail(b []byte, n int) string {
 	return string(b)
 }
 
-// kafkaInit is the kafka-init service's topic job, read from its command.
-type kafkaInit struct {
-	bootstrap   string
-	topics      []string
-	partitions  int32
-	replication int16
-	ifNotExists bool
-}
-
-var forTopics = regexp.MustCompile(`for topic in ([^;]+); do`)
-
-func readKafkaInit(t *testing.T, p *types.Project) kafkaInit {
+// readKafkaInit is the kafka-init job's plan, from the service's command
+// and environment as compose gives them (cmd/kafka-init parses the same).
+func readKafkaInit(t *testing.T, p *types.Project) kafkainit.Plan {
 	t.Helper()
-	cmd := strings.Join(service(t, p, "kafka-init").Command, "\n")
-	var ki kafkaInit
-	m := forTopics.FindStringSubmatch(cmd)
-	require.NotNil(t, m, "kafka-init: no `for topic in …; do` loop in %q", cmd)
-	ki.topics = strings.Fields(m[1])
-	for _, line := range strings.Split(cmd, "\n") {
-		f := strings.Fields(line)
-		if !slices.Contains(f, "--create") {
-			continue
+	svc := service(t, p, "kafka-init")
+	plan, err := kafkainit.Parse(svc.Command, func(key string) string {
+		if v := svc.Environment[key]; v != nil {
+			return *v
 		}
-		for i := 0; i+1 < len(f); i++ {
-			switch f[i] {
-			case "--bootstrap-server":
-				ki.bootstrap = f[i+1]
-			case "--partitions":
-				n, err := strconv.ParseInt(f[i+1], 10, 32)
-				require.NoError(t, err)
-				ki.partitions = int32(n)
-			case "--replication-factor":
-				n, err := strconv.ParseInt(f[i+1], 10, 16)
-				require.NoError(t, err)
-				ki.replication = int16(n)
-			}
-		}
-		ki.ifNotExists = slices.Contains(f, "--if-not-exists")
-	}
-	require.True(t, ki.bootstrap != "" && ki.partitions > 0 && ki.replication > 0,
-		"kafka-init: no `kafka-topics.sh --create` with --bootstrap-server, --partitions and --replication-factor in %q", cmd)
-	return ki
-}
-
-// create runs the job through the Kafka protocol (Sarama's ClusterAdmin),
-// as kafka-topics.sh does, and checks the result with a describe once the
-// broker's metadata lists the topics.
-func (ki kafkaInit) create(t *testing.T, ctx context.Context, bootstrap string) {
-	t.Helper()
-	admin, err := sarama.NewClusterAdmin([]string{bootstrap}, stack.SaramaConfig())
-	require.NoError(t, err)
-	defer admin.Close()
-	for _, topic := range ki.topics {
-		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: ki.partitions, ReplicationFactor: ki.replication}, false)
-		if ki.ifNotExists && errors.Is(err, sarama.ErrTopicAlreadyExists) {
-			err = nil
-		}
-		require.NoError(t, err, "kafka-init: creating %s", topic)
-	}
-	var meta []*sarama.TopicMetadata
-	for {
-		meta, err = admin.DescribeTopics(ki.topics)
-		require.NoError(t, err)
-		if !slices.ContainsFunc(meta, func(m *sarama.TopicMetadata) bool { return m.Err == sarama.ErrUnknownTopicOrPartition }) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("kafka-init: the topics were created but are not in the metadata: %v", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	for _, m := range meta {
-		require.Equal(t, sarama.ErrNoError, m.Err, "describing %s", m.Name)
-		require.Len(t, m.Partitions, int(ki.partitions), "partitions of %s", m.Name)
-		for _, p := range m.Partitions {
-			require.Len(t, p.Replicas, int(ki.replication), "replicas of %s/%d", m.Name, p.ID)
-		}
-	}
+		return ""
+	})
+	require.NoError(t, err, "kafka-init's command and environment")
+	require.NotEmpty(t, plan.Topics)
+	require.False(t, plan.Admin.Empty(), "kafka-init logs in as no one: the broker asks every client for a login")
+	require.Len(t, plan.Principals, len(kafkainit.Names), "kafka-init's principals")
+	return plan
 }
 
 // TestComposeKafka stands in for `docker compose up` with the official
@@ -672,16 +609,30 @@ func TestComposeKafka(t *testing.T) {
 	require.Len(t, got, len(k.props))
 	t.Logf("server.properties (%s): %v", time.Since(start).Round(time.Millisecond), got)
 
-	inNetwork := h.addr(t, ki.bootstrap) // what the containers reach as kafka:9092
+	inNetwork := h.addr(t, ki.Brokers[0]) // what the containers reach as kafka:9092
 	b := &broker{java: java, libs: libs, conf: conf, log: filepath.Join(dir, "broker.log")}
 	b.start(t)
 	t.Cleanup(b.kill)
 	pg, err := pgtest.Start(ctx) // while the broker boots
 	require.NoError(t, err)
 	t.Cleanup(func() { pg.Stop() }) //nolint:errcheck // tearing down
+	// The harness's own clients (its checks, the replay) log in as admin,
+	// as kafka-init does; the services as the principals it made.
+	for _, kv := range ki.Admin.Env() {
+		key, v, _ := strings.Cut(kv, "=")
+		t.Setenv(key, v)
+	}
+	kafkaconf.UseCredentials(ki.Admin)
+	t.Cleanup(func() { kafkaconf.UseCredentials(kafkaconf.Credentials{}) })
 	b.waitReady(t, ctx, inNetwork)
 	t.Logf("broker ready after %s", time.Since(start).Round(time.Millisecond))
-	ki.create(t, ctx, inNetwork)
+	// The job, as its container runs it, with kafka:9092 mapped.
+	plan := ki
+	plan.Brokers = []string{inNetwork}
+	var initOut strings.Builder
+	require.NoError(t, kafkainit.Run(ctx, plan, &initOut), "kafka-init:\n%s", initOut.String())
+	t.Logf("kafka-init:\n%s", initOut.String())
+	checkACLs(t, p, inNetwork, plan)
 
 	// The services' environment as compose gives it. Only DATABASE_URL (the
 	// test's Postgres), KAFKA_BROKERS (kafka:9092 mapped like the broker's
@@ -696,7 +647,7 @@ func TestComposeKafka(t *testing.T) {
 			switch key {
 			case "DATABASE_URL", "HTTP_ADDR", "PROVIDER_URL":
 			case "KAFKA_BROKERS":
-				require.Equal(t, ki.bootstrap, *v, "%s and kafka-init reach Kafka differently", name)
+				require.Equal(t, strings.Join(ki.Brokers, ","), *v, "%s and kafka-init reach Kafka differently", name)
 				t.Setenv("KAFKA_BROKERS", h.addr(t, *v)) // system.Start hands it to the services
 			default:
 				envFor[name] = append(envFor[name], key+"="+*v)
@@ -705,7 +656,7 @@ func TestComposeKafka(t *testing.T) {
 	}
 	// The services sign with the keys compose gives them (.env's), not
 	// with keys of the system's own.
-	sys, err := system.Start(ctx, system.Options{Postgres: pg, DBPrefix: prefix, Work: filepath.Join(dir, "system"), EnvFor: envFor, Log: t.Logf, Unsigned: true})
+	sys, err := system.Start(ctx, system.Options{Postgres: pg, DBPrefix: prefix, Work: filepath.Join(dir, "system"), EnvFor: envFor, Log: t.Logf, Unsigned: true, OwnLogins: true})
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
 	sys.Client.Token = *service(t, p, "orders").Environment["HTTP_TOKEN"] // as the demo container sends it
@@ -747,8 +698,8 @@ func TestComposeKafka(t *testing.T) {
 		require.NoError(t, err, "log dir %s (volume %s) was not formatted", d, k.volumes[d])
 		require.Equal(t, k.env["CLUSTER_ID"], meta["cluster.id"])
 	}
-	for _, topic := range ki.topics {
-		for i := range ki.partitions {
+	for _, topic := range ki.Topics {
+		for i := range ki.Partitions {
 			found := false
 			for _, d := range k.logDirs {
 				_, err := os.Stat(filepath.Join(h.logDir(d), fmt.Sprintf("%s-%d", topic, i)))
@@ -761,7 +712,7 @@ func TestComposeKafka(t *testing.T) {
 	// And it outlives the broker, as it must outlive `docker compose down`:
 	// kill it, configure again as the image does on every start (the
 	// storage is already formatted), start it on the same volume.
-	before := kafkaState(t, fromHost, ki.topics)
+	before := kafkaState(t, fromHost, ki.Topics)
 	require.NotContains(t, before, "error", "reading offsets before the restart")
 	stopped := time.Now()
 	b.stop(t)
@@ -775,14 +726,14 @@ func TestComposeKafka(t *testing.T) {
 	t.Logf("broker ready again after %s", time.Since(stopped).Round(time.Millisecond))
 	loadCtx, cancelLoad := context.WithTimeout(ctx, time.Minute)
 	defer cancelLoad()
-	after := kafkaState(t, fromHost, ki.topics)
+	after := kafkaState(t, fromHost, ki.Topics)
 	for after["error"] != 0 { // until the partitions and the groups have loaded
 		select {
 		case <-loadCtx.Done():
 			t.Fatalf("after the broker restarted on the volume, its topics and groups could not be read within a minute (before: %v)", before)
 		case <-time.After(250 * time.Millisecond):
 		}
-		after = kafkaState(t, fromHost, ki.topics)
+		after = kafkaState(t, fromHost, ki.Topics)
 	}
 	require.Equal(t, before, after, "end and committed offsets after the broker restarted on the volume")
 	require.Positive(t, before["orders.events"], "no message reached the volume")
@@ -858,4 +809,56 @@ func replayOrderPaid(t *testing.T, ctx context.Context, sys *system.System, boot
 	msg.Metadata.Set(outbox.KeyMetadata, key)
 	signature.Sign(ordersKey, events.TopicOrders, key, msg)
 	require.NoError(t, pub.Publish(events.TopicOrders, msg))
+}
+
+// checkACLs: the compose broker refuses a client without a login, with a
+// wrong password, or writing where its principal may not, on the network's
+// listener and the host's. Nothing is written: each attempt is refused.
+func checkACLs(t *testing.T, p *types.Project, addr string, plan kafkainit.Plan) {
+	t.Helper()
+	login := map[string]kafkaconf.Credentials{}
+	for _, pr := range plan.Principals {
+		login[pr.Login.Username] = pr.Login
+	}
+	// The services, the demo and the dashboard log in as the principals
+	// kafka-init made, with the passwords it was given.
+	for _, name := range []string{"orders", "inventory", "demo", "dashboard"} {
+		env := service(t, p, name).Environment
+		user, pw := env[kafkaconf.EnvUsername], env[kafkaconf.EnvPassword]
+		require.True(t, user != nil && pw != nil, "%s: no KAFKA_SASL_USERNAME/PASSWORD: the broker refuses it", name)
+		require.Equal(t, name, *user, "%s logs in as another principal", name)
+		require.Equal(t, login[name].Password, *pw, "%s: its password is not the one kafka-init set", name)
+	}
+	refused := func(what string, creds kafkaconf.Credentials, topic string, want error) {
+		t.Helper()
+		err := produceTo(addr, creds, topic)
+		require.Error(t, err, "%s: the broker let it write %s", what, topic)
+		if want != nil {
+			require.ErrorIs(t, err, want, "%s", what)
+		}
+		t.Logf("%s writing %s: refused: %v", what, topic, err)
+	}
+	refused("no login", kafkaconf.Credentials{}, events.TopicOrders, nil)
+	refused("orders with a wrong password", kafkaconf.Credentials{Username: "orders", Password: "not-" + login["orders"].Password}, events.TopicOrders, nil)
+	refused("orders", login["orders"], events.TopicInventory, sarama.ErrTopicAuthorizationFailed)
+	refused("inventory", login["inventory"], events.TopicOrders, sarama.ErrTopicAuthorizationFailed)
+	refused("demo", login["demo"], events.TopicInventory, sarama.ErrTopicAuthorizationFailed)
+	refused("dashboard", login["dashboard"], events.TopicOrders, sarama.ErrTopicAuthorizationFailed)
+}
+
+// produceTo sends one record to topic as creds.
+func produceTo(addr string, creds kafkaconf.Credentials, topic string) error {
+	conf := kafkaconf.SaramaAs(creds)
+	conf.Net.DialTimeout = 3 * time.Second
+	conf.Metadata.Retry.Max = 1
+	conf.Metadata.Retry.Backoff = 100 * time.Millisecond
+	conf.Producer.Retry.Max = 0
+	conf.Metadata.AllowAutoTopicCreation = false
+	p, err := sarama.NewSyncProducer([]string{addr}, conf)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	_, _, err = p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder("x")})
+	return err
 }

@@ -63,11 +63,16 @@ func loadProfiles(t *testing.T, profiles []string, files ...string) *types.Proje
 
 // secrets stands for the .env `make compose-env` writes (deploy/composeenv).
 var secrets = types.Mapping{
-	"POSTGRES_PASSWORD":     "0123456789abcdef0123456789abcdef",
-	"API_TOKEN":             "api-token-0123456789abcdef",
-	"PROVIDER_TOKEN":        "provider-token-0123456789abcdef",
-	"ORDERS_SIGNING_KEY":    signature.FormatKey(signature.Key{ID: "orders-1", Secret: []byte(strings.Repeat("o", signature.MinSecretBytes))}),
-	"INVENTORY_SIGNING_KEY": signature.FormatKey(signature.Key{ID: "inventory-1", Secret: []byte(strings.Repeat("i", signature.MinSecretBytes))}),
+	"POSTGRES_PASSWORD":        "0123456789abcdef0123456789abcdef",
+	"API_TOKEN":                "api-token-0123456789abcdef",
+	"PROVIDER_TOKEN":           "provider-token-0123456789abcdef",
+	"KAFKA_ADMIN_PASSWORD":     "kafka-admin-0123456789abcdef",
+	"ORDERS_KAFKA_PASSWORD":    "kafka-orders-0123456789abcdef",
+	"INVENTORY_KAFKA_PASSWORD": "kafka-inventory-0123456789abcdef",
+	"DEMO_KAFKA_PASSWORD":      "kafka-demo-0123456789abcdef",
+	"DASHBOARD_KAFKA_PASSWORD": "kafka-dashboard-0123456789abcdef",
+	"ORDERS_SIGNING_KEY":       signature.FormatKey(signature.Key{ID: "orders-1", Secret: []byte(strings.Repeat("o", signature.MinSecretBytes))}),
+	"INVENTORY_SIGNING_KEY":    signature.FormatKey(signature.Key{ID: "inventory-1", Secret: []byte(strings.Repeat("i", signature.MinSecretBytes))}),
 }
 
 // TestComposeSecretsFromEnvFile: no password or key is written in the
@@ -344,7 +349,7 @@ func TestComposeWiring(t *testing.T) {
 			t.Errorf("kafka-init does not create topic %s", topic)
 		}
 	}
-	if want := fmt.Sprintf("--partitions %d", stack.DefaultPartitions); !strings.Contains(initCmd, want) {
+	if want := fmt.Sprintf("-partitions %d", stack.DefaultPartitions); !strings.Contains(initCmd, want) {
 		t.Errorf("kafka-init does not create the topics with %s", want)
 	}
 }

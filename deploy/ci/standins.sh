@@ -11,6 +11,11 @@
 #                                from Maven Central (deploy/ci/kafkajars, the
 #                                chaos proof's) + a launch script doing what
 #                                the image's does (for apache/kafka:4.1.0)
+#   outbox-ci/prometheus:<ver>   that + Debian's prometheus binary, laid out
+#                                as prom/prometheus (for the observe profile)
+#
+# Grafana has no stand-in: Debian does not package it, and no registry
+# answers here; compose-ci says so.
 #
 # Each is built once and kept: an image whose tag exists is not rebuilt
 # (the postgres and kafka tags carry a hash of their recipes, kafka's of its
@@ -18,7 +23,7 @@
 # `scratch`, which needs no stand-in. Prints the variables to export.
 #
 #   deploy/ci/standins.sh            build what is missing
-#   deploy/ci/standins.sh --rebuild  build all four again
+#   deploy/ci/standins.sh --rebuild  build all five again
 set -euo pipefail
 cd "$(dirname "$0")/standins"
 ROOT=$(cd ../../.. && pwd)
@@ -32,6 +37,13 @@ POSTGRES_IMAGE=outbox-ci/postgres:15-$(cat postgres-setup.sh postgres-entrypoint
 KAFKA_LIBS=$(cd "$ROOT" && go run ./deploy/ci/kafkajars)
 KAFKA_VERSION=$(cd "$ROOT" && sed -n 's#.*<kafka.version>\(.*\)</kafka.version>.*#\1#p' deploy/kafka/pom.xml)
 KAFKA_IMAGE=outbox-ci/kafka:$KAFKA_VERSION-$(cat kafka-setup.sh kafka-run kafka-bin/* "$KAFKA_LIBS/../manifest" | sha256sum | cut -c1-12)
+if ! command -v prometheus >/dev/null; then
+	echo "standins: installing Debian's prometheus (its binary becomes the Prometheus stand-in)" >&2
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
+PROMETHEUS_BIN=$(command -v prometheus)
+PROMETHEUS_IMAGE=outbox-ci/prometheus:$(prometheus --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p' | tr '+~' '--')-$(cat "$PROMETHEUS_BIN" "$ROOT/deploy/ci/standins.sh" | sha256sum | cut -c1-12)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 rebuild=
@@ -163,23 +175,59 @@ build_kafka() {
 }
 
 # The three images are independent: build them side by side.
+# Prometheus: Debian's binary (the package CI installs for promtool) on the
+# base image, laid out as prom/prometheus is: /bin/prometheus as the
+# entrypoint, /prometheus its working and data directory, user nobody.
+# Debian builds its binary with another default data directory
+# (/var/lib/prometheus/metrics2, where prom/prometheus's is data/): made
+# writable too, since the compose file passes only --config.file.
+build_prometheus() {
+	if have "$PROMETHEUS_IMAGE"; then
+		log "$PROMETHEUS_IMAGE: cached"
+	else
+		start=$SECONDS
+		dir=$(mktemp -d /var/tmp/outbox-ci-prometheus.XXXXXX)
+		trap 'rm -rf "$dir"' EXIT
+		cp "$PROMETHEUS_BIN" "$dir/prometheus"
+		cat >"$dir/Dockerfile" <<-EOF
+			FROM $BASE_IMAGE
+			COPY prometheus /bin/prometheus
+			RUN mkdir -p /prometheus /etc/prometheus /var/lib/prometheus/metrics2 && chown -R nobody:nogroup /prometheus /var/lib/prometheus
+			USER nobody
+			WORKDIR /prometheus
+			EXPOSE 9090
+			VOLUME ["/prometheus"]
+			ENTRYPOINT ["/bin/prometheus"]
+			CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+		EOF
+		quiet docker build -t "$PROMETHEUS_IMAGE" "$dir"
+		rm -rf "$dir"
+		trap - EXIT
+		log "$PROMETHEUS_IMAGE: $BASE_IMAGE + $PROMETHEUS_BIN, built in $((SECONDS - start))s"
+	fi
+}
+
 ( build_go ) &
 go_pid=$!
 ( build_postgres ) &
 pg_pid=$!
 ( build_kafka ) &
 kafka_pid=$!
+( build_prometheus ) &
+prometheus_pid=$!
 failed=
 wait "$go_pid" || failed=1
 wait "$pg_pid" || failed=1
 wait "$kafka_pid" || failed=1
+wait "$prometheus_pid" || failed=1
 [ -z "$failed" ] || { log "FAILED"; exit 1; }
 
 # Stand-ins of other Go versions or recipes are of no further use.
-for repo in outbox-ci/golang outbox-ci/postgres outbox-ci/kafka; do
+for repo in outbox-ci/golang outbox-ci/postgres outbox-ci/kafka outbox-ci/prometheus; do
 	docker images --format '{{.Repository}}:{{.Tag}}' "$repo"
-done | grep -vxF -e "$GO_IMAGE" -e "$POSTGRES_IMAGE" -e "$KAFKA_IMAGE" | xargs -r docker rmi >/dev/null || true
+done | grep -vxF -e "$GO_IMAGE" -e "$POSTGRES_IMAGE" -e "$KAFKA_IMAGE" -e "$PROMETHEUS_IMAGE" | xargs -r docker rmi >/dev/null || true
 
 echo "GO_IMAGE=$GO_IMAGE"
 echo "POSTGRES_IMAGE=$POSTGRES_IMAGE"
 echo "KAFKA_IMAGE=$KAFKA_IMAGE"
+echo "PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE"

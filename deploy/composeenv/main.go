@@ -3,9 +3,11 @@
 // itself and git ignores): the Postgres password; the credentials of the
 // state-changing HTTP routes (API_TOKEN for orders and inventory, which the
 // demo sends; PROVIDER_TOKEN, the provider's API key, which orders sends);
-// and a signing key for each service (orders signs what it publishes with
-// ORDERS_SIGNING_KEY and inventory trusts it, and the other way round). No
-// secret is in a committed file; each machine makes its own.
+// a signing key for each service (orders signs what it publishes with
+// ORDERS_SIGNING_KEY and inventory trusts it, and the other way round); and
+// Kafka's passwords (KAFKA_ADMIN_PASSWORD, the broker's superuser; one per
+// client principal kafka-init makes). No secret is in a committed file;
+// each machine makes its own.
 //
 //	go run ./deploy/composeenv            # writes .env, unless it exists
 //	go run ./deploy/composeenv -o path    # elsewhere (compose-ci: --env-file)
@@ -27,7 +29,8 @@ import (
 )
 
 // Variables are the variables an env file from Write holds, in order.
-var Variables = []string{"POSTGRES_PASSWORD", "API_TOKEN", "PROVIDER_TOKEN", "ORDERS_SIGNING_KEY", "INVENTORY_SIGNING_KEY"}
+var Variables = []string{"POSTGRES_PASSWORD", "API_TOKEN", "PROVIDER_TOKEN", "ORDERS_SIGNING_KEY", "INVENTORY_SIGNING_KEY",
+	"KAFKA_ADMIN_PASSWORD", "ORDERS_KAFKA_PASSWORD", "INVENTORY_KAFKA_PASSWORD", "DEMO_KAFKA_PASSWORD", "DASHBOARD_KAFKA_PASSWORD"}
 
 func main() {
 	out := flag.String("o", ".env", "the env file to write")
@@ -97,6 +100,14 @@ func Generate() (string, error) {
 			return "", err
 		}
 		fmt.Fprintf(&b, "%s_SIGNING_KEY=%s\n", strings.ToUpper(name), signature.FormatKey(k))
+	}
+	// Kafka's superuser, and a principal per client (kafka-init makes them).
+	for _, name := range Variables[5:] {
+		password, err := random(24)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "%s=%s\n", name, password)
 	}
 	return b.String(), nil
 }

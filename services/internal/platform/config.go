@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 )
 
 // Config is read from the environment; each field's env tag names its
@@ -138,14 +140,16 @@ type Config struct {
 	OTLPEndpoint string `env:"OTEL_EXPORTER_OTLP_ENDPOINT"` // read by the exporter; default http://localhost:4318
 }
 
-// EnvVars lists every variable LoadConfig reads, plus the failpoint
-// variables read by pkg/failpoint.
+// EnvVars lists every variable LoadConfig reads, plus the Kafka login
+// (KAFKA_SASL_*, read by kafkaconf.CredentialsFromEnv at start) and the
+// failpoint variables read by pkg/failpoint.
 func EnvVars() []string {
 	var names []string
 	t := reflect.TypeOf(Config{})
 	for i := range t.NumField() {
 		names = append(names, t.Field(i).Tag.Get("env"))
 	}
+	names = append(names, kafkaconf.EnvMechanism, kafkaconf.EnvUsername, kafkaconf.EnvPassword)
 	return append(names, "FAILPOINTS", "FAILPOINT_SEED", "FAILPOINT_LOG", "FAILPOINT_GRACE", "FAILPOINT_TRACE")
 }
 
