@@ -14,8 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -372,10 +370,7 @@ func (h *hostile) send(ctx context.Context) error {
 	// CI run lost the hostile classes to "connection refused" that way).
 	conf.Producer.Retry.Max, conf.Producer.Retry.Backoff = 60, 500*time.Millisecond
 	conf.Metadata.Retry.Max, conf.Metadata.Retry.Backoff = 60, 500*time.Millisecond
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: h.sys.Kafka.DirectBrokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: conf,
-	}, watermill.NopLogger{})
+	pub, err := kafkaconf.Publisher(h.sys.Kafka.DirectBrokers(), conf)
 	if err != nil {
 		return err
 	}

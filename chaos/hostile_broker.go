@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
@@ -94,16 +92,9 @@ func (h *hostile) record(class string, err error) {
 }
 
 func publishOnce(brokers []string, conf *sarama.Config, m hostileMsg) error {
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: brokers, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey), OverwriteSaramaConfig: conf,
-	}, watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
 	msg := message.NewMessage(m.id, m.payload)
 	msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, hostileKeyPrefix+m.class))
-	return pub.Publish(m.topic, msg)
+	return kafkaconf.PublishOnce(brokers, conf, m.topic, msg)
 }
 
 // brokerResult: handled when the broker refused the write for authorization

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -120,31 +118,17 @@ func publishAs(b *testBundle, login kafkaconf.Credentials, topic string, msgs ..
 	conf := kafkaconf.SaramaAs(login)
 	conf.Net.DialTimeout = 3 * time.Second
 	conf.Metadata.Retry.Max, conf.Producer.Retry.Max = 1, 0
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: conf,
-	}, watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	return pub.Publish(topic, msgs...)
+	return kafkaconf.PublishOnce(b.sys.Kafka.Brokers(), conf, topic, msgs...)
 }
 
 // publish writes msgs to topic with a Kafka client of the test's own,
 // bypassing every outbox and relay.
 func publish(t *testing.T, b *testBundle, topic string, msgs ...*message.Message) {
 	t.Helper()
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
-	}, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer pub.Close()
 	for _, m := range msgs {
 		if m.UUID == "" {
 			m.UUID = uuid.NewString()
 		}
 	}
-	require.NoError(t, pub.Publish(topic, msgs...))
+	require.NoError(t, kafkaconf.PublishOnce(b.sys.Kafka.Brokers(), nil, topic, msgs...))
 }

@@ -56,8 +56,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
@@ -799,16 +797,10 @@ func replayOrderPaid(t *testing.T, ctx context.Context, sys *system.System, boot
 	require.NoError(t, sys.Pools["orders"].QueryRow(ctx, `
 		SELECT message_id::text, partition_key, payload FROM outbox_messages
 		WHERE topic = $1 AND published_at IS NOT NULL AND `+events.OutboxType+` = $2 ORDER BY id LIMIT 1`, events.TopicOrders, events.TypeOrderPaid).Scan(&id, &key, &payload))
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: []string{bootstrap}, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: stack.SaramaConfig(),
-	}, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer pub.Close()
 	msg := message.NewMessage(id, payload)
 	msg.Metadata.Set(outbox.KeyMetadata, key)
 	signature.Sign(ordersKey, events.TopicOrders, key, msg)
-	require.NoError(t, pub.Publish(events.TopicOrders, msg))
+	require.NoError(t, kafkaconf.PublishOnce([]string{bootstrap}, stack.SaramaConfig(), events.TopicOrders, msg))
 }
 
 // checkACLs: the compose broker refuses a client without a login, with a

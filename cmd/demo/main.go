@@ -24,8 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -226,20 +224,12 @@ type signer func(topic string, msg *message.Message)
 // key and payload, signed as orders' relay signed it, as a relay that
 // crashed before marking it would.
 func republish(brokers []string, id, key string, payload []byte, sign signer) error {
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: brokers, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
-	}, watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
 	msg := message.NewMessage(id, payload)
 	msg.Metadata.Set(outbox.KeyMetadata, key)
 	if sign != nil {
 		sign(events.TopicOrders, msg)
 	}
-	return pub.Publish(events.TopicOrders, msg)
+	return kafkaconf.PublishOnce(brokers, nil, events.TopicOrders, msg)
 }
 
 // progressLine says how far the run is, and, once every paid order is

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
@@ -286,10 +284,7 @@ func publishHostile(t *testing.T, b *testBundle) string {
 	var payload []byte
 	require.NoError(t, b.sys.Pools["orders"].QueryRow(b.ctx, `SELECT message_id::text, partition_key, payload FROM outbox_messages
 		WHERE topic = $1 ORDER BY id LIMIT 1`, events.TopicOrders).Scan(&id, &key, &payload))
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
-	}, watermill.NopLogger{})
+	pub, err := kafkaconf.Publisher(b.sys.Kafka.Brokers(), nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	replay := message.NewMessage(id, payload)

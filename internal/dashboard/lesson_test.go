@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
@@ -168,10 +166,7 @@ func TestFlowFollowAndCrash(t *testing.T) {
 // second message of that key, which is parked behind it.
 func publishHeld(t *testing.T, b *testBundle) {
 	t.Helper()
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: b.sys.Kafka.Brokers(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
-		OverwriteSaramaConfig: kafkaconf.Sarama(),
-	}, watermill.NopLogger{})
+	pub, err := kafkaconf.Publisher(b.sys.Kafka.Brokers(), nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	var msgs []*message.Message
