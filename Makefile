@@ -21,7 +21,7 @@ live: ## The demo, kept running with the live page: the flow drawn, follow one o
 .PHONY: test
 test: vet ## Unit and integration tests, with -race, on the self-starting stack; then the crash windows' own tests in a failpoint build
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./... ./pkg/...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags failpoint -run 'Failpoint|Hit|Configure|Trace|FromEnv|CrashRoute|WithoutDedupe|Controls' ./pkg/failpoint/ ./pkg/inbox/ ./services/internal/platform/
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags failpoint -run 'Failpoint|Hit|Configure|Trace|FromEnv|CrashRoute|WithoutDedupe|Controls' ./pkg/failpoint/ ./pkg/inbox/ ./pkg/inbox/inboxtest/ ./services/internal/platform/
 
 .PHONY: vet
 vet: ## go vet and a gofmt check

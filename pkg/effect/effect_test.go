@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,12 +16,45 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
 var testPG *pgtest.Server
 
-func TestMain(m *testing.M) { pgtest.TestMain(m, &testPG) }
+func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+
+// runTests starts Postgres for the tests, and for Example a database and
+// an in-process Kafka-protocol broker, found the way a reader's program
+// finds them: DATABASE_URL and KAFKA_BROKERS.
+func runTests(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var err error
+	if testPG, err = pgtest.Start(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "effect tests:", err)
+		return 1
+	}
+	defer testPG.Stop() //nolint:errcheck // best effort
+	kfk, err := kafkatest.Start(ctx, kafkatest.Options{Partitions: 3})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "effect tests:", err)
+		return 1
+	}
+	defer kfk.Close()
+	name := fmt.Sprintf("effect_examples_%d", os.Getpid())
+	url, err := testPG.CreateDatabase(ctx, name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "effect tests:", err)
+		return 1
+	}
+	testPG.DropAtStop(name)
+	if err := errors.Join(os.Setenv("DATABASE_URL", url), os.Setenv("KAFKA_BROKERS", strings.Join(kfk.Brokers(), ","))); err != nil {
+		fmt.Fprintln(os.Stderr, "effect tests:", err)
+		return 1
+	}
+	return m.Run()
+}
 
 // newPool returns a pool on a fresh database with the effects table and a
 // domain table, outcomes, that Record writes to.
