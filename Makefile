@@ -136,7 +136,7 @@ bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this
 	BENCH_RELAY_REPORT=$${BENCH_RELAY_REPORT:-/tmp/bench-relay-smoke.json} $(GO) run ./bench -relay -smoke
 
 .PHONY: compose-env
-compose-env: ## Once, before docker compose up: write .env with this machine's secrets (Postgres password, signing keys); never committed
+compose-env: ## Once, before docker compose up: write .env with this machine's secrets (passwords, signing keys, tokens), or add what an existing one lacks; never committed
 	$(GO) run ./deploy/composeenv
 
 .PHONY: compose-ci

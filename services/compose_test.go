@@ -88,8 +88,18 @@ func TestComposeSecretsFromEnvFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range regexp.MustCompile(`://[^:@/\s]+:([^@\s]+)@`).FindAllStringSubmatch(string(raw), -1) {
-		if m[1] != "${POSTGRES_PASSWORD:?run make compose-env once (it writes .env)}" {
+		if m[1] != "${POSTGRES_PASSWORD:?run make compose-env (it writes .env, or adds what it lacks)}" {
 			t.Errorf("a URL with the password %q written in the compose file", m[1])
+		}
+	}
+	// Inside a value too: the broker's JAAS settings name passwords.
+	jaas := regexp.MustCompile(`(password|user_\w+)="([^"]*)"`).FindAllStringSubmatch(string(raw), -1)
+	if len(jaas) == 0 {
+		t.Error("no password=\"…\" in the kafka service's JAAS settings: this check reads nothing")
+	}
+	for _, m := range jaas {
+		if !strings.HasPrefix(m[2], "${") || !strings.Contains(m[2], ":?") {
+			t.Errorf("%s=%q is written in the compose file, not required from .env", m[1], m[2])
 		}
 	}
 	for _, m := range regexp.MustCompile(`(?m)^\s*(\w*(PASSWORD|SECRET|KEYS?|TOKEN))\s*:\s*(.*)$`).FindAllStringSubmatch(string(raw), -1) {

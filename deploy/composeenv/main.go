@@ -9,7 +9,8 @@
 // client principal kafka-init makes). No secret is in a committed file;
 // each machine makes its own.
 //
-//	go run ./deploy/composeenv            # writes .env, unless it exists
+//	go run ./deploy/composeenv            # writes .env; an existing one is kept,
+//	                                      # with what it lacks appended
 //	go run ./deploy/composeenv -o path    # elsewhere (compose-ci: --env-file)
 //	go run ./deploy/composeenv -force     # new secrets (Postgres keeps its
 //	                                      # old password on its volume: down -v)
@@ -18,12 +19,13 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
+
 	"flag"
 	"fmt"
-	"io/fs"
 	"os"
 	"strings"
+
+	"github.com/compose-spec/compose-go/v2/dotenv"
 
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 )
@@ -34,82 +36,103 @@ var Variables = []string{"POSTGRES_PASSWORD", "API_TOKEN", "PROVIDER_TOKEN", "OR
 
 func main() {
 	out := flag.String("o", ".env", "the env file to write")
-	force := flag.Bool("force", false, "replace the file if it exists")
+	force := flag.Bool("force", false, "replace the file if it exists, with new secrets for every variable")
 	flag.Parse()
-	if err := Write(*out, *force); err != nil {
+	added, err := Write(*out, *force)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "composeenv:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("composeenv: wrote %s (%s), readable by its owner only\n", *out, strings.Join(Variables, ", "))
+	switch {
+	case len(added) == len(Variables):
+		fmt.Printf("composeenv: wrote %s (%s), readable by its owner only\n", *out, strings.Join(added, ", "))
+	case len(added) > 0:
+		fmt.Printf("composeenv: %s kept; added what it lacked: %s\n", *out, strings.Join(added, ", "))
+	default:
+		fmt.Printf("composeenv: %s has every variable; nothing changed (-force writes new secrets)\n", *out)
+	}
 }
 
-// Write writes a new env file at path, mode 0600, refusing to replace one
-// unless force.
-func Write(path string, force bool) error {
-	body, err := Generate()
+// Write makes path an env file with every variable, mode 0600, and returns
+// the variables it wrote. A new file gets new secrets. An existing file
+// keeps its values (they are the ones the volumes hold: Postgres keeps its
+// first password), and the variables it lacks, from a file an older
+// version wrote, are appended. force replaces the file with new secrets.
+func Write(path string, force bool) ([]string, error) {
+	values, err := Generate()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
-	if force {
-		flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	var have map[string]string
+	if _, statErr := os.Stat(path); !force && statErr == nil {
+		if have, err = dotenv.Read(path); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", path, err)
+		}
+		if have == nil {
+			have = map[string]string{} // a file with no variable in it
+		}
+	}
+	var body strings.Builder
+	if have != nil {
+		if old, err := os.ReadFile(path); err == nil && len(old) > 0 && old[len(old)-1] != '\n' {
+			body.WriteString("\n") // its last line ends before ours begin
+		}
+	} else {
+		body.WriteString("# docker compose secrets, made on this machine by `make compose-env`\n")
+		body.WriteString("# (deploy/composeenv). Never commit this file.\n")
+	}
+	var added []string
+	for _, v := range Variables {
+		if have[v] == "" {
+			fmt.Fprintf(&body, "%s=%s\n", v, values[v])
+			added = append(added, v)
+		}
+	}
+	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if have != nil {
+		flags = os.O_WRONLY | os.O_APPEND
 	}
 	f, err := os.OpenFile(path, flags, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("%s exists: its secrets are the ones your volumes hold; -force writes new ones", path)
-	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// A file -force replaces keeps its mode: make it its owner's alone.
+	// A file kept or replaced keeps its mode: make it its owner's alone.
 	if err := f.Chmod(0o600); err != nil {
 		f.Close()
-		return err
+		return nil, err
 	}
-	if _, err := f.WriteString(body); err != nil {
-		f.Close()
-		return err
+	if len(added) > 0 {
+		if _, err := f.WriteString(body.String()); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
-	return f.Close()
+	return added, f.Close()
 }
 
-// Generate returns an env file with new random secrets.
-func Generate() (string, error) {
-	password, err := random(24)
-	if err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	b.WriteString("# docker compose secrets, made on this machine by `make compose-env`\n")
-	b.WriteString("# (deploy/composeenv). Never commit this file.\n")
-	fmt.Fprintf(&b, "POSTGRES_PASSWORD=%s\n", password)
-	for _, name := range []string{"API_TOKEN", "PROVIDER_TOKEN"} {
-		token, err := random(24)
+// Generate returns new random secrets for every variable.
+func Generate() (map[string]string, error) {
+	values := map[string]string{}
+	for _, v := range Variables {
+		if name, ok := strings.CutSuffix(v, "_SIGNING_KEY"); ok {
+			id, err := random(6)
+			if err != nil {
+				return nil, err
+			}
+			k := signature.Key{ID: strings.ToLower(name) + "-" + id, Secret: make([]byte, signature.MinSecretBytes)}
+			if _, err := rand.Read(k.Secret); err != nil {
+				return nil, err
+			}
+			values[v] = signature.FormatKey(k)
+			continue
+		}
+		secret, err := random(24)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		fmt.Fprintf(&b, "%s=%s\n", name, token)
+		values[v] = secret
 	}
-	for _, name := range []string{"orders", "inventory"} {
-		id, err := random(6)
-		if err != nil {
-			return "", err
-		}
-		k := signature.Key{ID: name + "-" + id, Secret: make([]byte, signature.MinSecretBytes)}
-		if _, err := rand.Read(k.Secret); err != nil {
-			return "", err
-		}
-		fmt.Fprintf(&b, "%s_SIGNING_KEY=%s\n", strings.ToUpper(name), signature.FormatKey(k))
-	}
-	// Kafka's superuser, and a principal per client (kafka-init makes them).
-	for _, name := range Variables[5:] {
-		password, err := random(24)
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(&b, "%s=%s\n", name, password)
-	}
-	return b.String(), nil
+	return values, nil
 }
 
 // random returns n random bytes in hex: safe in a URL and in an env file.

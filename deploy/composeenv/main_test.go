@@ -13,13 +13,14 @@ import (
 
 // TestWrite: the file holds every variable, read back as docker compose
 // reads an env file; the keys parse; two files share no secret; the file
-// is its owner's alone; an existing file is kept unless forced.
+// is its owner's alone; an existing file is kept unless forced, and one
+// from an older version gets what it lacks, its own values untouched.
 func TestWrite(t *testing.T) {
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a.env"), filepath.Join(dir, "b.env")
 	for _, p := range []string{a, b} {
-		if err := Write(p, false); err != nil {
-			t.Fatal(err)
+		if added, err := Write(p, false); err != nil || len(added) != len(Variables) {
+			t.Fatalf("added %v: %v", added, err)
 		}
 	}
 	read := func(p string) map[string]string {
@@ -57,16 +58,40 @@ func TestWrite(t *testing.T) {
 		t.Errorf("mode %v (%v), want 0600", fi.Mode().Perm(), err)
 	}
 
-	if err := Write(a, false); err == nil || !strings.Contains(err.Error(), "exists") {
-		t.Errorf("an existing file was replaced without -force: %v", err)
+	if added, err := Write(a, false); err != nil || len(added) != 0 {
+		t.Errorf("a complete file: added %v: %v", added, err)
 	}
-	if read(a)["POSTGRES_PASSWORD"] != ea["POSTGRES_PASSWORD"] {
-		t.Error("the refused write changed the file")
+	for _, v := range Variables {
+		if read(a)[v] != ea[v] {
+			t.Errorf("a write without -force changed %s", v)
+		}
+	}
+
+	// A file an older version wrote: no Kafka passwords, no final newline.
+	old := filepath.Join(dir, "old.env")
+	if err := os.WriteFile(old, []byte("# mine\nPOSTGRES_PASSWORD=kept\nAPI_TOKEN=kept-too"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	added, err := Write(old, false)
+	if err != nil || len(added) != len(Variables)-2 || added[0] != "PROVIDER_TOKEN" {
+		t.Fatalf("an old file: added %v: %v", added, err)
+	}
+	eo := read(old)
+	if eo["POSTGRES_PASSWORD"] != "kept" || eo["API_TOKEN"] != "kept-too" || len(eo) != len(Variables) {
+		t.Errorf("an old file after the write: %v", eo)
+	}
+	for _, v := range added {
+		if eo[v] == "" {
+			t.Errorf("an old file: %s added empty", v)
+		}
+	}
+	if fi, err := os.Stat(old); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("an old 0644 file: mode %v (%v), want 0600", fi.Mode().Perm(), err)
 	}
 	if err := os.Chmod(a, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := Write(a, true); err != nil {
+	if _, err := Write(a, true); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(a); err != nil || fi.Mode().Perm() != 0o600 {

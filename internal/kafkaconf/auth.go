@@ -130,6 +130,10 @@ var process atomic.Pointer[Credentials]
 // separate processes that log in as themselves.
 func UseCredentials(c Credentials) { process.Store(&c) }
 
+// ForgetCredentials undoes UseCredentials: Sarama() logs in with
+// KAFKA_SASL_* again.
+func ForgetCredentials() { process.Store(nil) }
+
 // Current is the login Sarama() applies: UseCredentials' when set,
 // otherwise KAFKA_SASL_* (none when those are unset or invalid; a service
 // checks them with CredentialsFromEnv before it connects).

@@ -63,6 +63,12 @@ func testAuth(t *testing.T, opts KafkaOptions) {
 	err = produce(k, idle, "auth.mine")
 	check(t, errors.Is(err, sarama.ErrTopicAuthorizationFailed), "a principal with no grants produced: %v", err)
 
+	// A grant the broker refuses is an error, not a principal with fewer
+	// rights than asked (Sarama's CreateACLs drops per-ACL errors).
+	_, err = k.AddPrincipal(ctx, "bad-grant", Grant{Resource: sarama.AclResourceAny, Name: "x", Ops: []sarama.AclOperation{sarama.AclOperationRead}})
+	check(t, err != nil, "a grant the broker refuses was taken as given")
+	t.Logf("a refused grant: %v", err)
+
 	_, err = k.AddPrincipal(ctx, AdminUser)
 	check(t, err != nil, "AddPrincipal replaced the superuser")
 }
