@@ -104,13 +104,13 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 
 	switch cmd {
 	case "list":
-		list, err := inbox.ListQuarantine(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Resolved: *resolved})
+		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Resolved: *resolved})
 		if err != nil {
 			return err
 		}
 		printList(out, list)
 	case "held":
-		list, err := inbox.Held(ctx, pool, *consumer)
+		list, err := inbox.ListHeld(ctx, pool, *consumer)
 		if err != nil {
 			return err
 		}
@@ -124,7 +124,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	case "redrive":
 		ids := []int64{id}
 		if *all {
-			list, err := inbox.ListQuarantine(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: inbox.KindDeadLetter})
+			list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: inbox.KindDeadLetter})
 			if err != nil {
 				return err
 			}
@@ -137,7 +137,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			}
 		}
 		for _, id := range ids {
-			res, err := inbox.Redrive(ctx, pool, id, *by)
+			res, err := inbox.RetryQuarantined(ctx, pool, id, *by)
 			if err != nil {
 				return fmt.Errorf("redriving %d: %w", id, err)
 			}
@@ -151,7 +151,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		if strings.TrimSpace(*why) == "" {
 			return errors.New("discard needs -why: it is kept as the audit record")
 		}
-		q, err := inbox.Discard(ctx, pool, id, *by, *why)
+		q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)
 		if err != nil {
 			return err
 		}

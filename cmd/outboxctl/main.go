@@ -107,7 +107,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 
 	switch cmd {
 	case "list", "show":
-		parked, err := outbox.Parked(ctx, pool)
+		parked, err := outbox.ListParked(ctx, pool)
 		if err != nil {
 			return err
 		}
@@ -123,12 +123,12 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		}
 		return fmt.Errorf("%w: %d", outbox.ErrNotParked, id)
 	case "retry":
-		if err := outbox.Retry(ctx, pool, id); err != nil {
+		if err := outbox.RetryParked(ctx, pool, id); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "%d unparked: the relay sends it with its next batch\n", id)
 	case "drop":
-		if err := outbox.Drop(ctx, pool, id, *by, *why); err != nil {
+		if err := outbox.DropParked(ctx, pool, id, *by, *why); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "%d dropped by %s: kept in outbox_dropped\n", id, *by)

@@ -135,7 +135,7 @@ func readServiceFlow(ctx context.Context, pool *pgxpool.Pool, name, topic string
 	if err != nil {
 		return err
 	}
-	held, err := inbox.HoldStats(ctx, pool, name)
+	held, err := inbox.ReadHoldStats(ctx, pool, name)
 	if err != nil {
 		return err
 	}

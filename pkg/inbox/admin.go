@@ -30,11 +30,11 @@ const (
 	ResolutionDiscarded = "discarded"
 )
 
-// Metadata that Redrive adds to the message it writes back.
+// Metadata that RetryQuarantined adds to the message it writes back.
 const (
 	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
 	RedriveByMetadata = "inbox_redrive_by" // who redrove it
-	// ReleaseOfMetadata is set, instead, on the parked message a Discard
+	// ReleaseOfMetadata is set, instead, on the parked message a DropQuarantined
 	// writes back in the place of the dead letter that held its key: the
 	// inbox_quarantine id that was discarded.
 	ReleaseOfMetadata = "inbox_release_of"
@@ -81,7 +81,7 @@ type Quarantined struct {
 	ResolutionNote string
 }
 
-// QuarantineFilter selects rows for ListQuarantine.
+// QuarantineFilter selects rows for ListQuarantined.
 type QuarantineFilter struct {
 	Consumer string // empty: every consumer
 	Kind     string // empty: every kind
@@ -117,9 +117,9 @@ func scanQuarantined(row pgx.Row) (Quarantined, error) {
 	return q, nil
 }
 
-// ListQuarantine returns the quarantined messages f selects, oldest first:
+// ListQuarantined returns the quarantined messages f selects, oldest first:
 // by default the open ones, which an operator has yet to redrive or discard.
-func ListQuarantine(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter) ([]Quarantined, error) {
+func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter) ([]Quarantined, error) {
 	if f.Limit <= 0 {
 		f.Limit = 1000
 	}
@@ -148,14 +148,14 @@ func GetQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64) (Quaranti
 	return q, nil
 }
 
-// RedriveResult says what Redrive did.
+// RedriveResult says what RetryQuarantined did.
 type RedriveResult struct {
 	Quarantined      // the row, as it was before Redrive
 	Redriven    bool // the message was written back to its topic
 	Note        string
 }
 
-// Redrive writes a dead-lettered message back to the topic it came from,
+// RetryQuarantined writes a dead-lettered message back to the topic it came from,
 // under its original message id, with its original payload, partition key
 // and metadata, so the consumer (its handler fixed meanwhile) applies it.
 // What is written is what the outbox can carry: a record that had no value
@@ -179,8 +179,8 @@ type RedriveResult struct {
 // applied meanwhile (its inbox row is 'processed'), changes nothing: the
 // result has Redriven false and a Note that says why. Only dead letters can
 // be redriven (ErrNotRedrivable otherwise): a payload conflict or an invalid
-// message would only be quarantined again; Discard those.
-func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (RedriveResult, error) {
+// message would only be quarantined again; DropQuarantined those.
+func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (RedriveResult, error) {
 	if strings.TrimSpace(by) == "" {
 		return RedriveResult{}, errors.New("inbox: Redrive needs the operator's name")
 	}
@@ -267,7 +267,7 @@ func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Redr
 	return res, nil
 }
 
-// Discard closes a quarantined message without applying it, and keeps the
+// DropQuarantined closes a quarantined message without applying it, and keeps the
 // audit record on its row: who, why, when. Redeliveries of a discarded dead
 // letter stay suppressed. It returns ErrResolved for a row already redriven
 // or discarded.
@@ -275,8 +275,8 @@ func Redrive(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Redr
 // A dead letter that holds its key (Config.OnDeadLetter = HoldKey) releases
 // it in the same transaction: the first message parked behind it is written
 // back to its topic through the outbox in its place, and the rest follow it
-// once it is applied, as after a Redrive (releaseDiscarded).
-func Discard(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) (Quarantined, error) {
+// once it is applied, as after a RetryQuarantined (releaseDiscarded).
+func DropQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) (Quarantined, error) {
 	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
 		return Quarantined{}, errors.New("inbox: Discard needs who discards and why")
 	}

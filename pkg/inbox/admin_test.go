@@ -90,7 +90,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	eventually(t, func() bool { return status() == "dead_lettered" }, 20*time.Second, "the poison message to be dead-lettered")
 	require.Equal(t, 2, b.handler.callsFor(poison.UUID))
 
-	open, err := inbox.ListQuarantine(b.ctx, b.pool, inbox.QuarantineFilter{Kind: inbox.KindDeadLetter})
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Kind: inbox.KindDeadLetter})
 	require.NoError(t, err)
 	require.Len(t, open, 1)
 	dl := open[0]
@@ -100,7 +100,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 
 	// The fix ships; the operator redrives.
 	fixed.Store(true)
-	res, err := inbox.Redrive(b.ctx, b.pool, dl.ID, "alice")
+	res, err := inbox.RetryQuarantined(b.ctx, b.pool, dl.ID, "alice")
 	require.NoError(t, err)
 	require.True(t, res.Redriven, res.Note)
 
@@ -128,7 +128,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	require.Equal(t, 1, appliedRows(t, b, consumer, poison.UUID))
 
 	// Redriving again is a no-op, and says so.
-	again, err := inbox.Redrive(b.ctx, b.pool, dl.ID, "bob")
+	again, err := inbox.RetryQuarantined(b.ctx, b.pool, dl.ID, "bob")
 	require.NoError(t, err)
 	require.False(t, again.Redriven)
 	require.Contains(t, again.Note, "already redriven by alice")
@@ -139,7 +139,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	require.Equal(t, inbox.ResolutionRedriven, resolved.Resolution)
 	require.Equal(t, "alice", resolved.ResolvedBy)
 	require.NotNil(t, resolved.ResolvedAt)
-	open, err = inbox.ListQuarantine(b.ctx, b.pool, inbox.QuarantineFilter{})
+	open, err = inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
 	require.NoError(t, err)
 	require.Empty(t, open, "nothing left to do")
 }
@@ -170,7 +170,7 @@ func TestAdmin(t *testing.T) {
 		require.NoError(t, deliver(b.ctx, mw, id, payload))
 		outboxRows := scalar[int](t, b, `SELECT count(*) FROM outbox_messages`)
 
-		res, err := inbox.Redrive(b.ctx, b.pool, qid, "alice")
+		res, err := inbox.RetryQuarantined(b.ctx, b.pool, qid, "alice")
 		require.NoError(t, err)
 		require.False(t, res.Redriven)
 		require.Contains(t, res.Note, "was applied")
@@ -190,28 +190,28 @@ func TestAdmin(t *testing.T) {
 		require.NoError(t, deliver(b.ctx, mw, id, []byte(`{"amount":999}`)))
 		qid := quarantineID(t, b, inbox.KindPayloadConflict, id)
 
-		_, err := inbox.Redrive(b.ctx, b.pool, qid, "alice")
+		_, err := inbox.RetryQuarantined(b.ctx, b.pool, qid, "alice")
 		require.ErrorIs(t, err, inbox.ErrNotRedrivable, "a conflict would only conflict again")
-		_, err = inbox.Discard(b.ctx, b.pool, qid, "alice", "")
+		_, err = inbox.DropQuarantined(b.ctx, b.pool, qid, "alice", "")
 		require.Error(t, err, "a discard needs a reason")
 
 		before := time.Now()
-		q, err := inbox.Discard(b.ctx, b.pool, qid, "alice", "producer bug #42, amount corrected by hand")
+		q, err := inbox.DropQuarantined(b.ctx, b.pool, qid, "alice", "producer bug #42, amount corrected by hand")
 		require.NoError(t, err)
 		require.Equal(t, inbox.ResolutionDiscarded, q.Resolution)
 		require.Equal(t, "alice", q.ResolvedBy)
 		require.Equal(t, "producer bug #42, amount corrected by hand", q.ResolutionNote)
 		require.WithinDuration(t, before, *q.ResolvedAt, 5*time.Second)
 
-		_, err = inbox.Discard(b.ctx, b.pool, qid, "bob", "again")
+		_, err = inbox.DropQuarantined(b.ctx, b.pool, qid, "bob", "again")
 		require.ErrorIs(t, err, inbox.ErrResolved)
-		_, err = inbox.Redrive(b.ctx, b.pool, 1<<40, "alice")
+		_, err = inbox.RetryQuarantined(b.ctx, b.pool, 1<<40, "alice")
 		require.ErrorIs(t, err, inbox.ErrNotFound)
 
-		open, err := inbox.ListQuarantine(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+		open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
 		require.NoError(t, err)
 		require.Empty(t, open)
-		all, err := inbox.ListQuarantine(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Resolved: true})
+		all, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Resolved: true})
 		require.NoError(t, err)
 		require.Len(t, all, 1)
 		require.Equal(t, "alice", all[0].ResolvedBy, "the first discard's record stands")

@@ -39,9 +39,9 @@
 // keeps (a row's duplicates) stops at its maximum rather than overflow.
 // With [Config.Verify] a message is authenticated before its id is looked
 // up (package signature): a forgery under a fresh id is quarantined, never
-// applied. [ListQuarantine] shows what was quarantined;
-// [Redrive] writes a dead letter back to its topic once the handler is
-// fixed, and [Discard] closes one for good.
+// applied. [ListQuarantined] shows what was quarantined;
+// [RetryQuarantined] writes a dead letter back to its topic once the handler is
+// fixed, and [DropQuarantined] closes one for good.
 //
 // # Batches
 //
@@ -111,14 +111,14 @@
 //     would have applied it (its inbox row with status 'parked', so a
 //     redelivery is a duplicate and another payload a conflict; its payload
 //     and metadata in inbox_parked), and acknowledged. Other keys flow.
-//   - [Redrive] of the dead letter writes it back through the outbox as
+//   - [RetryQuarantined] of the dead letter writes it back through the outbox as
 //     before; when it comes back it alone goes through, and the commit that
 //     applies it releases the key. The delivery that released it then
 //     applies the parked messages, in arrival order, one transaction each,
 //     through the same handler and the same retry loop, before it is
 //     acknowledged; then the hold is gone. Each is applied exactly once: its
 //     inbox row turns from 'parked' to 'processed' in its own transaction.
-//   - [Discard] of the dead letter releases the key too: the first parked
+//   - [DropQuarantined] of the dead letter releases the key too: the first parked
 //     message is written back through the outbox in its place (it carries
 //     [ReleaseOfMetadata]), and the others follow it as after a redrive.
 //     Release goes through Kafka because only the consumer has the handler.
@@ -129,12 +129,12 @@
 //     delivery was not acknowledged, so it comes back (a duplicate) and,
 //     finding the key released, goes on where the release stopped.
 //
-// A message whose key is empty is never held. [Held] and [HoldStats] show
+// A message whose key is empty is never held. [ListHeld] and [ReadHoldStats] show
 // what is held (inboxctl held). The key comes from Config.Key: the outbox's
 // partition_key metadata by default, or inboxkafka.Key, the Kafka record's.
 // A redriven or written-back message lands on its key's partition only when
 // its metadata holds that key (outbox.KeyMetadata, as the outbox's relay
-// leaves it), and only a UUID id can go back through the outbox: a Discard
+// leaves it), and only a UUID id can go back through the outbox: a DropQuarantined
 // whose first parked message has another id releases the key at once, and
 // the key's next delivery applies the parked messages before itself.
 //

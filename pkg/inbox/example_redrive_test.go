@@ -24,10 +24,10 @@ import (
 
 // A message the consumer cannot handle yet (its handler returns
 // inbox.Permanent) is dead-lettered at once, and its partition moves on. An
-// operator finds it with ListQuarantine; once the fix ships, Redrive writes
+// operator finds it with ListQuarantined; once the fix ships, RetryQuarantined writes
 // it back to its topic through the outbox, the relay publishes it, and the
 // consumer applies it.
-func ExampleRedrive() {
+func ExampleRetryQuarantined() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -89,7 +89,7 @@ func ExampleRedrive() {
 	})
 
 	// The relay publishes what is written to the outbox: the producer's
-	// events, the consumer's dead letters and the messages Redrive writes
+	// events, the consumer's dead letters and the messages RetryQuarantined writes
 	// back. (Producer and consumer share one database and one relay here;
 	// in a system each service runs its own.)
 	publisher, err := outboxkafka.NewPublisher(brokers, conf, marshaler)
@@ -124,7 +124,7 @@ func ExampleRedrive() {
 	}
 	fmt.Println("delivery:", next())
 
-	open, err := inbox.ListQuarantine(ctx, pool, inbox.QuarantineFilter{Consumer: "example-shipping"})
+	open, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: "example-shipping"})
 	if err != nil {
 		panic(err)
 	}
@@ -135,7 +135,7 @@ func ExampleRedrive() {
 	// The fix ships; the operator redrives what was quarantined.
 	knowsV2.Store(true)
 	for _, q := range open {
-		res, err := inbox.Redrive(ctx, pool, q.ID, "alice")
+		res, err := inbox.RetryQuarantined(ctx, pool, q.ID, "alice")
 		if err != nil {
 			panic(err)
 		}
@@ -152,7 +152,7 @@ func ExampleRedrive() {
 		panic(err)
 	}
 	fmt.Println("shipped order-42 with", carrier)
-	open, err = inbox.ListQuarantine(ctx, pool, inbox.QuarantineFilter{Consumer: "example-shipping"})
+	open, err = inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: "example-shipping"})
 	if err != nil {
 		panic(err)
 	}

@@ -25,7 +25,7 @@ import (
 //	             drains it: release → nextParked → applyParked, one parked
 //	             message per transaction, in arrival order, through the same
 //	             retry loop as any delivery
-//	admin.go     Redrive marks the hold redriven; Discard writes the first
+//	admin.go     RetryQuarantined marks the hold redriven; DropQuarantined writes the first
 //	             parked message back in the dead letter's place
 //
 // Batches (batch.go) leave a held key's deliveries to go alone (heldInBatch).

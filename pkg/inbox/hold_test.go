@@ -21,7 +21,7 @@ import (
 )
 
 // holdBundle is a consumer behind a real router and broker, with its own
-// relay (Redrive and Discard write back through the outbox), whose handler
+// relay (RetryQuarantined and DropQuarantined write back through the outbox), whose handler
 // refuses every payload that starts with "poison" until the message is fixed.
 type holdBundle struct {
 	*testBundle
@@ -175,7 +175,7 @@ func TestHoldKey(t *testing.T) {
 			if tc.policy == inbox.HoldKey {
 				h.await(t, "parked", k2, k3)
 			}
-			held, err := inbox.Held(h.ctx, h.pool, consumer)
+			held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
 			require.NoError(t, err)
 			if tc.policy == inbox.HoldKey {
 				require.Len(t, held, 1)
@@ -184,7 +184,7 @@ func TestHoldKey(t *testing.T) {
 				require.Equal(t, "held", held[0].State)
 				require.Equal(t, 2, held[0].Parked)
 				require.Equal(t, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), held[0].DeadLetter)
-				counts, err := inbox.HoldStats(h.ctx, h.pool, consumer)
+				counts, err := inbox.ReadHoldStats(h.ctx, h.pool, consumer)
 				require.NoError(t, err)
 				require.Equal(t, inbox.HoldCounts{Keys: 1, Parked: 2}, counts)
 			} else {
@@ -192,7 +192,7 @@ func TestHoldKey(t *testing.T) {
 			}
 
 			h.fix(k1)
-			res, err := inbox.Redrive(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
+			res, err := inbox.RetryQuarantined(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
 			require.NoError(t, err)
 			require.True(t, res.Redriven, res.Note)
 			h.await(t, "processed", k1, k2, k3)
@@ -211,7 +211,7 @@ func TestHoldKey(t *testing.T) {
 			require.Equal(t, 1, h.handler.callsFor(k2))
 			require.Equal(t, 1, h.handler.callsFor(k3))
 			eventually(t, func() bool {
-				held, err := inbox.Held(h.ctx, h.pool, consumer)
+				held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
 				require.NoError(t, err)
 				return len(held) == 0
 			}, 10*time.Second, "the hold to be gone")
@@ -235,7 +235,7 @@ func TestHoldKeyRelease(t *testing.T) {
 		h.await(t, "parked", k2, k3)
 
 		qid := quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1)
-		_, err := inbox.Discard(h.ctx, h.pool, qid, "alice", "superseded by a manual correction")
+		_, err := inbox.DropQuarantined(h.ctx, h.pool, qid, "alice", "superseded by a manual correction")
 		require.NoError(t, err)
 		h.await(t, "processed", k2, k3)
 
@@ -258,11 +258,11 @@ func TestHoldKeyRelease(t *testing.T) {
 		h.await(t, "parked", k2, k3)
 
 		h.fix(k1)
-		_, err := inbox.Redrive(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
+		_, err := inbox.RetryQuarantined(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
 		require.NoError(t, err)
 		h.await(t, "processed", k1)
 		h.await(t, "dead_lettered", k2) // released, it failed: the key is held again
-		held, err := inbox.Held(h.ctx, h.pool, consumer)
+		held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
 		require.NoError(t, err)
 		require.Len(t, held, 1)
 		require.Equal(t, k2, held[0].Holder)
@@ -273,7 +273,7 @@ func TestHoldKeyRelease(t *testing.T) {
 		h.await(t, "parked", k4)
 
 		h.fix(k2)
-		_, err = inbox.Redrive(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k2), "alice")
+		_, err = inbox.RetryQuarantined(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k2), "alice")
 		require.NoError(t, err)
 		h.await(t, "processed", k2, k3, k4)
 		require.Equal(t, []string{k1, k2, k3, k4}, h.order(k1, k2, k3, k4))
@@ -285,7 +285,7 @@ func TestHoldKeyRelease(t *testing.T) {
 		// Released, the key is held again by its next poison.
 		k5 := h.publish(t, "K", "poison 5")
 		h.await(t, "dead_lettered", k5)
-		held, err = inbox.Held(h.ctx, h.pool, consumer)
+		held, err = inbox.ListHeld(h.ctx, h.pool, consumer)
 		require.NoError(t, err)
 		require.Len(t, held, 1)
 		require.Equal(t, k5, held[0].Holder)

@@ -24,22 +24,22 @@ type HeldKey struct {
 	Topic    string
 	Key      string
 	// Holder is the message the key waits for: the dead letter, or, once
-	// redriven or after a Discard, the message written back in its place.
+	// redriven or after a DropQuarantined, the message written back in its place.
 	Holder string
 	// State is "held" (the holder is dead-lettered: redrive or discard
 	// DeadLetter), "redriven" (written back, not applied yet) or "released"
 	// (applied: the parked messages are being applied).
 	State string
-	// DeadLetter is the holder's open inbox_quarantine row, for Redrive and
-	// Discard (inboxctl redrive ID); 0 when none is open.
+	// DeadLetter is the holder's open inbox_quarantine row, for RetryQuarantined and
+	// DropQuarantined (inboxctl redrive ID); 0 when none is open.
 	DeadLetter   int64
 	Parked       int        // messages parked behind the holder
 	OldestParked *time.Time // when the first of them arrived; nil when none
 	HeldAt       time.Time
 }
 
-// Held lists the keys consumer holds ("": every consumer), oldest first.
-func Held(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]HeldKey, error) {
+// ListHeld lists the keys consumer holds ("": every consumer), oldest first.
+func ListHeld(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]HeldKey, error) {
 	rows, err := pool.Query(ctx, `
 		SELECT h.consumer, h.topic, h.partition_key, h.holder, h.state, h.held_at,
 			coalesce((SELECT max(q.id) FROM inbox_quarantine q WHERE q.consumer = h.consumer AND q.message_id = h.holder
@@ -70,9 +70,9 @@ type HoldCounts struct {
 	Parked int64 // messages parked behind them
 }
 
-// HoldStats counts consumer's held keys and parked messages: two index
+// ReadHoldStats counts consumer's held keys and parked messages: two index
 // scans, for a metrics scrape.
-func HoldStats(ctx context.Context, pool *pgxpool.Pool, consumer string) (HoldCounts, error) {
+func ReadHoldStats(ctx context.Context, pool *pgxpool.Pool, consumer string) (HoldCounts, error) {
 	var c HoldCounts
 	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM inbox_held_keys WHERE consumer = $1),
 		(SELECT count(*) FROM inbox_parked WHERE consumer = $1)`, consumer).Scan(&c.Keys, &c.Parked)
@@ -114,12 +114,12 @@ func setHoldOf(ctx context.Context, tx pgx.Tx, q Quarantined, state string) erro
 }
 
 // releaseDiscarded releases the key the discarded dead letter q held, in
-// Discard's transaction. Nothing parked: the hold is deleted. Else the first
+// DropQuarantined's transaction. Nothing parked: the hold is deleted. Else the first
 // parked message takes the dead letter's place, as if redriven: written back
 // to its topic through the outbox under its own id (its inbox row deleted,
 // so that it is applied when it comes back), and the hold waits for it; the
 // others follow it once it is applied. The release goes through Kafka, like
-// Redrive's, because only the consumer has the handler. A first parked
+// RetryQuarantined's, because only the consumer has the handler. A first parked
 // message whose id the outbox cannot carry (not a UUID) stays parked and
 // the key is released at once: the key's next delivery applies the parked
 // messages before itself.

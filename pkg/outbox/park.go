@@ -60,12 +60,12 @@ type ParkedRow struct {
 	Waiting   int // rows of the same topic and key waiting behind it
 }
 
-// ErrNotParked is returned by Retry and Drop for an id that is not a parked
+// ErrNotParked is returned by RetryParked and DropParked for an id that is not a parked
 // row (never was, or already retried or dropped).
 var ErrNotParked = errors.New("outbox: no parked row with that id")
 
-// Parked lists the parked rows, oldest first.
-func Parked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedRow, error) {
+// ListParked lists the parked rows, oldest first.
+func ListParked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedRow, error) {
 	rows, err := pool.Query(ctx, `
 		SELECT p.id, p.message_id::text, p.topic, p.partition_key, p.payload, p.metadata,
 		       p.created_at, p.parked_at, p.park_reason,
@@ -91,10 +91,10 @@ func Parked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedRow, error) {
 	})
 }
 
-// Retry unparks row id: the relay sends it again with the next batch, and
+// RetryParked unparks row id: the relay sends it again with the next batch, and
 // its key's waiting rows go out after it. Fix what refused it first (the
 // broker's max.message.bytes, the producer's limit), or it is parked again.
-func Retry(ctx context.Context, pool *pgxpool.Pool, id int64) error {
+func RetryParked(ctx context.Context, pool *pgxpool.Pool, id int64) error {
 	tag, err := pool.Exec(ctx, `
 		UPDATE outbox_messages SET parked_at = NULL, park_reason = NULL
 		WHERE id = $1 AND parked_at IS NOT NULL`, id)
@@ -107,12 +107,12 @@ func Retry(ctx context.Context, pool *pgxpool.Pool, id int64) error {
 	return nil
 }
 
-// Drop gives up on parked row id: it moves to outbox_dropped with by, why
+// DropParked gives up on parked row id: it moves to outbox_dropped with by, why
 // and the time, and its key's waiting rows go out without it. Consumers
 // never see the message; why should say what was done instead.
-func Drop(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) error {
+func DropParked(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) error {
 	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
-		return errors.New("outbox: Drop needs who drops the row and why: they are its audit record")
+		return errors.New("outbox: DropParked needs who drops the row and why: they are its audit record")
 	}
 	tag, err := pool.Exec(ctx, `
 		WITH gone AS (

@@ -300,7 +300,7 @@ func (c holdCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c holdCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
 	defer cancel()
-	n, err := inbox.HoldStats(ctx, c.pool, c.consumer)
+	n, err := inbox.ReadHoldStats(ctx, c.pool, c.consumer)
 	if err != nil {
 		c.log.Warn("metrics: counting held keys", "err", err)
 		return

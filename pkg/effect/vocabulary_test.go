@@ -1,0 +1,49 @@
+package effect_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// The three components run alike (docs/library.md, "One vocabulary for the
+// three"): the compiler checks the lifecycle, ErrRunning and the admin
+// verbs; TestOneVocabulary that each has Stats().
+type lifecycle interface {
+	Run(ctx context.Context) error
+	Running() bool
+}
+
+var (
+	_ lifecycle = (*outbox.Relay)(nil)
+	_ lifecycle = (*inbox.Inbox)(nil)
+	_ lifecycle = (*effect.Runner[struct{}])(nil)
+
+	// List…, Get…, Retry…, Drop…, Read…Stats, each on a pool.
+	_ = outbox.ListParked
+	_ = outbox.RetryParked
+	_ = outbox.DropParked
+	_ = inbox.ListQuarantined
+	_ = inbox.GetQuarantined
+	_ = inbox.RetryQuarantined
+	_ = inbox.DropQuarantined
+	_ = inbox.ListHeld
+	_ = inbox.ReadHoldStats
+	_ = effect.ReadStats
+
+	// A second Run while one runs returns the package's ErrRunning.
+	_ = []error{outbox.ErrRunning, inbox.ErrRunning, effect.ErrRunning}
+)
+
+func TestOneVocabulary(t *testing.T) {
+	for _, c := range []any{(*outbox.Relay)(nil), (*inbox.Inbox)(nil), (*effect.Runner[struct{}])(nil)} {
+		m, ok := reflect.TypeOf(c).MethodByName("Stats")
+		if !ok || m.Type.NumIn() != 1 || m.Type.NumOut() != 1 || m.Type.Out(0).Kind() != reflect.Struct {
+			t.Errorf("%T: no Stats() returning its counters", c)
+		}
+	}
+}
