@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -64,8 +64,11 @@ type Config[R any] struct {
 	// the outside system remembers a key (Stripe: 24 hours), after which a
 	// repeated call would be performed again. 0: no limit.
 	MaxAge time.Duration
-	// Logger defaults to watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Logger receives what goes wrong (and, at Info, what an operator
+	// wants to know, like a shard moving). Defaults to discarding it.
+	Logger *slog.Logger
+	// log is Logger, or a logger that discards.
+	log *slog.Logger
 }
 
 // ErrTooOld is the error Record gets for an effect older than MaxAge.
@@ -116,9 +119,7 @@ func NewRunner[R any](cfg Config[R]) (*Runner[R], error) {
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, DefaultMinBackoff)
 	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, DefaultMaxBackoff), cfg.MinBackoff)
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
+	cfg.log = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return &Runner[R]{cfg: cfg}, nil
 }
 
@@ -182,13 +183,13 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 		if err != nil {
 			// One line when the database stops answering, not one a poll.
 			if failing++; failing == 1 && ctx.Err() == nil {
-				r.cfg.Logger.Error("effect: claiming failed; retrying every poll", err, watermill.LogFields{"kind": r.cfg.Kind})
+				r.cfg.log.Error("effect: claiming failed; retrying every poll", "err", err, "kind", r.cfg.Kind)
 			}
 			wait = r.cfg.PollInterval
 			continue
 		}
 		if failing > 0 {
-			r.cfg.Logger.Info("effect: claiming works again", watermill.LogFields{"kind": r.cfg.Kind, "failed_polls": failing})
+			r.cfg.log.Info("effect: claiming works again", "kind", r.cfg.Kind, "failed_polls", failing)
 			failing = 0
 		}
 		for _, e := range effects {
@@ -234,7 +235,7 @@ func (r *Runner[R]) claim(ctx context.Context, n int) ([]Effect, error) {
 // The two named crash windows sit on either side of the call.
 func (r *Runner[R]) perform(ctx context.Context, e Effect) {
 	r.count(func(s *RunnerStats) { s.Calls++ })
-	fields := watermill.LogFields{"kind": e.Kind, "key": e.Key, "attempt": e.Attempt}
+	fields := []any{"kind", e.Kind, "key", e.Key, "attempt", e.Attempt}
 	var result R
 	var err error
 	if r.cfg.MaxAge > 0 && time.Since(e.Created) > r.cfg.MaxAge {
@@ -263,13 +264,13 @@ func (r *Runner[R]) perform(ctx context.Context, e Effect) {
 		r.retryLater(ctx, e, fmt.Errorf("recording the outcome: %w", rerr), fields)
 	case !recorded:
 		r.count(func(s *RunnerStats) { s.Overtook++ })
-		r.cfg.Logger.Info("effect: another runner recorded this effect first", fields)
+		r.cfg.log.Info("effect: another runner recorded this effect first", fields...)
 	case err != nil:
 		r.count(func(s *RunnerStats) { s.Failed++ })
-		r.cfg.Logger.Error("effect: failed for good", err, fields)
+		r.cfg.log.Error("effect: failed for good", append(fields, "err", err)...)
 	default:
 		r.count(func(s *RunnerStats) { s.Done++ })
-		r.cfg.Logger.Debug("effect: done", fields)
+		r.cfg.log.Debug("effect: done", fields...)
 	}
 }
 
@@ -303,15 +304,15 @@ func (r *Runner[R]) record(ctx context.Context, e Effect, result R, callErr erro
 // unless another runner claimed it since (its lease expired under this
 // one): attempts is the claim's fencing token, so a late runner cannot cut
 // short the lease of the one calling now.
-func (r *Runner[R]) retryLater(ctx context.Context, e Effect, callErr error, fields watermill.LogFields) {
+func (r *Runner[R]) retryLater(ctx context.Context, e Effect, callErr error, fields []any) {
 	r.count(func(s *RunnerStats) { s.Retried++ })
 	wait := r.backoff(e.Attempt)
-	r.cfg.Logger.Info("effect: call failed; retrying", fields.Add(watermill.LogFields{"err": callErr.Error(), "retry_in": wait.String()}))
+	r.cfg.log.Info("effect: call failed; retrying", append(fields, "err", callErr, "retry_in", wait)...)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
 	defer cancel()
 	if _, err := r.cfg.Pool.Exec(ctx, `UPDATE effects SET due_at = now() + $2::interval, last_error = $3
 		WHERE id = $1 AND state = 'pending' AND attempts = $4`, e.ID, wait, callErr.Error(), e.Attempt); err != nil {
-		r.cfg.Logger.Error("effect: scheduling the retry failed; the call is repeated after the lease", err, fields)
+		r.cfg.log.Error("effect: scheduling the retry failed; the call is repeated after the lease", append(fields, "err", err)...)
 	}
 }
 

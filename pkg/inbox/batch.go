@@ -194,7 +194,7 @@ func (in *Inbox) runSetBatchSplitting(a applier, items []*batchItem) []batchResu
 	if len(items) < 2 || !errors.As(err, &failed) {
 		return results
 	}
-	in.cfg.Logger.Debug("Inbox batch failed in the handler; splitting it in two", watermill.LogFields{
+	in.cfg.log.Debug("Inbox batch failed in the handler; splitting it in two", watermill.LogFields{
 		"consumer": in.cfg.Consumer, "messages": len(items), "err": failed.Error()})
 	half := len(items) / 2
 	return append(in.runSetBatchSplitting(a, items[:half]), in.runSetBatchSplitting(a, items[half:])...)

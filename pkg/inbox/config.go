@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -127,8 +128,11 @@ type Config struct {
 	// OnOutcome, when set, is called after each delivery is settled, for
 	// metrics, logs and the chaos harness's narration. It must be fast.
 	OnOutcome func(Event)
-	// Logger defaults to watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Logger receives what goes wrong (and, at Info, what an operator
+	// wants to know, like a shard moving). Defaults to discarding it.
+	Logger *slog.Logger
+	// log is Logger as Watermill's adapter, the form the code logs through.
+	log watermill.LoggerAdapter
 
 	// OnDeadLetter is what a dead letter does to the later messages of its
 	// partition key (Key): SkipKey applies them as they come, ahead of the
@@ -178,8 +182,9 @@ func (c *Config) setDefaults() {
 	if c.Key == nil {
 		c.Key = KeyFromMetadata(outbox.KeyMetadata)
 	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+	c.log = watermill.NopLogger{}
+	if c.Logger != nil {
+		c.log = watermill.NewSlogLogger(c.Logger)
 	}
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.RetryBackoff = cmp.Or(c.RetryBackoff, DefaultRetryBackoff)

@@ -25,7 +25,7 @@ func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
 	if err != nil {
 		return err
 	}
-	in.cfg.Logger.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
+	in.cfg.log.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
 	in.settle(d, Invalid, reason)
 	return nil
 }
@@ -83,7 +83,7 @@ func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
 	}
-	in.cfg.Logger.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
+	in.cfg.log.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
 	return n, nil
 }
 
@@ -156,7 +156,7 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 		in.settleSeen(d, settled, seenReason)
 		return nil
 	}
-	in.cfg.Logger.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
+	in.cfg.log.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
 	in.settle(d, DeadLettered, reason)
 	return nil
 }

@@ -82,7 +82,7 @@ func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
 // settleSeen settles a committed duplicate or conflict.
 func (in *Inbox) settleSeen(d *delivery, o Outcome, reason string) {
 	if o == Conflict {
-		in.cfg.Logger.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
+		in.cfg.log.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
 	}
 	in.settle(d, o, reason)
 }

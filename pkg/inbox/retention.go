@@ -68,9 +68,9 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 func (in *Inbox) sweepEvery(ctx context.Context, interval time.Duration) {
 	ctxtime.Every(ctx, interval, func() {
 		if n, err := in.Sweep(ctx); err != nil && ctx.Err() == nil {
-			in.cfg.Logger.Error("Inbox retention sweep failed", err, watermill.LogFields{"consumer": in.cfg.Consumer})
+			in.cfg.log.Error("Inbox retention sweep failed", err, watermill.LogFields{"consumer": in.cfg.Consumer})
 		} else if n > 0 {
-			in.cfg.Logger.Info("Inbox retention sweep", watermill.LogFields{"consumer": in.cfg.Consumer, "deleted": n})
+			in.cfg.log.Info("Inbox retention sweep", watermill.LogFields{"consumer": in.cfg.Consumer, "deleted": n})
 		}
 	})
 }

@@ -96,7 +96,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err := r.leaseRound(ctx); errors.Is(err, ErrShardCount) {
 			return err // a relay that disagrees on the count must not run
 		} else if err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Error("Relay lease round failed; retrying", err, watermill.LogFields{"relay": r.cfg.RelayID})
+			r.cfg.log.Error("Relay lease round failed; retrying", err, watermill.LogFields{"relay": r.cfg.RelayID})
 		}
 	}
 	var wg sync.WaitGroup
@@ -132,7 +132,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures++
 			r.stats.errors.Add(1)
 			wait := r.backoff(failures)
-			r.cfg.Logger.Error("Relay batch failed; rows will be retried", err,
+			r.cfg.log.Error("Relay batch failed; rows will be retried", err,
 				watermill.LogFields{"failures_in_a_row": failures, "retry_in": wait.String()})
 			if !ctxtime.Sleep(ctx, wait) {
 				return nil
@@ -278,7 +278,7 @@ func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
 	}
 	for _, p := range res.parked {
 		r.stats.parked.Add(1)
-		r.cfg.Logger.Error("Relay parked an outbox row the broker will not take; its key waits until it is retried or dropped",
+		r.cfg.log.Error("Relay parked an outbox row the broker will not take; its key waits until it is retried or dropped",
 			errors.New(p.reason), watermill.LogFields{"row": p.id, "message_id": p.msgID, "topic": p.topic, "key": p.key})
 	}
 	return res, res.err
@@ -293,7 +293,7 @@ func (r *Relay) listen(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.cfg.Logger.Error("Outbox listener lost; falling back to polling until it reconnects", err, nil)
+		r.cfg.log.Error("Outbox listener lost; falling back to polling until it reconnects", err, nil)
 		// Reconnect soon even when the poll is slow: until then, commits
 		// wait for the poll.
 		ctxtime.Sleep(ctx, min(r.cfg.PollInterval, time.Second))

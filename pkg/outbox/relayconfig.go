@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -97,8 +98,11 @@ type RelayConfig struct {
 	// DefaultRetentionBatch.
 	RetentionBatch int
 
-	// Logger defaults to watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Logger receives what goes wrong (and, at Info, what an operator
+	// wants to know, like a shard moving). Defaults to discarding it.
+	Logger *slog.Logger
+	// log is Logger as Watermill's adapter, the form the code logs through.
+	log watermill.LoggerAdapter
 }
 
 // The defaults of RelayConfig's zero fields.
@@ -133,8 +137,9 @@ func (c *RelayConfig) setDefaults() {
 	if c.IsPermanent == nil {
 		c.IsPermanent = IsPermanent
 	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+	c.log = watermill.NopLogger{}
+	if c.Logger != nil {
+		c.log = watermill.NewSlogLogger(c.Logger)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 func (r *Relay) retain(ctx context.Context) {
 	ctxtime.Every(ctx, r.cfg.RetentionInterval, func() {
 		if _, err := r.DeletePublished(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Error("Outbox retention failed", err, nil)
+			r.cfg.log.Error("Outbox retention failed", err, nil)
 		}
 	})
 }

@@ -130,14 +130,14 @@ func (r *Relay) lease(ctx context.Context) {
 			break
 		}
 		if err := r.leaseRound(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Error("Relay lease round failed; shards whose lease expires go to other relays", err,
+			r.cfg.log.Error("Relay lease round failed; shards whose lease expires go to other relays", err,
 				watermill.LogFields{"relay": r.cfg.RelayID})
 		}
 	}
 	stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := r.releaseAll(stop); err != nil {
-		r.cfg.Logger.Error("Relay could not give its shards back; they move when their leases expire", err,
+		r.cfg.log.Error("Relay could not give its shards back; they move when their leases expire", err,
 			watermill.LogFields{"relay": r.cfg.RelayID})
 	}
 }
@@ -204,7 +204,7 @@ func (r *Relay) leaseRound(ctx context.Context) error {
 			owned[s] = t
 		}
 		if len(taken) > 0 {
-			r.cfg.Logger.Info("Relay took shards", watermill.LogFields{"relay": r.cfg.RelayID, "shards": fmt.Sprint(sortedShards(taken)),
+			r.cfg.log.Info("Relay took shards", watermill.LogFields{"relay": r.cfg.RelayID, "shards": fmt.Sprint(sortedShards(taken)),
 				"owned": len(owned), "fair_share": share, "relays": live})
 		}
 	}
@@ -255,7 +255,7 @@ func (r *Relay) renew(ctx context.Context, shards []int32, tokens []int64) (map[
 		}
 	}
 	if lost := len(shards) - len(owned); lost > 0 {
-		r.cfg.Logger.Info("Relay lost shards to another relay", watermill.LogFields{"relay": r.cfg.RelayID, "lost": lost})
+		r.cfg.log.Info("Relay lost shards to another relay", watermill.LogFields{"relay": r.cfg.RelayID, "lost": lost})
 	}
 	return owned, nil
 }

@@ -26,12 +26,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"regexp"
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -142,7 +142,7 @@ type captured struct {
 
 // captures returns the capture runner: it reads PROVIDER_URL, and with
 // EFFECT_KEYS_DISABLED (the chaos harness's control run) sends no key.
-func captures(pool *pgxpool.Pool, cfg platform.Config, log watermill.LoggerAdapter) (platform.Effects, error) {
+func captures(pool *pgxpool.Pool, cfg platform.Config, log *slog.Logger) (platform.Effects, error) {
 	if cfg.ProviderURL == "" {
 		return platform.Effects{Kind: captureKind}, nil // recorded, counted, not called
 	}
@@ -166,7 +166,7 @@ type captureClient struct {
 	keys  bool   // send the Idempotency-Key (off only in the control run)
 	token string // PROVIDER_TOKEN: the provider's API key
 	http  http.Client
-	log   watermill.LoggerAdapter
+	log   *slog.Logger
 }
 
 // do makes one capture call. A 200 or 402 (declined) ends the effect; a
@@ -240,8 +240,8 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 	out.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	if out.Replayed {
 		c.log.Info("capture: the provider answered with the stored response; nothing was captured again",
-			watermill.LogFields{"key": e.Key, "order_id": intent.OrderID, "capture": out.ID, "attempt": e.Attempt,
-				"original_request": resp.Header.Get("Original-Request")})
+			"key", e.Key, "order_id", intent.OrderID, "capture", out.ID, "attempt", e.Attempt,
+			"original_request", resp.Header.Get("Original-Request"))
 	}
 	return out, nil
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -61,7 +60,7 @@ func answers(t *testing.T, evs ...any) []*message.Message {
 func runCaptures(t *testing.T, pool *pgxpool.Pool, cfg platform.Config) {
 	t.Helper()
 	cfg.EffectMinBackoff, cfg.EffectMaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-	eff, err := captures(pool, cfg, watermill.NopLogger{})
+	eff, err := captures(pool, cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

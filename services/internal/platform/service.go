@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,7 +55,7 @@ type Service struct {
 	// Effects, when set, makes the runner of the service's effects outside
 	// the database (pkg/effect); the effects table is migrated for it. A
 	// zero Effects runs none (the effects wait, recorded).
-	Effects func(pool *pgxpool.Pool, cfg Config, log watermill.LoggerAdapter) (Effects, error)
+	Effects func(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (Effects, error)
 }
 
 // Effects is a running service's effect runner.
@@ -140,7 +139,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 	var effects Effects
 	if svc.Effects != nil {
-		if effects, err = svc.Effects(pool, cfg, wlog); err != nil {
+		if effects, err = svc.Effects(pool, cfg, log); err != nil {
 			return fmt.Errorf("effects: %w", err)
 		}
 		if effects.Run == nil {
@@ -173,7 +172,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool: pool, Publisher: publisher, Logger: wlog,
+		Pool: pool, Publisher: publisher, Logger: log,
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
 		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
@@ -187,7 +186,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return err
 	}
 	ibx, err := inbox.New(withControls(cfg, inbox.Config{
-		Pool: pool, Consumer: svc.Name, Logger: wlog, OnDeadLetter: onDeadLetter,
+		Pool: pool, Consumer: svc.Name, Logger: log, OnDeadLetter: onDeadLetter,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		Retention: cfg.InboxRetention,
