@@ -349,7 +349,7 @@ func newRelayBuild(ctx context.Context, url string, brokers []string, b, topic s
 			return nil, err
 		}
 		r.closes = append(r.closes, rpool.Close)
-		pub, err := outboxkafka.NewPublisher(brokers, kafkaconf.Sarama(), kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
+		pub, err := outboxkafka.New(outboxkafka.Config{Brokers: brokers, Sarama: kafkaconf.Sarama(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)})
 		if err != nil {
 			r.close()
 			return nil, err

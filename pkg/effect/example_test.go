@@ -61,7 +61,7 @@ func Example() {
 	topic := "example.orders." + watermill.NewShortUUID() // its own, so the example can run again
 
 	// 1. The outbox: a relay publishing what committed.
-	publisher, err := outboxkafka.NewPublisher(brokers, conf, marshaler)
+	publisher, err := outboxkafka.New(outboxkafka.Config{Brokers: brokers, Sarama: conf, Marshaler: marshaler})
 	if err != nil {
 		panic(err)
 	}

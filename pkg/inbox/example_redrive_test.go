@@ -92,7 +92,7 @@ func ExampleRetryQuarantined() {
 	// events, the consumer's dead letters and the messages RetryQuarantined writes
 	// back. (Producer and consumer share one database and one relay here;
 	// in a system each service runs its own.)
-	publisher, err := outboxkafka.NewPublisher(brokers, conf, marshaler)
+	publisher, err := outboxkafka.New(outboxkafka.Config{Brokers: brokers, Sarama: conf, Marshaler: marshaler})
 	if err != nil {
 		panic(err)
 	}

@@ -56,8 +56,11 @@ func Example() {
 
 	conf := sarama.NewConfig()
 	conf.Version = sarama.V2_8_0_0 // your brokers' protocol version; Kafka 4 takes 2.1 and later
-	publisher, err := outboxkafka.NewPublisher(strings.Split(os.Getenv("KAFKA_BROKERS"), ","), conf,
-		kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
+	publisher, err := outboxkafka.New(outboxkafka.Config{
+		Brokers:   strings.Split(os.Getenv("KAFKA_BROKERS"), ","),
+		Sarama:    conf,
+		Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey),
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -170,7 +173,7 @@ func ExampleRelay_Run() {
 		}
 	}
 
-	publisher, err := outboxkafka.NewPublisher(brokers, conf, marshaler)
+	publisher, err := outboxkafka.New(outboxkafka.Config{Brokers: brokers, Sarama: conf, Marshaler: marshaler})
 	if err != nil {
 		panic(err)
 	}

@@ -172,7 +172,7 @@ func newPublisher(t testing.TB) *kafka.Publisher {
 // config.
 func newBatchPublisher(t testing.TB) *outboxkafka.Publisher {
 	t.Helper()
-	pub, err := outboxkafka.NewPublisher(testKafka.Brokers(), kafkatest.Sarama(), kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
+	pub, err := outboxkafka.New(outboxkafka.Config{Brokers: testKafka.Brokers(), Sarama: kafkatest.Sarama(), Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	return pub

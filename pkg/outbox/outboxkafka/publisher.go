@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -77,23 +78,63 @@ type topicLimit struct {
 	read  time.Time
 }
 
-// Option configures a Publisher.
+// Config configures a Publisher, in the style of the library's other
+// components (outbox.RelayConfig, inbox.Config, effect.Config).
+type Config struct {
+	// Brokers to bootstrap from. Required.
+	Brokers []string
+	// Sarama is copied, not changed: the copy returns successes and errors
+	// (the relay needs every acknowledgement) and keeps one in-flight
+	// request per broker connection, so that a retried request cannot put
+	// one key's messages out of order. Nil: sarama.NewConfig().
+	Sarama *sarama.Config
+	// Marshaler turns messages into records; usually
+	// kafka.NewWithPartitioningMarshaler(outbox.PartitionKey), so one key's
+	// messages share a partition. Required.
+	Marshaler kafka.Marshaler
+	// Logger receives what the publisher cannot do: read a topic's
+	// max.message.bytes (the size check is then off for that topic until
+	// the next read). Defaults to discarding it.
+	Logger *slog.Logger
+}
+
+// New connects a batching publisher.
+func New(cfg Config) (*Publisher, error) {
+	var log watermill.LoggerAdapter = watermill.NopLogger{}
+	if cfg.Logger != nil {
+		log = watermill.NewSlogLogger(cfg.Logger)
+	}
+	return newPublisher(cfg.Brokers, cfg.Sarama, cfg.Marshaler, log)
+}
+
+// Option configures a Publisher made by NewPublisher.
+//
+// Deprecated: use New with a Config.
 type Option func(*Publisher)
 
-// WithLogger makes the publisher log what it cannot do: read a topic's
-// max.message.bytes (the size check is then off for that topic until the
-// next read). Defaults to watermill.NopLogger.
+// WithLogger is Config.Logger for NewPublisher.
+//
+// Deprecated: use New with Config.Logger.
 func WithLogger(l watermill.LoggerAdapter) Option { return func(p *Publisher) { p.logger = l } }
 
-// NewPublisher connects a batching publisher. marshaler is usually
-// kafka.NewWithPartitioningMarshaler(outbox.PartitionKey). conf is copied,
-// not changed: the copy returns successes and errors (the relay needs every
-// acknowledgement) and keeps one in-flight request per broker connection, so
-// that a retried request cannot put one key's messages out of order. A nil
-// conf is sarama.NewConfig().
+// NewPublisher is New(Config{Brokers: brokers, Sarama: conf, Marshaler:
+// marshaler}), with opts applied.
+//
+// Deprecated: use New with a Config.
 func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler, opts ...Option) (*Publisher, error) {
+	p, err := newPublisher(brokers, conf, marshaler, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p, nil
+}
+
+func newPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler, log watermill.LoggerAdapter) (*Publisher, error) {
 	if marshaler == nil {
-		return nil, errors.New("outboxkafka: NewPublisher needs a marshaler")
+		return nil, errors.New("outboxkafka: Config.Marshaler is required")
 	}
 	if conf == nil {
 		conf = sarama.NewConfig()
@@ -138,11 +179,7 @@ func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshal
 		client.Close()   //nolint:errcheck
 		return nil, fmt.Errorf("outboxkafka: creating the admin client: %w", err)
 	}
-	p := &Publisher{producer: producer, admin: admin, marshaler: marshaler, logger: watermill.NopLogger{}, limits: map[string]topicLimit{}}
-	for _, opt := range opts {
-		opt(p)
-	}
-	return p, nil
+	return &Publisher{producer: producer, admin: admin, marshaler: marshaler, logger: log, limits: map[string]topicLimit{}}, nil
 }
 
 // retryBackoff doubles first at each retry of a message, up to maxBackoff.

@@ -51,7 +51,7 @@ func TestNewPublisherLeavesTheConfigAlone(t *testing.T) {
 	conf.Version = sarama.V2_8_0_0
 	conf.Producer.Return.Successes = false
 	conf.Net.MaxOpenRequests = 5
-	pub, err := outboxkafka.NewPublisher(cluster.ListenAddrs(), conf, kafka.DefaultMarshaler{})
+	pub, err := outboxkafka.New(outboxkafka.Config{Brokers: cluster.ListenAddrs(), Sarama: conf, Marshaler: kafka.DefaultMarshaler{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func keyOrderThroughFailedRequests(t *testing.T, resetConn bool) {
 	conf.Producer.RequiredAcks = sarama.WaitForAll
 	conf.Producer.Retry.Backoff = 10 * time.Millisecond
 	conf.Metadata.Retry.Backoff = 10 * time.Millisecond
-	pub, err := outboxkafka.NewPublisher(cluster.ListenAddrs(), conf, kafka.NewWithPartitioningMarshaler(outbox.PartitionKey))
+	pub, err := outboxkafka.New(outboxkafka.Config{Brokers: cluster.ListenAddrs(), Sarama: conf, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package platform
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
@@ -15,16 +16,16 @@ import (
 )
 
 // newRelayPublisher returns the publisher RELAY_DRIVER asks for.
-func newRelayPublisher(cfg Config, service string, marshaler kafka.MarshalerUnmarshaler, log watermill.LoggerAdapter) (message.Publisher, error) {
+func newRelayPublisher(cfg Config, service string, marshaler kafka.MarshalerUnmarshaler, log *slog.Logger) (message.Publisher, error) {
 	conf := kafkaconf.Sarama()
 	conf.ClientID = service + "-relay"
 	switch cfg.RelayDriver {
 	case "batch":
-		return outboxkafka.NewPublisher(cfg.KafkaBrokers, conf, marshaler, outboxkafka.WithLogger(log))
+		return outboxkafka.New(outboxkafka.Config{Brokers: cfg.KafkaBrokers, Sarama: conf, Marshaler: marshaler, Logger: log})
 	case "watermill", "textbook":
 		pub, err := kafka.NewPublisher(kafka.PublisherConfig{
 			Brokers: cfg.KafkaBrokers, Marshaler: marshaler, OverwriteSaramaConfig: conf,
-		}, log)
+		}, newWatermillLogger(log))
 		if err != nil {
 			return nil, fmt.Errorf("creating kafka publisher: %w", err)
 		}

@@ -162,7 +162,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if signing.verify == nil {
 		log.Warn("TRUSTED_KEYS is unset: the inbox applies an event whoever wrote it to " + svc.Topic)
 	}
-	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler, wlog) // relay.go
+	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler, log) // relay.go
 	if err != nil {
 		return err
 	}
