@@ -146,18 +146,28 @@ func Example() {
 		if err := outbox.PublishTx(ctx, tx, topic, paid); err != nil {
 			return err
 		}
-		_, err := effect.EnqueueTx(ctx, tx, "capture", "capture-order-1", []byte("order-1"))
+		// The key names what asked for the effect: this payment (the run's
+		// topic keeps it apart from an earlier run's).
+		_, err := effect.EnqueueTx(ctx, tx, "capture", "capture-order-1-"+topic, []byte("order-1"))
 		return err
 	}); err != nil {
 		panic(err)
 	}
-	fmt.Println("delivery:", <-settled)
+	next := func() inbox.Outcome {
+		select {
+		case o := <-settled:
+			return o
+		case <-ctx.Done():
+			panic(ctx.Err())
+		}
+	}
+	fmt.Println("delivery:", next())
 	// Kafka delivers at least once: the same message again, as after a
 	// consumer died between its commit and its offset's.
 	if err := publisher.Publish(topic, paid.Copy()); err != nil {
 		panic(err)
 	}
-	fmt.Println("delivery:", <-settled)
+	fmt.Println("delivery:", next())
 
 	var reserved int
 	var status, capture string

@@ -65,7 +65,7 @@ type Config[R any] struct {
 	// repeated call would be performed again. 0: no limit.
 	MaxAge time.Duration
 	// Logger receives what goes wrong (and, at Info, what an operator
-	// wants to know, like a shard moving). Defaults to discarding it.
+	// wants to know, like a call retried). Defaults to discarding it.
 	Logger *slog.Logger
 	// log is Logger, or a logger that discards.
 	log *slog.Logger
@@ -183,7 +183,7 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 		if err != nil {
 			// One line when the database stops answering, not one a poll.
 			if failing++; failing == 1 && ctx.Err() == nil {
-				r.cfg.log.Error("effect: claiming failed; retrying every poll", "err", err, "kind", r.cfg.Kind)
+				r.cfg.log.Error("effect: claiming failed; retrying every poll", "error", err, "kind", r.cfg.Kind)
 			}
 			wait = r.cfg.PollInterval
 			continue
@@ -267,7 +267,7 @@ func (r *Runner[R]) perform(ctx context.Context, e Effect) {
 		r.cfg.log.Info("effect: another runner recorded this effect first", fields...)
 	case err != nil:
 		r.count(func(s *RunnerStats) { s.Failed++ })
-		r.cfg.log.Error("effect: failed for good", append(fields, "err", err)...)
+		r.cfg.log.Error("effect: failed for good", append(fields, "error", err)...)
 	default:
 		r.count(func(s *RunnerStats) { s.Done++ })
 		r.cfg.log.Debug("effect: done", fields...)
@@ -307,12 +307,12 @@ func (r *Runner[R]) record(ctx context.Context, e Effect, result R, callErr erro
 func (r *Runner[R]) retryLater(ctx context.Context, e Effect, callErr error, fields []any) {
 	r.count(func(s *RunnerStats) { s.Retried++ })
 	wait := r.backoff(e.Attempt)
-	r.cfg.log.Info("effect: call failed; retrying", append(fields, "err", callErr, "retry_in", wait)...)
+	r.cfg.log.Info("effect: call failed; retrying", append(fields, "error", callErr, "retry_in", wait.String())...)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
 	defer cancel()
 	if _, err := r.cfg.Pool.Exec(ctx, `UPDATE effects SET due_at = now() + $2::interval, last_error = $3
 		WHERE id = $1 AND state = 'pending' AND attempts = $4`, e.ID, wait, callErr.Error(), e.Attempt); err != nil {
-		r.cfg.log.Error("effect: scheduling the retry failed; the call is repeated after the lease", append(fields, "err", err)...)
+		r.cfg.log.Error("effect: scheduling the retry failed; the call is repeated after the lease", append(fields, "error", err)...)
 	}
 }
 

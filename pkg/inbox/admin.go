@@ -182,7 +182,7 @@ type RedriveResult struct {
 // message would only be quarantined again; DropQuarantined those.
 func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (RedriveResult, error) {
 	if strings.TrimSpace(by) == "" {
-		return RedriveResult{}, errors.New("inbox: Redrive needs the operator's name")
+		return RedriveResult{}, errors.New("inbox: RetryQuarantined needs the operator's name")
 	}
 	var res RedriveResult
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -278,7 +278,7 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 // once it is applied, as after a RetryQuarantined (releaseDiscarded).
 func DropQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) (Quarantined, error) {
 	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
-		return Quarantined{}, errors.New("inbox: Discard needs who discards and why")
+		return Quarantined{}, errors.New("inbox: DropQuarantined needs who drops it and why")
 	}
 	var q Quarantined
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -129,7 +129,8 @@ type Config struct {
 	// metrics, logs and the chaos harness's narration. It must be fast.
 	OnOutcome func(Event)
 	// Logger receives what goes wrong (and, at Info, what an operator
-	// wants to know, like a shard moving). Defaults to discarding it.
+	// wants to know, like a retry or a retention sweep). Defaults to
+	// discarding it.
 	Logger *slog.Logger
 	// log is Logger as Watermill's adapter, the form the code logs through.
 	log watermill.LoggerAdapter

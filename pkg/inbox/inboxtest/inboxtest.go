@@ -29,8 +29,15 @@ func Message(payload string) *message.Message {
 // before its offset does, and fails t unless the first delivery was applied,
 // the second suppressed as a duplicate, and effect (a count of what handler
 // writes, read from the database) rose by exactly one over the two. Each
-// delivery is a copy of msg: its id, payload and metadata. cfg's OnOutcome,
-// if set, is still called. It returns the two outcomes.
+// delivery is a copy of msg: its id, payload and metadata. It returns the
+// outcomes the Inbox settled the deliveries with (a failed attempt the
+// inbox retried, Retried, is not one); cfg's OnOutcome, if set, still sees
+// every event.
+//
+// The Inbox is cfg's own: its MessageID, Key and Verify apply. So clear
+// Verify, or sign msg as its producer would (pkg/signature), or the
+// deliveries are quarantined as invalid; and a key an earlier test's dead
+// letter holds (OnDeadLetter HoldKey, same database) parks them.
 func RequireOnce(t testing.TB, cfg inbox.Config, handler message.HandlerFunc, msg *message.Message, effect func() int) []inbox.Outcome {
 	t.Helper()
 	var (
@@ -39,7 +46,7 @@ func RequireOnce(t testing.TB, cfg inbox.Config, handler message.HandlerFunc, ms
 	)
 	user := cfg.OnOutcome
 	cfg.OnOutcome = func(e inbox.Event) {
-		if e.MessageID == msg.UUID {
+		if e.Outcome != inbox.Retried { // the Inbox is this call's: every event is msg's
 			mu.Lock()
 			outcomes = append(outcomes, e.Outcome)
 			mu.Unlock()

@@ -114,3 +114,24 @@ func TestRequireOnceSeesFailures(t *testing.T) {
 	}
 	t.Logf("refused: %v", r.errors)
 }
+
+// The inbox's own settings apply: an id taken from metadata, and a handler
+// that fails once and is retried (the retry is not an outcome).
+func TestRequireOnceWithTheConfigsOwnIDAndARetry(t *testing.T) {
+	pool, credit, count := wallet(t)
+	failed := false
+	flaky := func(msg *message.Message) ([]*message.Message, error) {
+		if !failed {
+			failed = true
+			return nil, fmt.Errorf("a transient failure")
+		}
+		return credit(msg)
+	}
+	msg := inboxtest.Message("7")
+	msg.Metadata.Set("event_id", "0194a0b0-0000-7000-8000-000000000001")
+	cfg := inbox.Config{Pool: pool, Consumer: "wallet", MessageID: inbox.FromMetadata("event_id"), RetryBackoff: time.Millisecond}
+	got := inboxtest.RequireOnce(t, cfg, flaky, msg, count)
+	if fmt.Sprint(got) != "[applied duplicate]" || !failed {
+		t.Errorf("outcomes %v (failed once: %v)", got, failed)
+	}
+}

@@ -48,7 +48,7 @@ import (
 // below Producer.MaxMessageBytes (keep Producer.MaxMessageBytes at or under
 // your topics' max.message.bytes), a limit changed within the TTL, and any
 // topic whose configs cannot be read (then nothing is checked, and
-// WithLogger's logger says so).
+// Config.Logger says so).
 //
 // watermill-kafka's own Publisher sends messages one at a time, waiting for
 // each acknowledgement; both satisfy message.Publisher, and the relay works
@@ -94,7 +94,8 @@ type Config struct {
 	Marshaler kafka.Marshaler
 	// Logger receives what the publisher cannot do: read a topic's
 	// max.message.bytes (the size check is then off for that topic until
-	// the next read). Defaults to discarding it.
+	// the next read); and, at Info, a send still waiting for Kafka after
+	// SlowSendAfter. Defaults to discarding it.
 	Logger *slog.Logger
 }
 

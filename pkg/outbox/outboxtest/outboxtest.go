@@ -57,7 +57,10 @@ func Pending(ctx context.Context, q Querier, topic string) ([]*message.Message, 
 }
 
 // RequirePublished fails t unless exactly one pending message to topic, as
-// q sees it, satisfies match (nil matches any), and returns that message.
+// q sees it, satisfies match (nil matches any), and returns that message:
+// call it with the transaction that called outbox.PublishTx, before it
+// commits (or with a pool before any relay runs; a row a relay published,
+// or one parked, is not pending).
 func RequirePublished(t testing.TB, q Querier, topic string, match func(*message.Message) bool) *message.Message {
 	t.Helper()
 	msgs, err := Pending(t.Context(), q, topic)
@@ -77,8 +80,10 @@ func RequirePublished(t testing.TB, q Querier, topic string, match func(*message
 }
 
 // RequireNothingPublished fails t if any message to topic is pending, as q
-// sees it: for a path that must not publish (a refused request, a rolled-
-// back transaction).
+// sees it: for a path that must not publish. Pass the transaction of a
+// refused request before it ends, or, after a rollback, a pool on a
+// database of the test's own (pgtest.Server.TestDatabase), where no other
+// test's rows are pending.
 func RequireNothingPublished(t testing.TB, q Querier, topic string) {
 	t.Helper()
 	msgs, err := Pending(t.Context(), q, topic)
