@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -33,14 +32,6 @@ func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
 // maxIDBytes bounds a message id: it is a key of btree indexes, whose entries
 // Postgres caps at about 2.7 kB. A longer id is quarantined as invalid.
 const maxIDBytes = 1024
-
-// pgText returns s as a Postgres text or jsonb value can hold it: invalid
-// UTF-8 and NUL bytes become U+FFFD. Message ids, metadata and handler errors
-// come from producers and handlers; a value the database refuses would fail
-// the delivery on every redelivery and block the partition.
-func pgText(s string) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-}
 
 // insertQuarantine records d as it arrived: a record with no value (a nil
 // payload) as a NULL payload, and its headers exactly in raw_metadata when

@@ -3,8 +3,6 @@ package inbox
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -61,16 +59,6 @@ const (
 	holdRedriven = "redriven" // the holder was written back; it alone goes through
 	holdReleased = "released" // the holder was applied: the parked messages follow
 )
-
-// storedKey is how a partition key is kept in the hold tables: as it is when
-// it is text a btree index takes, else by its hash, so that any key can be
-// held.
-func storedKey(key string) string {
-	if len(key) > maxIDBytes || key != pgText(key) {
-		return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(key)))
-	}
-	return key
-}
 
 // holds reports whether d's key can be held.
 func (in *Inbox) holds(d *delivery) bool {
@@ -144,41 +132,6 @@ func (in *Inbox) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string
 	}
 	in.settle(d, Parked, fmt.Sprintf("key %q is held by message %s", d.key, holder))
 	return nil
-}
-
-// metadataJSON encodes metadata as a jsonb column takes it.
-func metadataJSON(md message.Metadata) ([]byte, error) {
-	clean := make(map[string]string, len(md))
-	for k, v := range md {
-		clean[pgText(k)] = pgText(v)
-	}
-	meta, err := json.Marshal(clean)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: encoding metadata: %w", err)
-	}
-	return meta, nil
-}
-
-// rawMetadataJSON returns md with every name and value in standard base64,
-// as inbox_quarantine's raw_metadata keeps it, or nil when metadataJSON
-// keeps md exactly (every entry text Postgres can hold).
-func rawMetadataJSON(md message.Metadata) ([]byte, error) {
-	exact := true
-	for k, v := range md {
-		exact = exact && k == pgText(k) && v == pgText(v)
-	}
-	if exact {
-		return nil, nil
-	}
-	raw := make(map[string]string, len(md))
-	for k, v := range md {
-		raw[base64.StdEncoding.EncodeToString([]byte(k))] = base64.StdEncoding.EncodeToString([]byte(v))
-	}
-	out, err := json.Marshal(raw)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: encoding raw metadata: %w", err)
-	}
-	return out, nil
 }
 
 // release applies the parked messages of d's key, which d released or found

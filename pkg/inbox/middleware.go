@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -199,93 +198,12 @@ func (in *Inbox) run(d *delivery, a applier) (committed bool, err error) {
 	}
 }
 
-// read returns the delivery of msg, and why it must be quarantined unread
-// ("" when it can go on): an id the inbox cannot key on or that is not in
-// the issued format, or a payload over the limit.
-func (in *Inbox) read(msg *message.Message) (*delivery, string) {
-	d := &delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: time.Now(), sum: sha256.Sum256(msg.Payload)}
-	if in.cfg.Position != nil {
-		if p, o, ok := in.cfg.Position(msg); ok {
-			d.part, d.offset = &p, &o
-		}
-	}
-	id, err := in.cfg.MessageID(msg)
-	switch {
-	case err != nil:
-		return d, fmt.Sprintf("reading message id: %v", err)
-	case id == "":
-		return d, "message has no id"
-	case len(id) > maxIDBytes:
-		return d, fmt.Sprintf("message id of %d bytes exceeds the %d-byte limit", len(id), maxIDBytes)
-	case id != pgText(id):
-		return d, fmt.Sprintf("message id %q is not valid UTF-8 text", id)
-	}
-	d.id = id
-	if in.cfg.OnDeadLetter == HoldKey {
-		d.key = storedKey(in.cfg.Key(msg))
-	}
-	if in.cfg.CheckID != nil {
-		if err := in.cfg.CheckID(id); err != nil {
-			return d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err)
-		}
-	}
-	if in.cfg.Verify != nil {
-		if err := in.cfg.Verify(msg); err != nil {
-			return d, fmt.Sprintf("not authenticated: %v", err)
-		}
-	}
-	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
-		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
-	}
-	return d, ""
-}
-
-// delivery is one message on its way through the middleware.
-type delivery struct {
-	msg      *message.Message
-	id       string
-	topic    string
-	part     *int32 // where its log holds it (Config.Position), nil when unknown
-	offset   *int64
-	sum      [32]byte
-	attempts int // failed attempts recorded so far by this process
-	start    time.Time
-
-	key     string // its partition key, when it can be held (HoldKey)
-	parked  bool   // a parked message a released key applies (hold.go)
-	release bool   // its attempt released its key, or found it released: drain it
-}
-
-func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(d.msg.Context()), in.cfg.TxTimeout)
-}
-
 func (in *Inbox) backoff(attempts int) time.Duration {
 	b := in.cfg.RetryBackoff
 	for i := 1; i < attempts && b < in.cfg.MaxRetryBackoff; i++ {
 		b *= 2
 	}
 	return min(b, in.cfg.MaxRetryBackoff)
-}
-
-type txKey struct{}
-
-// TxFromContext returns the transaction the inbox opened for the message
-// being handled. The handler does its domain writes and its outbox writes on
-// it, and must neither commit nor roll it back.
-func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
-}
-
-// Tx is TxFromContext for handlers that run only behind the middleware. It
-// panics when there is no transaction, which is a wiring error.
-func Tx(ctx context.Context) pgx.Tx {
-	tx, ok := TxFromContext(ctx)
-	if !ok {
-		panic("inbox: no transaction in context; is the handler wrapped by Inbox.Middleware?")
-	}
-	return tx
 }
 
 // callHandler runs h with ctx as the message context, restores the original

@@ -1,0 +1,154 @@
+package inbox
+
+// The bottom of the delivery path: what one delivery is, how it is read
+// from a message (and refused unread), the transaction context a handler
+// writes through, and how its texts are made storable. Every other file of
+// the path (middleware.go → attempt.go or batch.go → outcome.go, with
+// deadletter.go and hold.go beside) builds on these.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+)
+
+// read returns the delivery of msg, and why it must be quarantined unread
+// ("" when it can go on): an id the inbox cannot key on or that is not in
+// the issued format, or a payload over the limit.
+func (in *Inbox) read(msg *message.Message) (*delivery, string) {
+	d := &delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: time.Now(), sum: sha256.Sum256(msg.Payload)}
+	if in.cfg.Position != nil {
+		if p, o, ok := in.cfg.Position(msg); ok {
+			d.part, d.offset = &p, &o
+		}
+	}
+	id, err := in.cfg.MessageID(msg)
+	switch {
+	case err != nil:
+		return d, fmt.Sprintf("reading message id: %v", err)
+	case id == "":
+		return d, "message has no id"
+	case len(id) > maxIDBytes:
+		return d, fmt.Sprintf("message id of %d bytes exceeds the %d-byte limit", len(id), maxIDBytes)
+	case id != pgText(id):
+		return d, fmt.Sprintf("message id %q is not valid UTF-8 text", id)
+	}
+	d.id = id
+	if in.cfg.OnDeadLetter == HoldKey {
+		d.key = storedKey(in.cfg.Key(msg))
+	}
+	if in.cfg.CheckID != nil {
+		if err := in.cfg.CheckID(id); err != nil {
+			return d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err)
+		}
+	}
+	if in.cfg.Verify != nil {
+		if err := in.cfg.Verify(msg); err != nil {
+			return d, fmt.Sprintf("not authenticated: %v", err)
+		}
+	}
+	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
+		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
+	}
+	return d, ""
+}
+
+// delivery is one message on its way through the middleware.
+type delivery struct {
+	msg      *message.Message
+	id       string
+	topic    string
+	part     *int32 // where its log holds it (Config.Position), nil when unknown
+	offset   *int64
+	sum      [32]byte
+	attempts int // failed attempts recorded so far by this process
+	start    time.Time
+
+	key     string // its partition key, when it can be held (HoldKey)
+	parked  bool   // a parked message a released key applies (hold.go)
+	release bool   // its attempt released its key, or found it released: drain it
+}
+
+func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(d.msg.Context()), in.cfg.TxTimeout)
+}
+
+type txKey struct{}
+
+// TxFromContext returns the transaction the inbox opened for the message
+// being handled. The handler does its domain writes and its outbox writes on
+// it, and must neither commit nor roll it back.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+// Tx is TxFromContext for handlers that run only behind the middleware. It
+// panics when there is no transaction, which is a wiring error.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		panic("inbox: no transaction in context; is the handler wrapped by Inbox.Middleware?")
+	}
+	return tx
+}
+
+// storedKey is how a partition key is kept in the hold tables: as it is when
+// it is text a btree index takes, else by its hash, so that any key can be
+// held.
+func storedKey(key string) string {
+	if len(key) > maxIDBytes || key != pgText(key) {
+		return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(key)))
+	}
+	return key
+}
+
+// metadataJSON encodes metadata as a jsonb column takes it.
+func metadataJSON(md message.Metadata) ([]byte, error) {
+	clean := make(map[string]string, len(md))
+	for k, v := range md {
+		clean[pgText(k)] = pgText(v)
+	}
+	meta, err := json.Marshal(clean)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: encoding metadata: %w", err)
+	}
+	return meta, nil
+}
+
+// rawMetadataJSON returns md with every name and value in standard base64,
+// as inbox_quarantine's raw_metadata keeps it, or nil when metadataJSON
+// keeps md exactly (every entry text Postgres can hold).
+func rawMetadataJSON(md message.Metadata) ([]byte, error) {
+	exact := true
+	for k, v := range md {
+		exact = exact && k == pgText(k) && v == pgText(v)
+	}
+	if exact {
+		return nil, nil
+	}
+	raw := make(map[string]string, len(md))
+	for k, v := range md {
+		raw[base64.StdEncoding.EncodeToString([]byte(k))] = base64.StdEncoding.EncodeToString([]byte(v))
+	}
+	out, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: encoding raw metadata: %w", err)
+	}
+	return out, nil
+}
+
+// pgText returns s as a Postgres text or jsonb value can hold it: invalid
+// UTF-8 and NUL bytes become U+FFFD. Message ids, metadata and handler errors
+// come from producers and handlers; a value the database refuses would fail
+// the delivery on every redelivery and block the partition.
+func pgText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
