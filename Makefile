@@ -40,6 +40,13 @@ build: ## Build the service binaries into bin/
 
 SEED ?= 7
 
+# trace-ok REPORT: the run's failpoint trace is a behaviour of the protocol's
+# model, every kill inside its window (chaos/modeltrace.go, model/trace): a
+# control must fail for its own reason, its trace in the model like any run's.
+define trace-ok
+	@grep -Eq '"trace-in-model": true' $(1) || { echo "FAIL: $(1): the run's failpoint trace is not a behaviour of the model (see \"trace\" in it)"; exit 1; }
+endef
+
 # chaos-proof PROFILE: the profile must pass, and the same run with the
 # inbox and the services' domain guard off (the second control) must fail,
 # with double-applies and not for another reason: double-applies of the
@@ -53,6 +60,7 @@ define chaos-proof
 		echo "FAIL: the $(1) control run 2 passed, so the checker cannot see double-applies"; exit 1; fi
 	@grep -Eq '"crash_window_double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but not with double-applies of the crash windows' own messages"; exit 1; }
 	@grep -Eq '"attribution": true' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2: a copy the crash windows made was not applied twice, or none came back (see attribution)"; exit 1; }
+	$(call trace-ok,chaos-control-$(1).json)
 	@echo "control run 2 ($(1)) failed with the crash windows' double-applies, each copy that met a committed effect applied twice, as it must"
 endef
 
@@ -78,6 +86,7 @@ define chaos-effects
 	@grep -Eq '"payments-once": false' chaos-control-effects-$(1).json || { echo "FAIL: the $(1) effect control failed, but not on the provider's ledger"; exit 1; }
 	@grep -Eq '"effect_window_double_captures": [1-9]' chaos-control-effects-$(1).json || { echo "FAIL: the $(1) effect control: no double capture came from after-effect-before-record"; exit 1; }
 	@grep -Eq '"effect_attribution": true' chaos-control-effects-$(1).json || { echo "FAIL: the $(1) effect control: a capture called again after the provider made it was not captured twice (see attribution)"; exit 1; }
+	$(call trace-ok,chaos-control-effects-$(1).json)
 	@echo "effect control ($(1)) failed with double captures, those after-effect-before-record called again each captured twice, as it must"
 endef
 
@@ -99,6 +108,7 @@ define chaos-order
 	@grep -Eq '"failed": "(faults-bit,)?ordered-per-key"' chaos-control-parallel.json || { echo "FAIL: control run 3 failed, but not on ordered-per-key alone (see \"failed\" in chaos-control-parallel.json)"; exit 1; }
 	@grep -Eq '"reordered_across_transactions": [1-9]' chaos-control-parallel.json || { echo "FAIL: control run 3 failed ordered-per-key, but with no first copy out of order across transactions"; exit 1; }
 	@if grep -Eq '"(split|lost|phantom)": [1-9]' chaos-control-parallel.json; then echo "FAIL: control run 3 found keys split, lost or phantom messages: parallel relays only reorder"; exit 1; fi
+	$(call trace-ok,chaos-control-parallel.json)
 	@echo "control run 3 failed on ordered-per-key alone, with first copies out of order across transactions and nothing split, lost or invented, as it must"
 endef
 

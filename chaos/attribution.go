@@ -47,8 +47,10 @@ import (
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-// traced are the windows every process of a run traces (FAILPOINT_TRACE).
-var traced = []failpoint.Name{failpoint.BeforeBegin, failpoint.AfterCommitBeforeResponse, failpoint.BeforeEffect}
+// traced are the windows every process of a run traces (FAILPOINT_TRACE):
+// all of them, so the run's trace can be checked against the model
+// (model/trace) and every kill shown inside its window.
+var traced = failpoint.All
 
 // fpKill is one kill line of the failpoint log.
 type fpKill struct {

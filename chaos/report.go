@@ -39,6 +39,7 @@ type Report struct {
 	Details              map[string]string        `json:"details"`
 	Hostile              map[string]HostileResult `json:"hostile"`
 	Windows              []WindowRow              `json:"windows"`
+	Trace                TraceRow                 `json:"trace"` // the failpoint trace checked against the model (modeltrace.go)
 	// The crash windows' own double-applies (hostile messages excluded) and
 	// the floor they must reach in the second control run: every copy that
 	// met an effect committed before its kill (attribution.go).
@@ -107,7 +108,12 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 	if err != nil {
 		return nil, fmt.Errorf("reading the failpoint log: %w", err)
 	}
-	fired := h.countFired(log)
+	h.countFired(log)             // the per-service counts arming balances on
+	traced, err := h.checkTrace() // modeltrace.go
+	if err != nil {
+		return nil, fmt.Errorf("checking the trace against the model: %w", err)
+	}
+	fired := provenKills(traced)
 	r := &Report{
 		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, EffectKeys: h.keys, Relay: h.p.relay(), Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
@@ -133,6 +139,9 @@ func (h *harness) report(ctx context.Context, final check.Report, hostile *hosti
 		r.Invariants[inv.Name] = inv.OK
 		r.Details[inv.Name] = inv.Detail
 	}
+	r.Trace = traceRow(traced)
+	r.Invariants[invModel] = traced.OK()
+	r.Details[invModel] = traced.Summary()
 
 	var short []string
 	total := r.RandomKills

@@ -75,6 +75,15 @@ mtype = { /* the model's only mtype, so printf's %e names a window */
 #ifndef MAXEFFLOSS
 #define MAXEFFLOSS 1   /* row 3: effect leases expiring under a runner still calling */
 #endif
+#ifndef MAXPUBFAIL
+#define MAXPUBFAIL 1   /* row 1: batches whose publish fails before a row is sent (the broker is down): the claim rolls back */
+#endif
+#ifndef MAXDBFAIL
+#define MAXDBFAIL  1   /* row 2: consumer transactions that fail, at their start or their commit (the database went away) */
+#endif
+#ifndef MAXPFAIL
+#define MAXPFAIL   1   /* row 3: provider calls that fail: nothing done, or done and the answer lost */
+#endif
 #ifdef NO_EFFECT_LEASE
 /* the control has no lease to expire */
 #undef MAXEFFLOSS
@@ -146,7 +155,7 @@ bool conflict_applied;     /* a handler committed a payload other than the id's 
 bool order_bad;            /* a row's first copy published before an earlier row of its key */
 bool decided_twice;        /* an order decided twice */
 bool captured_twice;       /* the provider captured an order twice */
-byte crashes, pauses, expiries, releases, dups, effloss;
+byte crashes, pauses, expiries, releases, dups, effloss, pubfails, dbfails, pfails;
 byte j;                    /* scratch, always 0 between steps */
 
 /* ---- the safety properties: an assertion where a ghost turns true.
@@ -333,6 +342,9 @@ end_relay:
 		CRASH(after_claim_before_publish, relay_die(), restart);
 		do
 		:: i < nb -> atomic { printf("MSC: relay %d publishes row %d\n", r, bat[i]); append(bat[i], GOOD); i++ }
+		:: atomic { i == 0 && nb > 0 && pubfails < MAXPUBFAIL -> pubfails++;
+			printf("MSC: relay %d: publishing row %d fails (the broker is down): nothing sent, the claim rolls back\n", r, bat[i]);
+			abort_tx(r); nb = 0; i = 0; bat[0] = 0; bat[1] = 0 }; goto end_relay
 		:: else -> i = 0; break
 		od;
 		CRASH(after_publish_before_mark, relay_die(), restart);
@@ -410,8 +422,15 @@ end_consumer:
 #ifdef COMMIT_BEFORE_TX
 		atomic { committed_off = pos + 1; printf("MSC: consumer commits offset %d before its transaction\n", pos + 1) }
 #endif
+deliver:	/* the handler is called with the message (again, after a failed commit) */
 		CRASH(before_begin, skip, restart);
 attempt:	/* one transaction: the inbox row, the handler, the commit */
+		if
+		:: atomic { dbfails < MAXDBFAIL -> dbfails++;
+			printf("MSC: the transaction of message %d fails (the database went away): nothing written, the message is handled again\n", id) };
+			goto deliver
+		:: true
+		fi;
 #ifndef INBOX_OFF
 		atomic {
 			if
@@ -420,31 +439,44 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 			:: inbox[id] != 0 && inbox[id] != pay + 1 -> fresh = 0; printf("MSC: inbox: message %d conflicts: quarantined\n", id)
 			fi
 		};
-		if :: fresh -> CRASH(after_inbox_insert, skip, restart) :: else fi;
+		if
+		:: fresh -> CRASH(after_inbox_insert, skip, restart)
+		:: else -> goto settled /* its transaction commits what the inbox records of it; nothing applied */
+		fi;
 #else
 		fresh = 1;
 #endif
 		if
-		:: fresh && id == POISON ->
+		:: id == POISON ->
 			/* the handler fails: rolled back; the attempt counted on its own */
 			atomic { attempts[id]++; printf("MSC: handler fails on message %d: attempt %d\n", id, attempts[id]) };
 			if
 			:: attempts[id] >= MAXATT ->
-				atomic { inbox[id] = pay + 1; dead[id] = 1; fresh = 0; printf("MSC: message %d dead-lettered\n", id) }
+				atomic { inbox[id] = pay + 1; dead[id] = 1; fresh = 0; printf("MSC: message %d dead-lettered\n", id) };
+				goto ack
 			:: else -> goto attempt
 			fi
-		:: fresh && id != POISON ->
+		:: else ->
 			CRASH(after_handler_before_commit, skip, restart);
-			atomic {
+			if
+			:: atomic {
 #ifndef INBOX_OFF
 				inbox[id] = pay + 1;
 #endif
 				apply(id, pay); fresh = 0;
 				printf("MSC: consumer commits message %d\n", id)
-			};
-			CRASH(after_commit_before_ack, skip, restart)
-		:: else
+			}
+			:: atomic { dbfails < MAXDBFAIL -> dbfails++; fresh = 0;
+				printf("MSC: the commit of message %d fails (the database went away): nothing written, the message is delivered again\n", id) };
+				goto deliver
+			:: atomic { dbfails < MAXDBFAIL -> dbfails++; fresh = 0;
+				printf("MSC: the commit of message %d fails (a batch's, or refused): nothing written, the message is tried again in a transaction of its own\n", id) };
+				goto attempt
+			fi
 		fi;
+settled:
+		CRASH(after_commit_before_ack, skip, restart);
+ack:
 		/* the ack marks the offset; Sarama commits marked offsets now and
 		 * then: here, or with a later ack (a crash before it redelivers) */
 		if
@@ -473,6 +505,19 @@ proctype Enqueuer() {
 #define runner_die() eff_due[o] = 1 /* its lease expires; another runner claims it */
 #endif
 
+/* POST /v1/captures */
+inline call(n, o) {
+#ifndef NO_EFFECT_KEY
+	if
+	:: !pkey[o] -> pkey[o] = 1; captures[o]++; printf("MSC: runner %d calls: the provider captures order %d, stores key capture-%d\n", n, o, o)
+	:: else -> printf("MSC: runner %d calls: the provider replays the stored response of capture-%d\n", n, o)
+	fi;
+#else
+	captures[o]++; printf("MSC: runner %d calls without a key: the provider captures order %d (capture %d)\n", n, o, captures[o]);
+#endif
+	if :: captures[o] > 1 -> captured_twice = 1; CHECK_capture :: else fi
+}
+
 proctype Runner(byte n) {
 	byte o;
 restart:
@@ -483,17 +528,15 @@ end_runner:	/* claim a due capture: its lease begins (Runner.claim) */
 	:: atomic { effect[1] == PENDING && eff_due[1] -> o = 1; eff_due[1] = 0; printf("MSC: runner %d claims capture-1\n", n) }
 	fi;
 	CRASH(before_effect, runner_die(), restart);
-	atomic { /* POST /v1/captures */
-#ifndef NO_EFFECT_KEY
-		if
-		:: !pkey[o] -> pkey[o] = 1; captures[o]++; printf("MSC: runner %d calls: the provider captures order %d, stores key capture-%d\n", n, o, o)
-		:: else -> printf("MSC: runner %d calls: the provider replays the stored response of capture-%d\n", n, o)
-		fi;
-#else
-		captures[o]++; printf("MSC: runner %d calls without a key: the provider captures order %d (capture %d)\n", n, o, captures[o]);
-#endif
-		if :: captures[o] > 1 -> captured_twice = 1; CHECK_capture :: else fi
-	};
+	if
+	:: atomic { pfails < MAXPFAIL -> pfails++; eff_due[o] = 1;
+		printf("MSC: runner %d calls: the provider fails before doing anything; capture-%d is due again after a backoff\n", n, o); o = 0 };
+		goto restart
+	:: atomic { pfails < MAXPFAIL -> pfails++; call(n, o); eff_due[o] = 1;
+		printf("MSC: runner %d: the answer is lost; capture-%d is due again after a backoff\n", n, o); o = 0 };
+		goto restart
+	:: atomic { call(n, o) }
+	fi;
 	CRASH(after_effect_before_record, runner_die(), restart);
 	atomic { /* record: the first record wins */
 		if :: effect[o] == PENDING -> effect[o] = DONE; printf("MSC: runner %d records capture-%d done\n", n, o)

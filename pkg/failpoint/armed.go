@@ -212,14 +212,17 @@ func appendLog(line string, sync bool) {
 	}
 }
 
+// kill writes the kill line and kills the process with mu held: no other
+// goroutine's hit can write a line after the kill line (the log then shows
+// the process's last step as the window it died in, model/trace), or fire
+// a second kill.
 func kill(n Name, subject string) {
 	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), LoggedSubject(subject))
 	mu.Lock()
 	appendLog(line, true)
-	mu.Unlock()
 	os.Stderr.WriteString(line)                //nolint:errcheck
 	syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck
-	select {}                                  // SIGKILL cannot be caught; never return into the window
+	select {}                                  // SIGKILL cannot be caught; never return into the window, never unlock mu
 }
 
 // Once arms window n to fire on its next hit, from now on, whatever the

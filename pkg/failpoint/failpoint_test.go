@@ -182,3 +182,48 @@ func runKilled(t *testing.T, cmd *exec.Cmd, log string) []byte {
 	}
 	return line
 }
+
+// TestKillLineIsTheLast: goroutines hit traced, armed windows side by side;
+// the first to fire kills the process, and nothing is written after its
+// kill line (no second kill, no later hit): model/trace reads a process's
+// last step as the window it died in.
+func TestKillLineIsTheLast(t *testing.T) {
+	if os.Getenv("FAILPOINT_CHILD") == "1" {
+		if err := FromEnv(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		for g := range 8 {
+			go func() {
+				for i := 0; ; i++ {
+					Hit(BeforeBegin, "g"+strconv.Itoa(g)+"-"+strconv.Itoa(i))
+				}
+			}()
+		}
+		<-done // not reached: a goroutine's hit kills the process
+	}
+	for round := range 5 {
+		log := filepath.Join(t.TempDir(), "fp.log")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestKillLineIsTheLast$")
+		cmd.Env = append(os.Environ(), "FAILPOINT_CHILD=1", "FAILPOINTS=before-begin=every:200",
+			"FAILPOINT_TRACE=before-begin", "FAILPOINT_LOG="+log)
+		runKilled(t, cmd, log)
+		data, err := os.ReadFile(log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		kills := 0
+		for i, l := range lines {
+			if strings.Contains(l, " fired: ") {
+				kills++
+				if i != len(lines)-1 {
+					t.Fatalf("round %d: kill line %d of %d is followed by %q", round, i+1, len(lines), lines[i+1])
+				}
+			}
+		}
+		if kills != 1 {
+			t.Fatalf("round %d: %d kill lines, want 1", round, kills)
+		}
+	}
+}

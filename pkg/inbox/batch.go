@@ -171,7 +171,11 @@ func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, t
 		if err := apply(ctx, tx, results); err != nil {
 			return err
 		}
-		failpoint.Hit(failpoint.AfterHandlerBeforeCommit, items[0].d.id)
+		for i, it := range items { // the window of every message this commit applies
+			if results[i].outcome == Applied {
+				failpoint.Hit(failpoint.AfterHandlerBeforeCommit, it.d.id)
+			}
+		}
 		return tx.Commit(ctx)
 	}()
 	if err != nil {
@@ -236,8 +240,8 @@ func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, erro
 				}
 				results[i] = batchResult{outcome: o, reason: reason}
 			}
-			if len(fresh) > 0 {
-				failpoint.Hit(failpoint.AfterInboxInsert, items[fresh[0]].d.id)
+			for _, i := range fresh {
+				failpoint.Hit(failpoint.AfterInboxInsert, items[i].d.id)
 			}
 		}
 		if len(fresh) == 0 {

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/outboxref/outbox-inbox/model/trace"
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+)
+
+// invModel: the run's failpoint trace is a behaviour the protocol's model
+// allows, process by process and subject by subject, and every kill landed
+// inside the window it names (model/trace).
+const invModel = "trace-in-model"
+
+// TraceRow is what the trace check found, for the report.
+type TraceRow struct {
+	Variant    string         `json:"variant"`    // the model's -D flags the run is checked against
+	Steps      int            `json:"steps"`      // failpoint log lines
+	Subjects   int            `json:"subjects"`   // process × kind × subject projections
+	Kills      map[string]int `json:"kills"`      // kills shown inside their window
+	Violations []string       `json:"violations"` // the first steps the model does not allow
+	Total      int            `json:"violations_total"`
+}
+
+// checkTrace checks the run's failpoint log against the model: the
+// protocol as built, or with the inbox's dedupe off for the control runs.
+func (h *harness) checkTrace() (trace.Report, error) {
+	variant := ""
+	if !h.inbox {
+		variant = "INBOX_OFF"
+	}
+	a, err := trace.Load(variant)
+	if err != nil {
+		return trace.Report{}, err
+	}
+	f, err := os.Open(h.fpLog)
+	if err != nil {
+		return trace.Report{}, fmt.Errorf("the failpoint log: %w", err)
+	}
+	defer f.Close()
+	return a.Check(f)
+}
+
+// traceRow keeps the report's part of rep: the first ten violations.
+func traceRow(rep trace.Report) TraceRow {
+	row := TraceRow{Variant: rep.Variant, Steps: rep.Steps, Subjects: rep.Subjects, Kills: rep.Kills, Total: len(rep.Violations)}
+	for i, v := range rep.Violations {
+		if i == 10 {
+			break
+		}
+		row.Violations = append(row.Violations, v.String())
+	}
+	return row
+}
+
+// provenKills counts, per window, the kills the trace shows inside it: a
+// kill line whose process was elsewhere counts toward no window's floor.
+func provenKills(rep trace.Report) map[failpoint.Name]int {
+	n := map[failpoint.Name]int{}
+	for w, k := range rep.Kills {
+		n[failpoint.Name(w)] = k
+	}
+	return n
+}
