@@ -153,12 +153,13 @@ func (in *Inbox) runItems(items []*batchItem) {
 }
 
 // inBatchTx runs apply in one transaction for items and commits it. apply
-// fills in a result for each item, or fails the batch: a batch that fails,
-// or whose commit fails, sends every one of its items to be tried alone, and
-// its error is returned beside the results.
+// runs the items the key policy lets the batch take (live: hold.go leaves
+// a held key's to go alone) and fills in a result for each, or fails the
+// batch: a batch that fails, or whose commit fails, sends every one of its
+// items to be tried alone, and its error is returned beside the results.
 // Like attempt, the transaction outlives no delivery's shutdown: it does not
 // inherit cancellation, and it is bounded by TxTimeout.
-func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, tx pgx.Tx, results []batchResult) error) ([]batchResult, error) {
+func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, tx pgx.Tx, live []int, results []batchResult) error) ([]batchResult, error) {
 	results := make([]batchResult, len(items))
 	ctx, cancel := in.txContext(items[0].d)
 	defer cancel()
@@ -168,7 +169,12 @@ func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, t
 			return err
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-		if err := apply(ctx, tx, results); err != nil {
+		// hold.go: a held key's deliveries go alone.
+		live, err := in.keys.batchable(ctx, tx, items, results)
+		if err != nil {
+			return err
+		}
+		if err := apply(ctx, tx, live, results); err != nil {
 			return err
 		}
 		for i, it := range items { // the window of every message this commit applies
@@ -207,17 +213,11 @@ func (in *Inbox) runSetBatchSplitting(a applier, items []*batchItem) []batchResu
 // runSetBatch runs items through a set-based applier in one transaction and
 // returns a result for each, and the batch's error if it failed.
 func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, error) {
-	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
-		fresh := make([]int, 0, len(items)) // indexes of items whose inbox row this batch inserted
+	return in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, live []int, results []batchResult) error {
+		fresh := make([]int, 0, len(live)) // indexes of items whose inbox row this batch inserted
 		if in.cfg.disableDedupe {
-			for i := range items {
-				fresh = append(fresh, i)
-			}
+			fresh = append(fresh, live...)
 		} else {
-			live, err := in.leaveHeld(ctx, tx, items, results) // hold.go: a held key's deliveries go alone
-			if err != nil {
-				return err
-			}
 			ds := make([]*delivery, len(live))
 			for j, i := range live {
 				ds[j] = items[i].d
@@ -264,12 +264,8 @@ func (in *Inbox) runSetBatch(a applier, items []*batchItem) ([]batchResult, erro
 // runSavepoints runs items, each through its own per-message applier, in
 // one transaction, a savepoint each, and returns a result for each.
 func (in *Inbox) runSavepoints(items []*batchItem) []batchResult {
-	results, _ := in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, results []batchResult) error {
+	results, _ := in.inBatchTx(items, func(ctx context.Context, tx pgx.Tx, live []int, results []batchResult) error {
 		deadline, _ := ctx.Deadline()
-		live, err := in.leaveHeld(ctx, tx, items, results) // hold.go: a held key's deliveries go alone
-		if err != nil {
-			return err
-		}
 		for _, i := range live {
 			it := items[i]
 			// Each message keeps its own context (its trace span, its values),

@@ -1,7 +1,6 @@
 package inbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"unicode/utf8"
@@ -26,36 +25,6 @@ func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
 	}
 	in.cfg.log.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
 	in.settle(d, Invalid, reason)
-	return nil
-}
-
-// maxIDBytes bounds a message id: it is a key of btree indexes, whose entries
-// Postgres caps at about 2.7 kB. A longer id is quarantined as invalid.
-const maxIDBytes = 1024
-
-// insertQuarantine records d as it arrived: a record with no value (a nil
-// payload) as a NULL payload, and its headers exactly in raw_metadata when
-// metadata had to change any of them to store them as text.
-func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
-	meta, err := metadataJSON(d.msg.Metadata)
-	if err != nil {
-		return err
-	}
-	raw, err := rawMetadataJSON(d.msg.Metadata)
-	if err != nil {
-		return err
-	}
-	onConflict := "ON CONFLICT (consumer, kind, message_id, payload_sha256) WHERE kind <> 'dead_letter' DO NOTHING"
-	if kind == "dead_letter" {
-		onConflict = ""
-	}
-	_, err = tx.Exec(ctx, `
-		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata, raw_metadata)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) `+onConflict,
-		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta, raw)
-	if err != nil {
-		return fmt.Errorf("inbox: recording %s: %w", kind, err)
-	}
 	return nil
 }
 
@@ -86,51 +55,12 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	d.attempts = attempts
 	var settled Outcome
 	var seenReason string
-	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
-		if in.holds(d) {
-			// hold.go: the key's row first, as every delivery of the key
-			// locks it, then the inbox row.
-			_, state, err := in.lockHold(ctx, tx, d)
-			if err != nil {
-				return err
-			}
-			if d.parked {
-				// A released key's parked message: its row is there. Unless
-				// another delivery settled it meanwhile, it holds the key
-				// again, and the messages parked behind it stay parked.
-				if state != holdReleased {
-					settled = Duplicate // held again by another: it stays parked
-					return nil
-				}
-				if ok, err := in.unpark(ctx, tx, d, rowDeadLettered); err != nil || !ok {
-					settled = Duplicate
-					return err
-				}
-			}
-		}
-		if !in.cfg.disableDedupe && !d.parked {
-			fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowDeadLettered)
-			if err != nil {
-				return err
-			}
-			if len(fresh) == 0 {
-				// Another delivery of the id finished first: often one that
-				// waited on this delivery's row and was applied once this
-				// one's failed attempt rolled back. Its payload may be
-				// another, so this one is settled against its row like any
-				// redelivery, never taken for a duplicate unseen.
-				settled, seenReason, err = in.classifySeen(ctx, tx, d, reason)
-				return err
-			}
-		}
-		settled = DeadLettered
-		if err := in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil); err != nil {
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) (err error) {
+		// The inbox row and the quarantine, as its key's policy writes them
+		// (hold.go: under HoldKey the key is held too).
+		settled, seenReason, err = in.keys.recordDeadLetter(ctx, tx, d, reason)
+		if err != nil || settled != DeadLettered {
 			return err
-		}
-		if in.holds(d) {
-			if err := in.hold(ctx, tx, d); err != nil {
-				return err
-			}
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
 			return fmt.Errorf("inbox: clearing attempts: %w", err)
@@ -140,11 +70,10 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case settled == Duplicate && d.parked:
-		return nil // another delivery applied or dead-lettered it: settled there
-	case settled != DeadLettered:
-		in.settleSeen(d, settled, seenReason)
+	if settled != DeadLettered {
+		if settled != "" { // "": a parked message another delivery settled meanwhile
+			in.settleSeen(d, settled, seenReason)
+		}
 		return nil
 	}
 	in.cfg.log.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))

@@ -3,8 +3,8 @@ package inbox
 // The bottom of the delivery path: what one delivery is, how it is read
 // from a message (and refused unread), the transaction context a handler
 // writes through, and how its texts are made storable. Every other file of
-// the path (middleware.go → attempt.go or batch.go → outcome.go, with
-// deadletter.go and hold.go beside) builds on these.
+// the path (middleware.go → attempt.go or batch.go, and deadletter.go →
+// hold.go → rows.go, with outcome.go beside) builds on these.
 
 import (
 	"context"
@@ -59,6 +59,10 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 	}
 	return d, ""
 }
+
+// maxIDBytes bounds a message id: it is a key of btree indexes, whose entries
+// Postgres caps at about 2.7 kB. A longer id is quarantined as invalid.
+const maxIDBytes = 1024
 
 // delivery is one message on its way through the middleware.
 type delivery struct {

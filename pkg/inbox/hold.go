@@ -12,21 +12,28 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The key-scoped poison hold (Config.OnDeadLetter = HoldKey); the promise is
-// in doc.go, "Holding a poisoned key". A delivery's path through it:
+// What a dead letter does to its partition key (Config.OnDeadLetter), as
+// one policy the delivery path asks (keyPolicy, in.keys), chosen when the
+// Inbox is built: skipKey, the default, only writes the inbox rows
+// (rows.go); holdKey, the key-scoped poison hold whose promise is in
+// doc.go ("Holding a poisoned key"), writes them inside the key's hold.
+// Each file of the path asks the policy at one point:
 //
-//	attempt      lockHold: the key's hold row, FOR UPDATE (nothing when the
-//	             key is not held); a message other than the holder → park;
-//	             the holder itself → applied, and its commit releases the key
-//	deadLetter   hold: the dead letter's key is held (or held again)
-//	deliver      a delivery that released the key, or found it released,
-//	             drains it: release → nextParked → applyParked, one parked
-//	             message per transaction, in arrival order, through the same
-//	             retry loop as any delivery
-//	admin.go     RetryQuarantined marks the hold redriven; DropQuarantined writes the first
-//	             parked message back in the dead letter's place
+//	attempt.go     admit: the inbox row. holdKey locks the key's hold row
+//	               first (nothing when the key is not held); a message other
+//	               than the holder parks (park); the holder itself is
+//	               admitted, and its commit releases the key
+//	deadletter.go  recordDeadLetter: the inbox row and the quarantine;
+//	               holdKey holds the dead letter's key (or holds it again)
+//	middleware.go  afterCommit: a delivery that released the key, or found
+//	               it released, drains it: release → nextParked → applyParked,
+//	               one parked message per transaction, in arrival order,
+//	               through the same retry loop as any delivery
+//	batch.go       batchable: a held key's deliveries are left to go alone
 //
-// Batches (batch.go) leave a held key's deliveries to go alone (heldInBatch).
+// Beside the path, admin.go: RetryQuarantined marks the hold redriven;
+// DropQuarantined writes the first parked message back in the dead
+// letter's place.
 
 // DeadLetterPolicy is what a dead letter does to the later messages of its
 // partition key (Config.OnDeadLetter).
@@ -60,9 +67,146 @@ const (
 	holdReleased = "released" // the holder was applied: the parked messages follow
 )
 
-// holds reports whether d's key can be held.
-func (in *Inbox) holds(d *delivery) bool {
-	return in.cfg.OnDeadLetter == HoldKey && d.key != ""
+// keyPolicy is what the delivery path asks of a delivery's partition key:
+// Config.OnDeadLetter, chosen once when the Inbox is built.
+type keyPolicy interface {
+	// admit writes d's inbox row in tx (the one INSERT, insertRows) and
+	// reports whether d is fresh: the attempt applies it. Otherwise d was
+	// settled in tx, and tx committed: seen before (seenBefore), or parked.
+	admit(ctx context.Context, tx pgx.Tx, d *delivery) (fresh bool, err error)
+	// recordDeadLetter writes, in tx, d's inbox row as dead-lettered and its
+	// quarantine, and returns DeadLettered; or how d settles against a row
+	// that was there first (classifySeen), its dead letter not written; or
+	// "" when another delivery settled it. It commits nothing.
+	recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (settled Outcome, seenReason string, err error)
+	// batchable returns the indexes of the items a batch may run in tx; it
+	// marks the others, in results, to be tried alone.
+	batchable(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error)
+	// afterCommit runs once d's transaction has committed, before d is
+	// acknowledged.
+	afterCommit(d *delivery, a applier) error
+}
+
+// newKeyPolicy returns the policy cfg.OnDeadLetter names.
+func newKeyPolicy(in *Inbox) keyPolicy {
+	if in.cfg.OnDeadLetter == HoldKey {
+		return holdKey{skipKey{in}}
+	}
+	return skipKey{in}
+}
+
+// skipKey is SkipKey: a dead letter leaves its key alone, and the policy
+// only writes the inbox rows.
+type skipKey struct{ in *Inbox }
+
+func (s skipKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (bool, error) {
+	fresh, err := s.in.insertRows(ctx, tx, []*delivery{d}, rowProcessed)
+	if err != nil {
+		return false, err
+	}
+	if len(fresh) == 0 {
+		return false, s.in.seenBefore(ctx, tx, d)
+	}
+	return true, nil
+}
+
+func (s skipKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
+	in := s.in
+	if !in.cfg.disableDedupe && !d.parked { // a parked message's row is there (holdKey.recordDeadLetter)
+		fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowDeadLettered)
+		if err != nil {
+			return "", "", err
+		}
+		if len(fresh) == 0 {
+			// Another delivery of the id finished first: often one that
+			// waited on this delivery's row and was applied once this
+			// one's failed attempt rolled back. Its payload may be
+			// another, so this one is settled against its row like any
+			// redelivery, never taken for a duplicate unseen.
+			return in.classifySeen(ctx, tx, d, reason)
+		}
+	}
+	return DeadLettered, "", in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil)
+}
+
+func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []batchResult) ([]int, error) {
+	live := make([]int, len(items))
+	for i := range live {
+		live[i] = i
+	}
+	return live, nil
+}
+
+func (s skipKey) afterCommit(*delivery, applier) error { return nil }
+
+// holdKey is HoldKey: skipKey's inbox rows, inside the hold of the key. A
+// message whose key is empty is never held: skipKey's alone.
+type holdKey struct{ skipKey }
+
+// admit locks the hold of d's key first, so that a release sees this
+// delivery's parking, or this delivery its release. A held key's messages
+// park, but for its holder, whose commit releases the key. A delivery that
+// releases the key, or finds it released, drains it after its commit
+// (d.release, afterCommit).
+func (h holdKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (bool, error) {
+	if d.key == "" {
+		return h.skipKey.admit(ctx, tx, d)
+	}
+	holder, hold, err := h.lockHold(ctx, tx, d)
+	if err != nil {
+		return false, err
+	}
+	d.release = hold == holdReleased
+	if hold != "" && holder != d.id {
+		return false, h.park(ctx, tx, d, holder)
+	}
+	if fresh, err := h.skipKey.admit(ctx, tx, d); err != nil || !fresh {
+		return false, err
+	}
+	if hold != "" && hold != holdReleased {
+		if err := h.setHold(ctx, tx, d, holdReleased); err != nil {
+			return false, err
+		}
+		d.release = true // once committed; a failed attempt finds the key held as before
+	}
+	return true, nil
+}
+
+// recordDeadLetter locks the hold of d's key first, as every delivery of
+// the key does, then writes the inbox row and the quarantine (skipKey's),
+// and holds the key with d as its holder.
+func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
+	if d.key == "" {
+		return h.skipKey.recordDeadLetter(ctx, tx, d, reason)
+	}
+	_, state, err := h.lockHold(ctx, tx, d)
+	if err != nil {
+		return "", "", err
+	}
+	if d.parked {
+		// A released key's parked message: its row is there. Unless
+		// another delivery settled it meanwhile, it holds the key again,
+		// and the messages parked behind it stay parked.
+		if state != holdReleased {
+			return "", "", nil // held again by another: it stays parked
+		}
+		if ok, err := h.unpark(ctx, tx, d, rowDeadLettered); err != nil || !ok {
+			return "", "", err
+		}
+	}
+	settled, seenReason, err := h.skipKey.recordDeadLetter(ctx, tx, d, reason)
+	if err != nil || settled != DeadLettered {
+		return settled, seenReason, err
+	}
+	return settled, "", h.hold(ctx, tx, d)
+}
+
+// afterCommit drains the key d released, or found released (release).
+func (h holdKey) afterCommit(d *delivery, a applier) error {
+	if !d.release {
+		return nil
+	}
+	return h.release(d, a)
 }
 
 // lockHold reads the hold of d's key and locks its row until tx ends; state
@@ -70,7 +214,8 @@ func (in *Inbox) holds(d *delivery) bool {
 // that holds a key all lock the row first, so they take turns; a key that
 // is not held costs one index lookup and locks nothing (why that is enough
 // is in doc.go).
-func (in *Inbox) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, state string, err error) {
+func (h holdKey) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, state string, err error) {
+	in := h.in
 	err = tx.QueryRow(ctx, `SELECT holder, state FROM inbox_held_keys
 		WHERE consumer = $1 AND topic = $2 AND partition_key = $3 FOR UPDATE`,
 		in.cfg.Consumer, d.topic, d.key).Scan(&holder, &state)
@@ -84,7 +229,8 @@ func (in *Inbox) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, 
 }
 
 // setHold moves the hold of d's key to state.
-func (in *Inbox) setHold(ctx context.Context, tx pgx.Tx, d *delivery, state string) error {
+func (h holdKey) setHold(ctx context.Context, tx pgx.Tx, d *delivery, state string) error {
+	in := h.in
 	if _, err := tx.Exec(ctx, `UPDATE inbox_held_keys SET state = $4, updated_at = now()
 		WHERE consumer = $1 AND topic = $2 AND partition_key = $3`, in.cfg.Consumer, d.topic, d.key, state); err != nil {
 		return fmt.Errorf("inbox: marking key %q %s: %w", d.key, state, err)
@@ -94,7 +240,8 @@ func (in *Inbox) setHold(ctx context.Context, tx pgx.Tx, d *delivery, state stri
 
 // hold holds d's key with d as its holder, in the transaction that
 // dead-letters d. A key already held by another dead letter keeps that one.
-func (in *Inbox) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
+func (h holdKey) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	in := h.in
 	_, err := tx.Exec(ctx, `
 		INSERT INTO inbox_held_keys (consumer, topic, partition_key, holder) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (consumer, topic, partition_key) DO UPDATE
@@ -110,7 +257,8 @@ func (in *Inbox) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
 // park records d in tx, whose hold row it has locked, as parked: its inbox
 // row with status 'parked' (a redelivery is then a duplicate, or a conflict),
 // its payload and metadata in inbox_parked; then it commits and settles d.
-func (in *Inbox) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string) error {
+func (h holdKey) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string) error {
+	in := h.in
 	fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowParked)
 	if err != nil {
 		return err
@@ -136,18 +284,20 @@ func (in *Inbox) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string
 
 // release applies the parked messages of d's key, which d released or found
 // released, one at a time in arrival order, each through the retry loop of
-// any delivery (run) with d's applier; it returns when none is left (the
-// hold is then gone) or one was dead-lettered (the key is held again).
+// any delivery (retry), applyParked its attempt, with d's applier; it
+// returns when none is left (the hold is then gone) or one was
+// dead-lettered (the key is held again).
 // Another delivery may drain the same key at once (a replica after a
 // rebalance): each step locks the hold row and takes the first parked
 // message, so each is applied once, in order.
-func (in *Inbox) release(d *delivery, a applier) error {
+func (h holdKey) release(d *delivery, a applier) error {
+	in := h.in
 	for {
-		next, err := in.nextParked(d)
+		next, err := h.nextParked(d)
 		if err != nil || next == nil {
 			return err
 		}
-		if _, err := in.run(next, a); err != nil {
+		if _, err := in.retry(next, func(bool) (herr, err error) { return h.applyParked(next, a) }); err != nil {
 			return err
 		}
 	}
@@ -156,12 +306,13 @@ func (in *Inbox) release(d *delivery, a applier) error {
 // nextParked returns the first parked message of d's key as a delivery, or
 // nil when the key is no longer released (held again, or gone); when none
 // is parked it deletes the hold and returns nil.
-func (in *Inbox) nextParked(d *delivery) (*delivery, error) {
+func (h holdKey) nextParked(d *delivery) (*delivery, error) {
+	in := h.in
 	ctx, cancel := in.txContext(d)
 	defer cancel()
 	var next *delivery
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
-		_, state, err := in.lockHold(ctx, tx, d)
+		_, state, err := h.lockHold(ctx, tx, d)
 		if err != nil || state != holdReleased {
 			return err
 		}
@@ -197,7 +348,8 @@ func (in *Inbox) nextParked(d *delivery) (*delivery, error) {
 // the hold, checks that p is still the first parked message of a released
 // key, marks its inbox row processed, and applies it. Anything else (another
 // delivery applied it, or the key was held again) leaves it to that one.
-func (in *Inbox) applyParked(p *delivery, a applier) (herr, err error) {
+func (h holdKey) applyParked(p *delivery, a applier) (herr, err error) {
+	in := h.in
 	ctx, cancel := in.txContext(p)
 	defer cancel()
 	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -206,7 +358,7 @@ func (in *Inbox) applyParked(p *delivery, a applier) (herr, err error) {
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	_, state, err := in.lockHold(ctx, tx, p)
+	_, state, err := h.lockHold(ctx, tx, p)
 	if err != nil || state != holdReleased {
 		return nil, err
 	}
@@ -219,7 +371,7 @@ func (in *Inbox) applyParked(p *delivery, a applier) (herr, err error) {
 	if first != p.id {
 		return nil, nil
 	}
-	if ok, err := in.unpark(ctx, tx, p, rowProcessed); err != nil || !ok {
+	if ok, err := h.unpark(ctx, tx, p, rowProcessed); err != nil || !ok {
 		if err == nil {
 			err = tx.Commit(ctx) // the stray parked entry is gone
 		}
@@ -248,7 +400,8 @@ func (in *Inbox) applyParked(p *delivery, a applier) (herr, err error) {
 
 // unpark moves p's inbox row from 'parked' to status and deletes its parked
 // entry; ok is false when the row was no longer parked.
-func (in *Inbox) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status string) (ok bool, err error) {
+func (h holdKey) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status string) (ok bool, err error) {
+	in := h.in
 	tag, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = $3, processed_at = now()
 		WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, in.cfg.Consumer, p.id, status)
 	if err != nil {
@@ -260,17 +413,18 @@ func (in *Inbox) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status stri
 	return tag.RowsAffected() == 1, nil
 }
 
-// leaveHeld marks, in results, the items of a batch whose key is held to be
+// batchable marks, in results, the items of a batch whose key is held to be
 // tried alone (attempt), where they park or release the key, and returns the
 // indexes of the others, which the batch runs. A plain read, no lock: a key
 // cannot be held while a delivery of it waits in a batch (see doc.go), and
 // one released meanwhile only sends a delivery the long way.
-func (in *Inbox) leaveHeld(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error) {
+func (h holdKey) batchable(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error) {
+	in := h.in
 	live := make([]int, 0, len(items))
 	var topics, keys []string
 	for i, it := range items {
 		live = append(live, i)
-		if in.holds(it.d) {
+		if it.d.key != "" {
 			topics, keys = append(topics, it.d.topic), append(keys, it.d.key)
 		}
 	}
@@ -284,15 +438,15 @@ func (in *Inbox) leaveHeld(ctx context.Context, tx pgx.Tx, items []*batchItem, r
 		return nil, fmt.Errorf("inbox: reading held keys: %w", err)
 	}
 	held, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]string, error) {
-		var h [2]string
-		return h, row.Scan(&h[0], &h[1])
+		var k [2]string
+		return k, row.Scan(&k[0], &k[1])
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: reading held keys: %w", err)
 	}
 	live = live[:0]
 	for i, it := range items {
-		if in.holds(it.d) && slices.Contains(held, [2]string{it.d.topic, it.d.key}) {
+		if it.d.key != "" && slices.Contains(held, [2]string{it.d.topic, it.d.key}) {
 			results[i] = batchResult{fallback: true}
 			continue
 		}

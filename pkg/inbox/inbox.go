@@ -37,7 +37,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // runs its background work: batch transactions and the retention sweep.
 type Inbox struct {
 	cfg      Config
-	spanName string // "inbox <consumer>"
+	spanName string    // "inbox <consumer>"
+	keys     keyPolicy // what a dead letter does to its key (Config.OnDeadLetter, hold.go)
 	batch    batcher
 	running  atomic.Bool     // Run was called and has not returned
 	ready    atomic.Bool     // and its batch workers take deliveries
@@ -50,7 +51,9 @@ func New(cfg Config) (*Inbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Inbox{cfg: cfg, spanName: "inbox " + cfg.Consumer}, nil
+	in := &Inbox{cfg: cfg, spanName: "inbox " + cfg.Consumer}
+	in.keys = newKeyPolicy(in)
+	return in, nil
 }
 
 // Consumer returns the configured consumer name.

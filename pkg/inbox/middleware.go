@@ -17,10 +17,14 @@ import (
 //
 //	middleware.go  Middleware / Handler → deliver: checks the message, then
 //	               the retry loop (attempt, or the first attempt in a batch)
-//	attempt.go     attempt: one transaction: insertRows, applier.apply, commit;
-//	               a copy already recorded → classifySeen (duplicate, conflict)
+//	attempt.go     attempt: one transaction: the inbox row, applier.apply,
+//	               commit
 //	batch.go       the same steps for deliveries that share a transaction
-//	deadletter.go  a failed attempt counted; a dead letter; a quarantine
+//	deadletter.go  a failed attempt counted; a dead letter
+//	hold.go        the key policy each of those asks at one point (in.keys):
+//	               it writes the inbox row, and under HoldKey holds the key
+//	rows.go        the inbox row's one INSERT; a copy already recorded →
+//	               classifySeen (duplicate, conflict); a quarantine row
 //	outcome.go     settle: the outcome counted, traced and reported
 //
 // Middleware and Handler differ only in their applier: a Watermill handler
@@ -121,7 +125,8 @@ func (p *perBatch) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message
 // deliver is the handler Middleware and Handler return: it reads the
 // delivery (quarantining what cannot be deduplicated), then runs attempts
 // until one commits, the message is dead-lettered, or the database fails;
-// then, when it released its key (HoldKey), the key's parked messages.
+// then what its key asks after a commit (HoldKey: a key it released, the
+// key's parked messages).
 func (in *Inbox) deliver(a applier) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		span := in.startSpan(msg) // tracing.go: one span per delivery, child of the producer's trace
@@ -137,28 +142,29 @@ func (in *Inbox) deliver(a applier) message.HandlerFunc {
 			return nil, err
 		}
 		failpoint.Hit(failpoint.AfterCommitBeforeAck, d.id)
-		if d.release {
-			return nil, in.release(d, a) // hold.go: the key's parked messages, in order
-		}
-		return nil, nil
+		return nil, in.keys.afterCommit(d, a) // hold.go
 	}
 }
 
-// run is the retry loop: it runs attempts of d until one commits (committed
-// is true: applied, or settled as a duplicate, a conflict or parked), d is
-// dead-lettered, or the database fails (err).
+// run runs d through the retry loop: its first attempt in a batch while Run
+// runs, the others alone.
 func (in *Inbox) run(d *delivery, a applier) (committed bool, err error) {
+	return in.retry(d, func(first bool) (herr, err error) {
+		if first {
+			return in.firstAttempt(d, a) // batch.go: in a batch while Run runs
+		}
+		return in.attempt(d, a) // attempt.go
+	})
+}
+
+// retry is the retry loop: it runs attempts of d (try, first for the first
+// one) until one commits (committed is true: applied, or settled as a
+// duplicate, a conflict or parked), d is dead-lettered, or the database
+// fails (err). try returns like attempt.
+func (in *Inbox) retry(d *delivery, try func(first bool) (herr, err error)) (committed bool, err error) {
 	transientFailures := 0
 	for {
-		var herr, err error
-		switch {
-		case d.parked:
-			herr, err = in.applyParked(d, a) // hold.go: a released key's parked message
-		case d.attempts == 0 && transientFailures == 0:
-			herr, err = in.firstAttempt(d, a) // batch.go: in a batch while Run runs
-		default:
-			herr, err = in.attempt(d, a) // attempt.go
-		}
+		herr, err := try(d.attempts == 0 && transientFailures == 0)
 		var te transientError
 		if errors.As(err, &te) {
 			// The database failed under the handler. Wait and try again

@@ -1,0 +1,168 @@
+package inbox
+
+// The rows a delivery leaves, beneath the key policy (hold.go) and every
+// path that writes them (attempt.go, batch.go, deadletter.go): its inbox
+// row, written by the inbox's one INSERT; what a copy whose row is there
+// already leaves (a duplicate counted, a conflict quarantined); and a
+// quarantine row.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The status an inbox row is written with: its message was applied,
+// dead-lettered (finished, not applied), or parked (not applied yet: its key
+// is held, hold.go).
+const (
+	rowProcessed    = "processed"
+	rowDeadLettered = "dead_lettered"
+	rowParked       = "parked"
+)
+
+// insertRows is the inbox's one INSERT: it writes the rows of ds with status
+// in one statement, ON CONFLICT DO NOTHING, and returns the indexes of the
+// deliveries whose row it inserted: the others were seen before. Rows go in
+// in id order, so two batches that share ids wait for each other instead of
+// deadlocking. When one id comes twice, its first delivery is the fresh one.
+func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, status string) ([]int, error) {
+	order := make([]int, len(ds))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(ds[a].id, ds[b].id) })
+	ids := make([]string, len(ds))
+	sums := make([][]byte, len(ds))
+	topics := make([]string, len(ds))
+	parts := make([]*int32, len(ds))
+	offsets := make([]*int64, len(ds))
+	for j, i := range order {
+		ids[j], sums[j], topics[j] = ds[i].id, ds[i].sum[:], ds[i].topic
+		parts[j], offsets[j] = ds[i].part, ds[i].offset
+	}
+	rows, err := tx.Query(ctx, `
+		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status)
+		SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7
+		FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, sum, topic, part, off)
+		ON CONFLICT DO NOTHING
+		RETURNING message_id`, in.cfg.Consumer, ids, sums, topics, parts, offsets, status)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
+	}
+	var fresh []int
+	for _, i := range order {
+		if k := slices.Index(inserted, ds[i].id); k >= 0 {
+			inserted = slices.Delete(inserted, k, k+1) // a second delivery of the id is not fresh
+			fresh = append(fresh, i)
+		}
+	}
+	slices.Sort(fresh)
+	return fresh, nil
+}
+
+// seenBefore settles a delivery whose inbox row already exists: a duplicate
+// when the payload matches, a quarantined conflict when it does not.
+func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	o, reason, err := in.classifySeen(ctx, tx, d, "")
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.settleSeen(d, o, reason)
+	return nil
+}
+
+// classifySeen writes, in tx, what a delivery of an already-recorded id
+// leaves behind: the duplicate counted durably (only redeliveries pay for
+// this write), or the conflicting payload quarantined with both hashes. It
+// commits nothing. Every path that finds the id's inbox row already there
+// settles through it: one that settled without comparing the hashes would
+// drop a different payload as a duplicate. failed, when not empty, is why
+// this delivery was being dead-lettered, kept in the conflict's reason.
+func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, failed string) (Outcome, string, error) {
+	var prior []byte
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT payload_sha256, status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
+		in.cfg.Consumer, d.id).Scan(&prior, &status); err != nil {
+		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
+	}
+	if bytes.Equal(prior, d.sum[:]) {
+		if err := in.recordCopy(ctx, tx, d, 1); err != nil {
+			return "", "", fmt.Errorf("inbox: counting duplicate: %w", err)
+		}
+		return Duplicate, "", nil
+	}
+	// A conflicting copy Kafka still holds would be applied if its row
+	// were swept: the row stays while Kafka holds it too.
+	if err := in.recordCopy(ctx, tx, d, 0); err != nil {
+		return "", "", fmt.Errorf("inbox: recording the conflicting copy's offset: %w", err)
+	}
+	done := "applied"
+	switch status {
+	case rowDeadLettered:
+		done = "dead-lettered" // so an operator does not look for its effects
+	case rowParked:
+		done = "parked (its key is held)"
+	}
+	reason := fmt.Sprintf("message id %s was already %s with payload sha256 %x; this delivery has sha256 %x", d.id, done, prior, d.sum)
+	if failed != "" {
+		reason += "; its handler had failed: " + failed
+	}
+	if err := in.insertQuarantine(ctx, tx, d, "payload_conflict", reason, prior); err != nil {
+		return "", "", err
+	}
+	return Conflict, reason, nil
+}
+
+// recordCopy notes another copy of d's message on its inbox row, adding dup
+// to its duplicates: the row stays while Kafka holds any copy this consumer
+// saw (Config.LogStart), so it keeps the highest offset, or -1 for the
+// partition when copies came on several partitions (swept by age alone).
+// The count stops at the int column's maximum: a counter that overflowed
+// would fail the statement and send the copy back forever.
+func (in *Inbox) recordCopy(ctx context.Context, tx pgx.Tx, d *delivery, dup int) error {
+	_, err := tx.Exec(ctx, `
+		UPDATE inbox_messages SET duplicates = least(duplicates::bigint + $5, 2147483647),
+			kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
+			kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
+		WHERE consumer = $1 AND message_id = $2`,
+		in.cfg.Consumer, d.id, d.part, d.offset, dup)
+	return err
+}
+
+// insertQuarantine records d as it arrived: a record with no value (a nil
+// payload) as a NULL payload, and its headers exactly in raw_metadata when
+// metadata had to change any of them to store them as text.
+func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, kind, reason string, prior []byte) error {
+	meta, err := metadataJSON(d.msg.Metadata)
+	if err != nil {
+		return err
+	}
+	raw, err := rawMetadataJSON(d.msg.Metadata)
+	if err != nil {
+		return err
+	}
+	onConflict := "ON CONFLICT (consumer, kind, message_id, payload_sha256) WHERE kind <> 'dead_letter' DO NOTHING"
+	if kind == "dead_letter" {
+		onConflict = ""
+	}
+	_, err = tx.Exec(ctx, `
+		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata, raw_metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) `+onConflict,
+		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta, raw)
+	if err != nil {
+		return fmt.Errorf("inbox: recording %s: %w", kind, err)
+	}
+	return nil
+}
