@@ -26,6 +26,11 @@ func (c cpuUse) sub(d cpuUse) cpuUse {
 	return cpuUse{c.Postgres - d.Postgres, c.Services - d.Services, c.Bench - d.Bench, c.Broker - d.Broker}
 }
 
+// scaled multiplies every component by k (1/seconds: cores busy).
+func (c cpuUse) scaled(k float64) cpuUse {
+	return cpuUse{c.Postgres * k, c.Services * k, c.Bench * k, c.Broker * k}
+}
+
 // per1000 scales CPU seconds to seconds per 1,000 round trips.
 func (c cpuUse) per1000(n int) cpuUse {
 	k := 1000 / float64(n)

@@ -149,7 +149,9 @@ func runLimit(ctx context.Context, pg *pgtest.Server, p params, round int, say f
 	}
 	close(work)
 	wg.Wait()
-	res.LatencyCoresBusy = cpuSeconds(nil, nil).sub(cpu0).total() / time.Since(t0).Seconds()
+	use, secs := cpuSeconds(nil, nil).sub(cpu0), time.Since(t0).Seconds()
+	res.LatencyCoresBusy = use.total() / secs
+	res.LatencyCores = use.scaled(1 / secs)
 	select {
 	case err := <-errs:
 		return res, err

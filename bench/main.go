@@ -69,6 +69,7 @@ type params struct {
 	Partitions  int     `json:"partitions"`   // per topic
 	LatencyRate float64 `json:"latency_rate"` // orders/s offered in the latency phase
 	LatencyFor  float64 `json:"latency_s"`    // seconds of the latency phase
+	WarmFor     float64 `json:"warmup_s"`     // seconds at the latency phase's rate before it is measured
 	LimitBatch  int     `json:"limit_batch"`  // orders per transaction in the limit build
 	Rounds      int     `json:"rounds"`       // each build runs this often, alternating; figures are medians
 	Seed        uint64  `json:"seed"`
@@ -89,9 +90,11 @@ type Result struct {
 	// LatencyCoresBusy is the CPU the measured processes used during the
 	// latency phase, in cores (the machine has Machine["cpus"]): how close
 	// to saturation the fixed offered load runs it.
-	LatencyCoresBusy float64  `json:"latency_phase_cores_busy"`
-	Env              []string `json:"env,omitempty"`
-	Notes            string   `json:"notes,omitempty"`
+	LatencyCoresBusy float64 `json:"latency_phase_cores_busy"`
+	// LatencyCores splits LatencyCoresBusy by component, in cores.
+	LatencyCores cpuUse   `json:"latency_phase_cores"`
+	Env          []string `json:"env,omitempty"`
+	Notes        string   `json:"notes,omitempty"`
 	// PerRound is each round's round trips/s, in order; the figures above
 	// are the medians over rounds, field by field.
 	PerRound []float64 `json:"round_trips_per_s_by_round,omitempty"`
@@ -156,6 +159,7 @@ func run(ctx context.Context) error {
 	partitions := flag.Int("partitions", 0, "override the number of partitions per topic")
 	rounds := flag.Int("rounds", 3, "run every build this many times, alternating, and report medians: the machine's noise hits each build alike")
 	limitBatch := flag.Int("limit-batch", 0, "override the orders per transaction of the limit build (100), to see what batch size alone is worth")
+	warmup := flag.Duration("warmup", time.Second, "how long the latency phase's rate runs before it is measured: a fresh broker JVM compiles its hot paths in its first tens of seconds")
 	rate := flag.Float64("rate", 0, "override the offered load of the latency phase (orders/s; the goal is stated at 500)")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	relayOnly := flag.Bool("relay", false, "run the relay-only benchmark instead (bench/relay.go): Watermill's Forwarder at its defaults and tuned, this relay with 1, 2 and 3 replicas; writes bench-relay-report.json (BENCH_RELAY_REPORT)")
@@ -178,6 +182,7 @@ func run(ctx context.Context) error {
 	if *limitBatch > 0 {
 		p.LimitBatch = *limitBatch
 	}
+	p.WarmFor = warmup.Seconds()
 	want := func(build string) bool { return *only == "" || strings.Contains(","+*only+",", ","+build+",") }
 	path := os.Getenv("BENCH_REPORT")
 	if path == "" {
@@ -247,8 +252,10 @@ func run(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", b.key(), err)
 			}
-			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms (%.2f cores busy at %.0f/s), %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench %.2f, broker JVM %.2f)",
+			lc := res.LatencyCores
+			say("%s: %.0f round trips/s, hop p50/p95/p99 %.1f/%.1f/%.1f ms (%.2f cores busy at %.0f/s: postgres %.2f, services %.2f, bench %.2f, broker JVM %.2f), %.2f db tx/message, %.2f CPU s/1000 (postgres %.2f, services %.2f, bench %.2f, broker JVM %.2f)",
 				b.key(), res.RoundTripsPerS, res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.LatencyCoresBusy, p.LatencyRate,
+				lc.Postgres, lc.Services, lc.Bench, lc.Broker,
 				res.DBTxPerMessage, res.CPUSPer1000, res.CPU.Postgres, res.CPU.Services, res.CPU.Bench, res.CPU.Broker)
 			byBuild[b.key()] = append(byBuild[b.key()], res)
 		}
@@ -482,6 +489,12 @@ func medianResult(rs []Result) Result {
 		P99: field(func(r Result) float64 { return r.HopLatencyMS.P99 }),
 	}
 	out.LatencyCoresBusy = field(func(r Result) float64 { return r.LatencyCoresBusy })
+	out.LatencyCores = cpuUse{
+		Postgres: field(func(r Result) float64 { return r.LatencyCores.Postgres }),
+		Services: field(func(r Result) float64 { return r.LatencyCores.Services }),
+		Bench:    field(func(r Result) float64 { return r.LatencyCores.Bench }),
+		Broker:   field(func(r Result) float64 { return r.LatencyCores.Broker }),
+	}
 	out.DBTxPerMessage = field(func(r Result) float64 { return r.DBTxPerMessage })
 	out.CPU = cpuUse{
 		Postgres: field(func(r Result) float64 { return r.CPU.Postgres }),

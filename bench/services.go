@@ -64,7 +64,7 @@ func runServices(ctx context.Context, pg *pgtest.Server, p params, round int, b 
 		return res, err
 	}
 	latencyOrders := int(p.LatencyRate * p.LatencyFor)
-	warmOrders := int(p.LatencyRate) // one second at the latency phase's rate
+	warmOrders := int(p.LatencyRate * p.WarmFor) // at the latency phase's rate
 	ids, err := createOrders(ctx, orders, warmOrders+latencyOrders+p.Orders, rng, skus)
 	if err != nil {
 		return res, err
@@ -104,7 +104,9 @@ func runServices(ctx context.Context, pg *pgtest.Server, p params, round int, b 
 		if err != nil {
 			return res, err
 		}
-		res.LatencyCoresBusy = cpuSeconds(pids(), brokerPids).sub(cpu0).total() / time.Since(t0).Seconds()
+		use, secs := cpuSeconds(pids(), brokerPids).sub(cpu0), time.Since(t0).Seconds()
+		res.LatencyCoresBusy = use.total() / secs
+		res.LatencyCores = use.scaled(1 / secs)
 		if *statements {
 			say("statements of the latency phase:")
 			printStatements(ctx, orders, latencyOrders, say)
