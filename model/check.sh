@@ -218,6 +218,12 @@ SCENARIOS=(
 	"3|replays the stored response"
 	"3|was recorded already"
 	"3|expires under its runner"
+	"1|fails (the broker is down)"
+	"2|transaction of message %d fails"
+	"2|the message is delivered again"
+	"2|a transaction of its own"
+	"3|the provider fails before doing anything"
+	"3|the answer is lost"
 )
 echo "== the scenarios: each reached in its row's search"
 for sc in "${SCENARIOS[@]}"; do

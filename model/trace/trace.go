@@ -186,8 +186,13 @@ func (a Automaton) Check(log io.Reader) (Report, error) {
 		pid           int
 		kind, subject string
 	}
-	last := map[key]string{} // the projection's last window
-	dead := map[int]Step{}   // pid → its kill line
+	// runs holds, per projection, the last window of each of its runs in
+	// flight: one process can hold two copies of a subject at once (the
+	// same message id on two partitions, a capture's lease overtaken), each
+	// a run of the model's process on its own.
+	runs := map[key][]string{}
+	dead := map[int]Step{}     // pid → its kill line
+	lastLine := map[int]Step{} // pid → its last hit line
 	rep := Report{Variant: a.Variant, Kills: map[string]int{}}
 	bad := func(s Step, why string, args ...any) {
 		rep.Violations = append(rep.Violations, Violation{s, fmt.Sprintf(why, args...)})
@@ -218,30 +223,53 @@ func (a Automaton) Check(log io.Reader) (Report, error) {
 			continue
 		}
 		k := key{s.Pid, r.Proctype, s.Subject}
-		prev, seen := last[k]
+		open, seen := runs[k]
 		if !seen {
 			rep.Subjects++
 		}
 		if s.Kill {
 			dead[s.Pid] = s
-			if prev != s.Window {
-				if !seen {
-					bad(s, "a kill in %s, but pid %d never hit %s on %s: the kill is outside its window", s.Window, s.Pid, s.Window, s.Subject)
-				} else {
-					bad(s, "a kill in %s, but pid %d's last step on %s was %s: the kill is outside its window", s.Window, s.Pid, s.Subject, prev)
+			// The kill comes right after its window's hit (pkg/failpoint
+			// writes both under one lock): the last line of this pid, on
+			// this subject, in this window.
+			if prevLine, ok := lastLine[s.Pid]; !ok || prevLine.Window != s.Window || prevLine.Subject != s.Subject || !slices.Contains(open, s.Window) {
+				was := "nothing"
+				if ok {
+					was = fmt.Sprintf("%s on %s", prevLine.Window, prevLine.Subject)
 				}
+				bad(s, "a kill in %s on %s, but pid %d's step before it was %s: the kill is outside its window", s.Window, s.Subject, s.Pid, was)
 				continue
 			}
 			rep.Kills[s.Window]++
 			continue
 		}
-		if why := r.step(prev, s.Window); why != "" {
+		lastLine[s.Pid] = s
+		// A step continues the run it follows in the model; a window
+		// subjects begin at may also begin a run of its own.
+		i := slices.IndexFunc(open, func(prev string) bool { return r.continues(prev, s.Window) })
+		switch {
+		case i >= 0:
+			open[i] = s.Window
+		case slices.Contains(r.Entry, s.Window):
+			open = append(open, s.Window)
+		default:
+			why := r.step("", s.Window)
+			if len(open) > 0 {
+				why = r.step(open[len(open)-1], s.Window)
+			}
 			bad(s, "%s (model process %s)", why, r.Proctype)
+			continue
 		}
-		last[k] = s.Window
+		runs[k] = open
 	}
 	rep.Steps = n
 	return rep, sc.Err()
+}
+
+// continues reports whether w continues a run whose last window is prev:
+// the model goes from prev to w, without beginning a subject again.
+func (r *Role) continues(prev, w string) bool {
+	return !slices.Contains(r.Entry, w) && slices.Contains(r.Next[prev], w)
 }
 
 // step says why w cannot follow prev ("" for a subject's first step) in

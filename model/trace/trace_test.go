@@ -277,3 +277,24 @@ func TestParseLine(t *testing.T) {
 		}
 	}
 }
+
+// TestTwoCopiesInOneProcess: one process handles two copies of a message id
+// at once (the same id on two partitions): each is a run of the model's
+// consumer on its own, interleaved in the log, and the check takes both.
+// Its steps out of the model's order are still refused.
+func TestTwoCopiesInOneProcess(t *testing.T) {
+	line := func(w string) string { return "failpoint " + w + " hit: pid 7 subject m-1" }
+	interleaved := []string{
+		line("before-begin"), line("after-inbox-insert"),
+		line("before-begin"), // the second copy: another partition
+		line("after-handler-before-commit"), line("after-commit-before-ack"),
+		line("after-commit-before-ack"), // the second copy, a duplicate, settled
+	}
+	if rep := check(t, "", interleaved); !rep.OK() {
+		t.Fatalf("two copies in one process refused: %v", rep.Violations)
+	}
+	wrong := []string{line("before-begin"), line("before-begin"), line("after-handler-before-commit")}
+	if rep := check(t, "", wrong); rep.OK() {
+		t.Fatal("a handler step with no inbox insert before it, in either copy, was taken")
+	}
+}

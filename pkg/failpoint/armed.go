@@ -181,10 +181,10 @@ func hit(n Name, subject string) {
 			fire = rng.Float64() < s.p
 		}
 	}
-	mu.Unlock()
 	if fire {
-		kill(n, subject)
+		kill(n, subject) // with mu held since the hit's line: nothing comes between them
 	}
+	mu.Unlock()
 }
 
 // appendLog appends line to the log, in one write: every process of a run
@@ -212,17 +212,25 @@ func appendLog(line string, sync bool) {
 	}
 }
 
-// kill writes the kill line and kills the process with mu held: no other
-// goroutine's hit can write a line after the kill line (the log then shows
-// the process's last step as the window it died in, model/trace), or fire
-// a second kill.
+// kill writes the kill line and kills the process. mu is held, taken by
+// the hit that fired it, and never released: no other goroutine's hit can
+// write a line
+// between the window's hit line and the kill line, or after the kill line
+// (the log shows the process's last step as the window it died in,
+// model/trace), or fire a second kill.
+//
+// A process that is PID 1 of its own PID namespace (a container's
+// entrypoint without an init) does not receive a SIGKILL it sends itself;
+// it exits at once with SIGKILL's status instead, saying so, rather than
+// live on with its windows locked.
 func kill(n Name, subject string) {
 	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), LoggedSubject(subject))
-	mu.Lock()
 	appendLog(line, true)
-	os.Stderr.WriteString(line)                //nolint:errcheck
-	syscall.Kill(os.Getpid(), syscall.SIGKILL) //nolint:errcheck
-	select {}                                  // SIGKILL cannot be caught; never return into the window, never unlock mu
+	os.Stderr.WriteString(line)                                                                                                  //nolint:errcheck
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)                                                                                   //nolint:errcheck
+	time.Sleep(time.Second)                                                                                                      // the kernel delivers it long before this
+	os.Stderr.WriteString("failpoint: SIGKILL did not arrive (PID 1 of a namespace ignores its own); exiting with status 137\n") //nolint:errcheck
+	os.Exit(137)
 }
 
 // Once arms window n to fire on its next hit, from now on, whatever the
