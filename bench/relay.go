@@ -45,12 +45,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/progress"
-	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/progress"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // relayParams sizes the relay benchmark.

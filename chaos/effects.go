@@ -26,9 +26,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/outboxref/outbox-inbox/internal/provider"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/testbed/provider"
 )
 
 // effectFacts returns the facts of the effect windows' subjects.

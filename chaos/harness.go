@@ -13,13 +13,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/progress"
-	"github.com/outboxref/outbox-inbox/internal/stack"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/procs"
+	"github.com/outboxref/outbox-inbox/testbed/progress"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // windowsFor lists the crash windows a service's code reaches.
@@ -84,7 +84,7 @@ type harness struct {
 	probes      []*probeWriter // each service's probe stream (probe.go)
 	fpLog       string
 	sys         *system.System
-	payments    check.PaymentReport
+	payments    judge.PaymentReport
 	start       time.Time
 }
 
@@ -341,11 +341,11 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	h.say("draining: chaos stopped, waiting for every paid order to settle")
 	drainCtx, cancelDrain := context.WithTimeout(ctx, h.p.Drain)
 	defer cancelDrain()
-	settled := check.Settled(len(res.Paid))
-	final, waitErr := check.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
+	settled := judge.Settled(len(res.Paid))
+	final, waitErr := judge.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
 		// The second control run sends no hostile message: nothing to wait for.
-		func(r check.Report) bool { return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx)) },
-		func(r check.Report) {
+		func(r judge.Report) bool { return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx)) },
+		func(r judge.Report) {
 			deadline, _ := drainCtx.Deadline()
 			h.say("draining: %d of %d settled, outbox pending %v (deadline in %s)", r.Reserved+r.Rejected, r.OrdersPaid, r.OutboxPending,
 				time.Until(deadline).Round(time.Second))
@@ -354,7 +354,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		h.say("drain deadline passed: judging the state as it is")
 	}
 	// The third row: the provider's ledger against the orders.
-	if h.payments, err = check.CheckPayments(ctx, sys.Pools["orders"], sys.Pools["provider"]); err != nil {
+	if h.payments, err = judge.CheckPayments(ctx, sys.Pools["orders"], sys.Pools["provider"]); err != nil {
 		return nil, fmt.Errorf("reading the payments: %w", err)
 	}
 	final.Invariants = append(final.Invariants, h.payments.Invariant)

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
 // intruder is the principal the harness creates with no grants at all: it

@@ -8,8 +8,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // kafkaRecord is one record a topic holds, as the harness's own client

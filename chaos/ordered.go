@@ -93,7 +93,7 @@ func (t *TopicOrder) example(format string, args ...any) {
 	}
 }
 
-// maxExamples bounds the examples a topic quotes, as internal/check's do.
+// maxExamples bounds the examples a topic quotes, as testbed/judge's do.
 const maxExamples = 3
 
 // byKey groups records by key, each key's in partition and offset order.

@@ -31,8 +31,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 const (

@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
 )
 
 // Report is what a run writes with -report.
@@ -62,7 +62,7 @@ type Report struct {
 	Failed string `json:"failed"`
 }
 
-// PaymentsRow is what the provider's ledger holds (check.CheckPayments).
+// PaymentsRow is what the provider's ledger holds (judge.CheckPayments).
 type PaymentsRow struct {
 	Captured      int `json:"captured"`       // reserved orders captured once
 	Declined      int `json:"declined"`       // reserved orders declined once
@@ -94,7 +94,7 @@ type WindowRow struct {
 	Note            string `json:"note"`
 }
 
-// The invariants beyond internal/check's.
+// The invariants beyond testbed/judge's.
 const (
 	invFaultsBit = "faults-bit"      // kills, restarts and duplicates reached the profile's minimums
 	invHostile   = "hostile-caught"  // every hostile class quarantined or dead-lettered with a reason
@@ -103,7 +103,7 @@ const (
 	invOrdered   = "ordered-per-key" // per key in Kafka: one partition, first copies in commit order, none lost, none invented (ordered.go)
 )
 
-func (h *harness) report(ctx context.Context, final check.Report, hostile *hostile) (*Report, error) {
+func (h *harness) report(ctx context.Context, final judge.Report, hostile *hostile) (*Report, error) {
 	log, err := h.readLog(true)
 	if err != nil {
 		return nil, fmt.Errorf("reading the failpoint log: %w", err)

@@ -12,14 +12,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/crashnow"
-	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/provider"
-	"github.com/outboxref/outbox-inbox/internal/stack"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/procs"
+	"github.com/outboxref/outbox-inbox/testbed/provider"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // runScenario runs one order through the system with one kill at window w,
@@ -123,9 +123,9 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	waitCtx, cancelWait := context.WithTimeout(ctx, time.Minute)
 	defer cancelWait()
 	// The client paid this one order and saw it paid.
-	client := &check.Client{Paid: []string{order.ID}}
-	report, err := check.Wait(waitCtx, orders, inventory, stock, client, func(r check.Report) bool {
-		return check.Settled(1)(r) && (w != failpoint.AfterCommitBeforeAck && w != failpoint.AfterPublishBeforeMark || r.DuplicatesSuppressed > 0)
+	client := &judge.Client{Paid: []string{order.ID}}
+	report, err := judge.Wait(waitCtx, orders, inventory, stock, client, func(r judge.Report) bool {
+		return judge.Settled(1)(r) && (w != failpoint.AfterCommitBeforeAck && w != failpoint.AfterPublishBeforeMark || r.DuplicatesSuppressed > 0)
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("order did not settle: %w", err)
@@ -138,7 +138,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 		if err := narrateCapture(ctx, sys, order.ID, note); err != nil {
 			return err
 		}
-		pay, err := check.CheckPayments(ctx, orders, sys.Pools["provider"])
+		pay, err := judge.CheckPayments(ctx, orders, sys.Pools["provider"])
 		if err != nil {
 			return err
 		}

@@ -1,5 +1,5 @@
 // Package e2e runs both services as real OS processes against the
-// self-starting stack and judges each run with SQL (internal/check).
+// self-starting stack and judges each run with SQL (testbed/judge).
 package e2e
 
 import (
@@ -14,13 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/stack"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/procs"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 var pg *pgtest.Server
@@ -66,15 +66,15 @@ func setup(t *testing.T, opts system.Options) *testBundle {
 
 // run pays n orders, at most rate per second when rate > 0, and waits until
 // every paid order is settled.
-func (b *testBundle) run(t *testing.T, n int, rate float64) check.Report {
+func (b *testBundle) run(t *testing.T, n int, rate float64) judge.Report {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := loadgen.Run(ctx, b.sys.Client, b.skus, loadgen.Plan{Orders: n, Concurrency: 8, DoubleSubmit: 10, Seed: 1, Rate: rate})
 	require.NoError(t, err)
 	require.Len(t, res.Paid, n)
-	report, err := check.Wait(ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, res.Client(), check.Settled(n),
-		func(r check.Report) { t.Logf("waiting: %d of %d settled", r.Reserved+r.Rejected, r.OrdersPaid) })
+	report, err := judge.Wait(ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, res.Client(), judge.Settled(n),
+		func(r judge.Report) { t.Logf("waiting: %d of %d settled", r.Reserved+r.Rejected, r.OrdersPaid) })
 	require.NoError(t, err, "invariants: %+v", report.Invariants)
 	require.Equal(t, n, report.OrdersPaid)
 	return report
@@ -97,7 +97,7 @@ func TestRoundTrip(t *testing.T) {
 // inventory's database. The
 // two layers that stop a redelivery can be switched off: the inbox, and the
 // domain guard behind it.
-func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (check.Report, int64, *pgxpool.Pool) {
+func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (judge.Report, int64, *pgxpool.Pool) {
 	env := []string{
 		"FAILPOINTS=" + string(failpoint.AfterCommitBeforeAck) + "=every:40",
 		"FAILPOINT_SEED=1",
@@ -165,7 +165,7 @@ func TestCrashAfterCommitBeforeAckWithoutEitherLayer(t *testing.T) {
 	t.Logf("kills: %d, double-applied orders: %d, sold more than once: %d", kills, report.DoubleApplied, report.EndedTwice)
 
 	require.Positive(t, kills)
-	exactlyOnce, _ := report.Invariant(check.ExactlyOnce)
+	exactlyOnce, _ := report.Invariant(judge.ExactlyOnce)
 	require.False(t, exactlyOnce.OK, "without either layer, redeliveries must show up as double-applies")
 	require.Positive(t, report.DoubleApplied)
 	// And for that reason alone: a redelivery applies the order's own lines
@@ -177,7 +177,7 @@ func TestCrashAfterCommitBeforeAckWithoutEitherLayer(t *testing.T) {
 	// stays above its reservations less its sales by what the floor kept,
 	// sold equals its sales, and nothing else is off.
 	for _, inv := range report.Invariants {
-		if inv.Name != check.ExactlyOnce && inv.Name != check.StockConsistent {
+		if inv.Name != judge.ExactlyOnce && inv.Name != judge.StockConsistent {
 			require.True(t, inv.OK, "the control must fail for double-applies alone; %s: %s", inv.Name, inv.Detail)
 		}
 	}
@@ -196,7 +196,7 @@ func TestCrashAfterCommitBeforeAckWithoutEitherLayer(t *testing.T) {
 		res, ful := row[4].(int64), row[5].(int64)
 		require.True(t, reserved > res-ful && sold == ful, "a SKU out of balance other than by a double sale: %v", row)
 	}
-	if stock, _ := report.Invariant(check.StockConsistent); !stock.OK {
+	if stock, _ := report.Invariant(judge.StockConsistent); !stock.OK {
 		require.NotEmpty(t, off, "stock-consistent failed: %s", stock.Detail)
 		require.Positive(t, report.EndedTwice, "stock out of balance without a double sale")
 	}

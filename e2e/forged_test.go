@@ -11,10 +11,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // TestForgedAnswerRefused: anyone who can write to inventory.events writes

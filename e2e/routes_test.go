@@ -23,7 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
-	"github.com/outboxref/outbox-inbox/internal/system"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // bad is one malformed request to a route: method and path (the path as
@@ -190,7 +190,7 @@ func TestRouteTableIsComplete(t *testing.T) {
 	t.Parallel()
 	table := routes()
 	var registered []string
-	for _, dir := range []string{"../services", "../internal/provider", "../internal/dashboard"} {
+	for _, dir := range []string{"../services", "../testbed/provider", "../internal/dashboard"} {
 		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 				return err

@@ -60,16 +60,16 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/kafkainit"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/stack"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkainit"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // imageExcludedEnv are the KAFKA_* variables the image's wrapper does not
@@ -681,9 +681,9 @@ func TestComposeKafka(t *testing.T) {
 	require.NoError(t, err)
 	replayOrderPaid(t, ctx, sys, fromHost, ordersKey)
 
-	report, err := check.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
-		func(r check.Report) bool { return check.Settled(200)(r) && r.DuplicatesSuppressed > 0 },
-		func(r check.Report) { t.Logf("waiting: %d of %d settled", r.Reserved+r.Rejected, r.OrdersPaid) })
+	report, err := judge.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
+		func(r judge.Report) bool { return judge.Settled(200)(r) && r.DuplicatesSuppressed > 0 },
+		func(r judge.Report) { t.Logf("waiting: %d of %d settled", r.Reserved+r.Rejected, r.OrdersPaid) })
 	require.NoError(t, err, "invariants: %+v", report.Invariants)
 	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
 	require.Equal(t, 200, report.OrdersPaid)

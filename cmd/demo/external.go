@@ -26,12 +26,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/stack"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // externalEnv are the variables of external mode; ORDERS_URL or
@@ -183,14 +183,14 @@ func runExternal(ctx context.Context, o options, ext external) error {
 	}
 	say("replayed OrderPaid %s (order %s) onto %s on purpose: inventory already applied it, its inbox must suppress it", msgID, short8(replayed.id), events.TopicOrders)
 
-	settled := check.Settled(before + len(paidIDs))
+	settled := judge.Settled(before + len(paidIDs))
 	// No client view: the databases may hold earlier runs' orders, which
 	// this process never saw (checkThisRun follows this run's by id).
-	report, err := check.Wait(waitCtx, orders, inventory, nil, nil,
-		func(r check.Report) bool {
+	report, err := judge.Wait(waitCtx, orders, inventory, nil, nil,
+		func(r judge.Report) bool {
 			return settled(r) && suppressed(waitCtx, inventory, msgID) > 0
 		},
-		func(r check.Report) {
+		func(r judge.Report) {
 			say("waiting: %s", progressLine(r))
 		})
 	if err != nil && waitCtx.Err() == nil {

@@ -27,15 +27,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/kafkainit"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkainit"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 func main() {
@@ -79,7 +79,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The services are failpoint builds (internal/procs). With -keep they
+	// The services are failpoint builds (testbed/procs). With -keep they
 	// get a failpoint log and a trace line at every delivery, so the live
 	// page can teach the crash windows (internal/crashnow) once the check
 	// below is done.
@@ -142,10 +142,10 @@ func run(ctx context.Context) error {
 
 	waitCtx, cancel := context.WithTimeout(ctx, o.deadline)
 	defer cancel()
-	settled := check.Settled(len(res.Paid))
-	report, err := check.Wait(waitCtx, orders, inventory, stock, res.Client(),
-		func(r check.Report) bool { return settled(r) && r.DuplicatesSuppressed > 0 },
-		func(r check.Report) {
+	settled := judge.Settled(len(res.Paid))
+	report, err := judge.Wait(waitCtx, orders, inventory, stock, res.Client(),
+		func(r judge.Report) bool { return settled(r) && r.DuplicatesSuppressed > 0 },
+		func(r judge.Report) {
 			say("waiting: %s", progressLine(r))
 		})
 	if err != nil && waitCtx.Err() == nil {
@@ -234,15 +234,15 @@ func republish(brokers []string, id, key string, payload []byte, sign signer) er
 
 // progressLine says how far the run is, and, once every paid order is
 // settled, what the wait is still for (a capture not yet ended, say).
-func progressLine(r check.Report) string {
+func progressLine(r judge.Report) string {
 	line := fmt.Sprintf("%d of %d paid orders settled", r.Reserved+r.Rejected, r.OrdersPaid)
-	if lost, ok := r.Invariant(check.NothingLost); ok && !lost.OK && r.Reserved+r.Rejected == r.OrdersPaid {
+	if lost, ok := r.Invariant(judge.NothingLost); ok && !lost.OK && r.Reserved+r.Rejected == r.OrdersPaid {
 		line += "; still missing: " + lost.Detail
 	}
 	return line
 }
 
-func printReport(r check.Report, took time.Duration) {
+func printReport(r judge.Report, took time.Duration) {
 	say("")
 	say("what happened (%s):", took.Round(time.Millisecond))
 	say("  orders paid:            %d", r.OrdersPaid)

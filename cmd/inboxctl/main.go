@@ -36,7 +36,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/opctl"
+	"github.com/outboxref/outbox-inbox/cmd/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
 

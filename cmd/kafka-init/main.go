@@ -1,7 +1,7 @@
 // Command kafka-init prepares docker-compose.yml's Kafka for the example
 // system, as a one-shot job after the broker is healthy: the topics, then
 // a principal per client (orders, inventory, demo, dashboard) with its
-// password from .env and only the ACLs it needs (internal/kafkainit). It
+// password from .env and only the ACLs it needs (services/runtime/kafkainit). It
 // logs in as the broker's superuser (KAFKA_SASL_*). Exits 0 when all is in
 // place; running it again changes nothing.
 //
@@ -15,7 +15,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkainit"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkainit"
 )
 
 func main() {

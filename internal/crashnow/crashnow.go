@@ -27,10 +27,10 @@ import (
 	"time"
 
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
-	"github.com/outboxref/outbox-inbox/internal/provider"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/testbed/provider"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // Scenario says which service a window kills and why the outcome is still

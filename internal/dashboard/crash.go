@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/internal/strictjson"
+	"github.com/outboxref/outbox-inbox/services/runtime/strictjson"
 )
 
 // Crasher is the live demo's "crash it now" (internal/crashnow): it arms one

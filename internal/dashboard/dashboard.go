@@ -5,7 +5,7 @@
 // window and the invariants, read from a JSON status file.
 //
 // Everything on the page is read from the two services' databases (and the
-// status file) with SQL, the way internal/check judges a run, so what it
+// status file) with SQL, the way testbed/judge judges a run, so what it
 // shows is what the databases hold. GET / renders the page with a plain Go
 // template; GET /events streams the same template's live part as
 // server-sent events every Interval; GET /snapshot.json is the data.
@@ -31,9 +31,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 
-	"github.com/outboxref/outbox-inbox/internal/httpserve"
+	"github.com/outboxref/outbox-inbox/services/runtime/httpserve"
 )
 
 //go:embed page.html flow.js

@@ -21,15 +21,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
-	"github.com/outboxref/outbox-inbox/internal/httpserve"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/runtime/httpserve"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/procs"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // chromium returns the headless browser to drive, or skips the test when
@@ -216,7 +216,7 @@ func TestLivePage(t *testing.T) {
 		p := b.read(t)
 		seen[[2]int{p.num("orders-total"), p.num("orders-reserved")}] = true
 	}
-	_, err = check.Wait(b.ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, load.Client(), check.Settled(orders), nil)
+	_, err = judge.Wait(b.ctx, b.sys.Pools["orders"], b.sys.Pools["inventory"], b.stock, load.Client(), judge.Settled(orders), nil)
 	require.NoError(t, err)
 
 	// A replayed OrderPaid (suppressed) and a malformed one (dead-lettered).

@@ -11,9 +11,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
 // Flow is the system drawn as the stages one order's messages pass through,

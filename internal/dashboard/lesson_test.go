@@ -17,15 +17,15 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/check"
 	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/loadgen"
-	"github.com/outboxref/outbox-inbox/internal/procs"
-	"github.com/outboxref/outbox-inbox/internal/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/testbed/loadgen"
+	"github.com/outboxref/outbox-inbox/testbed/procs"
+	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // TestFlowFollowAndCrash drives the live demo's page in a real headless
@@ -74,7 +74,7 @@ func TestFlowFollowAndCrash(t *testing.T) {
 
 	load, err := loadgen.Run(ctx, sys.Client, skus, loadgen.Plan{Orders: 60, Concurrency: 4, Seed: 2})
 	require.NoError(t, err)
-	_, err = check.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, load.Client(), check.Settled(60), nil)
+	_, err = judge.Wait(ctx, sys.Pools["orders"], sys.Pools["inventory"], stock, load.Client(), judge.Settled(60), nil)
 	require.NoError(t, err)
 	publishHostile(t, b) // a replayed copy (suppressed) and a malformed message (dead-lettered)
 	publishHeld(t, b)    // a poison that holds its key, and a message parked behind it

@@ -17,7 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxref/outbox-inbox/internal/strictjson"
+	"github.com/outboxref/outbox-inbox/services/runtime/strictjson"
 )
 
 // SchemaVersion is the version this code writes and the only one it reads.
@@ -96,7 +96,7 @@ func NewEnvelope(typ, orderID string) Envelope {
 // type, a missing field, a value outside its domain (see ValidateLines).
 var ErrInvalid = errors.New("invalid event")
 
-// Decode reads an event strictly (internal/strictjson): valid UTF-8, one
+// Decode reads an event strictly (services/runtime/strictjson): valid UTF-8, one
 // JSON object and nothing after it, each of its type's fields exactly once,
 // spelled exactly, and no other; no null, no unpaired surrogate; then the
 // schema version, the type and every field's domain. Whatever a lenient

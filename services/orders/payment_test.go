@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/outbox-inbox/internal/provider"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
+	"github.com/outboxref/outbox-inbox/testbed/provider"
 )
 
 // startProvider serves the payment provider stand-in on a database of its

@@ -10,7 +10,7 @@ import (
 	"log"
 	"os"
 
-	"github.com/outboxref/outbox-inbox/internal/stack"
+	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 func main() {

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
 // Config is read from the environment; each field's env tag names its
@@ -27,7 +27,7 @@ type Config struct {
 	HTTPAddr     string   `env:"HTTP_ADDR" default:"127.0.0.1:8080"`
 	// HTTPAllowedHosts are the host names (or name:port) the HTTP server
 	// answers besides loopback and HTTP_ADDR's host; any other Host header
-	// is refused with 421 (internal/httpserve: DNS rebinding).
+	// is refused with 421 (services/runtime/httpserve: DNS rebinding).
 	HTTPAllowedHosts []string `env:"HTTP_ALLOWED_HOSTS"`
 	// HTTPToken, when set, is required of every state-changing request
 	// ("Authorization: Bearer <token>", 401 otherwise). A service whose

@@ -10,9 +10,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
 // newRelayPublisher returns the publisher RELAY_DRIVER asks for.

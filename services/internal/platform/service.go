@@ -22,10 +22,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/outboxref/outbox-inbox/internal/httpserve"
-	"github.com/outboxref/outbox-inbox/internal/kafkaconf"
-	"github.com/outboxref/outbox-inbox/internal/pgconnect"
-	"github.com/outboxref/outbox-inbox/internal/strictjson"
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -33,6 +29,10 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
+	"github.com/outboxref/outbox-inbox/services/runtime/httpserve"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/services/runtime/pgconnect"
+	"github.com/outboxref/outbox-inbox/services/runtime/strictjson"
 )
 
 // Service describes one example service to Run.
@@ -431,7 +431,7 @@ func deadLetterPolicy(s string) (inbox.DeadLetterPolicy, error) {
 }
 
 // ReadJSON reads r's body, at most limit bytes, into v with the strict
-// decoder (internal/strictjson): a key twice or in another case, unknown or
+// decoder (services/runtime/strictjson): a key twice or in another case, unknown or
 // missing fields, null, data after the value are refused, with the reason.
 // An empty body is io.EOF, for routes where the body is optional.
 func ReadJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
