@@ -41,7 +41,7 @@ build: ## Build the service binaries into bin/
 SEED ?= 7
 
 # trace-ok REPORT: the run's failpoint trace is a behaviour of the protocol's
-# model, every kill inside its window (chaos/modeltrace.go, model/trace): a
+# model, every kill inside its window (testbed/judge/trace.go, model/trace): a
 # control must fail for its own reason, its trace in the model like any run's.
 define trace-ok
 	@grep -Eq '"trace-in-model": true' $(1) || { echo "FAIL: $(1): the run's failpoint trace is not a behaviour of the model (see \"trace\" in it)"; exit 1; }
@@ -52,7 +52,7 @@ endef
 # with double-applies and not for another reason: double-applies of the
 # crash windows' own messages (it sends no hostile ones), every copy that
 # met an effect committed before its kill applied twice (the floor, see
-# chaos/attribution.go).
+# testbed/judge/attribution.go).
 define chaos-proof
 	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
 	@echo "== control run 2 ($(1)): inbox and domain guard off; the checker must catch double-applies =="
@@ -78,7 +78,7 @@ endef
 # without their idempotency key must fail the provider's ledger check
 # (payments-once) with double captures, and the after-effect-before-record
 # kills must account for some of them: each such capture called again was
-# captured twice (chaos/effects.go).
+# captured twice (testbed/judge/effects.go).
 define chaos-effects
 	@echo "== effect control ($(1)): captures without their idempotency key; the ledger check must catch double captures =="
 	@if ./bin/chaos -profile $(1) -orders $(2) -seed $(SEED) -effect-keys=off -report chaos-control-effects-$(1).json; then \

@@ -28,18 +28,13 @@ func windowsFor(service string, inbox bool) []failpoint.Name {
 	for _, n := range failpoint.All {
 		switch {
 		case n == failpoint.AfterCommitBeforeResponse && service != "orders": // inventory serves no payments
-		case effectWindow(n) && service != "orders": // only orders performs effects (its captures)
+		case judge.EffectWindow(n) && service != "orders": // only orders performs effects (its captures)
 		case n == failpoint.AfterInboxInsert && !inbox: // no inbox row, no window
 		default:
 			w = append(w, n)
 		}
 	}
 	return w
-}
-
-// effectWindow reports whether w is one of pkg/effect's windows.
-func effectWindow(w failpoint.Name) bool {
-	return w == failpoint.BeforeEffect || w == failpoint.AfterEffectBeforeRecord
 }
 
 // reached reports whether some service's code reaches window w.
@@ -222,7 +217,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"EFFECT_MAX_BACKOFF=1s",
 			fmt.Sprintf("EFFECT_KEYS_DISABLED=%t", !h.keys),
 			"FAILPOINT_LOG="+h.fpLog,
-			"FAILPOINT_TRACE="+joinNames(traced), // attribution.go: was a killed subject seen again?
+			// Every window traced: the judge checks the trace against the model
+			// and asks whether a killed subject was seen again.
+			"FAILPOINT_TRACE="+joinNames(failpoint.All),
 		),
 		// The provider's own faults: 500s before anything is done, and
 		// captures performed whose answer is lost (the provider's half of
@@ -489,36 +486,22 @@ func (h *harness) started(p *procs.Proc) {
 	h.born[p.Name] = time.Now()
 }
 
-// readLog reads the failpoint log as it is now; the trace lines too when
-// hits.
-func (h *harness) readLog(hits bool) (fpLog, error) {
-	f, err := os.Open(h.fpLog)
-	if os.IsNotExist(err) {
-		return fpLog{hits: map[string][]fpHit{}}, nil // no kill yet
-	}
-	if err != nil {
-		return fpLog{}, err
-	}
-	defer f.Close()
-	return parseFPLog(f, hits)
-}
-
 // readFired reads the failpoint log's kills and counts them (countFired).
 func (h *harness) readFired() map[failpoint.Name]int {
-	l, _ := h.readLog(false) // what could be read: a count for the progress line and arming
+	l, _ := judge.ReadLog(h.fpLog, false) // what could be read: a count for the progress line and arming
 	return h.countFired(l)
 }
 
 // countFired counts the kills per window, and refreshes the per-service
 // counts arm balances on.
-func (h *harness) countFired(l fpLog) map[failpoint.Name]int {
+func (h *harness) countFired(l judge.Log) map[failpoint.Name]int {
 	counts := map[failpoint.Name]int{}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	clear(h.fired)
-	for _, k := range l.kills {
-		counts[k.window]++
-		h.fired[svcWindow{h.pids[k.pid], k.window}]++
+	for _, k := range l.Kills {
+		counts[k.Window]++
+		h.fired[svcWindow{h.pids[k.Pid], k.Window}]++
 	}
 	return counts
 }
@@ -573,4 +556,24 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "OFF (control run)"
+}
+
+// readKafka reads everything the run's topics hold (the events', the dead
+// letters' and the probe streams'). The cluster may still be electing
+// leaders after the last fault: it tries for a minute before giving up on
+// the run.
+func (h *harness) readKafka(ctx context.Context) ([]judge.Record, error) {
+	topics := append(append([]string(nil), system.Topics...), probeTopics()...)
+	for try := 0; ; try++ {
+		records, err := judge.ReadTopics(ctx, h.sys.Kafka.DirectBrokers(), topics...)
+		if err == nil || try == 12 {
+			return records, err
+		}
+		h.say("reading Kafka: %v (trying again)", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+	}
 }

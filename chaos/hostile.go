@@ -23,6 +23,7 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
 	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
@@ -249,7 +250,7 @@ func (h *hostile) build(ctx context.Context) error {
 		// Headers and a key no text column can hold as they are (NUL,
 		// invalid UTF-8), around a payload that is not an event.
 		{class: hostileBinaryMeta, consumer: "inventory", topic: events.TopicOrders, id: newID(),
-			key:     hostileKeyPrefix + "\xff\x00key",
+			key:     judge.HostileKeyPrefix + "\xff\x00key",
 			payload: []byte(`{"schema_version":1,"type":"OrderPaid"}`),
 			headers: map[string]string{"x-nul": "a\x00b", "x-latin1": "caf\xe9", "x-\xff\x00": "name not text"}, times: 1, kind: "dead_letter"},
 		// An id header that is not text: quarantined as invalid, with the id
@@ -384,7 +385,7 @@ func (h *hostile) send(ctx context.Context) error {
 		}
 		for range m.times {
 			msg := message.NewMessage(m.id, m.payload)
-			msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, hostileKeyPrefix+m.class))
+			msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, judge.HostileKeyPrefix+m.class))
 			for k, v := range m.headers {
 				msg.Metadata.Set(k, v)
 			}

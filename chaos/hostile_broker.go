@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
 )
 
 // intruder is the principal the harness creates with no grants at all: it
@@ -93,7 +94,7 @@ func (h *hostile) record(class string, err error) {
 
 func publishOnce(brokers []string, conf *sarama.Config, m hostileMsg) error {
 	msg := message.NewMessage(m.id, m.payload)
-	msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, hostileKeyPrefix+m.class))
+	msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, judge.HostileKeyPrefix+m.class))
 	return kafkaconf.PublishOnce(brokers, conf, m.topic, msg)
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
 	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
@@ -63,7 +64,7 @@ type probeWriter struct {
 	prefix string
 	rng    *rand.Rand
 	next   [probeKeys]int // each key's next seq
-	ledger probeLedger
+	ledger judge.ProbeLedger
 	// Transactions by outcome; their sum numbers the next one.
 	committed, unknown, rolledBack int
 	settled                        int // of the unknown ones, those resolve found committed
@@ -76,14 +77,16 @@ func newProbeWriter(service string, seed uint64) *probeWriter {
 	}
 	run := time.Now().UnixNano() % 1_000_000_007
 	return &probeWriter{service: service, prefix: fmt.Sprintf("probe-%d-", run),
-		rng: rand.New(rand.NewPCG(seed, stream)), ledger: probeLedger{}}
+		rng: rand.New(rand.NewPCG(seed, stream)), ledger: judge.ProbeLedger{}}
 }
 
-// ours returns the records of this run's stream.
-func (w *probeWriter) ours(records []kafkaRecord) []kafkaRecord {
-	var mine []kafkaRecord
+// ours returns the records of this run's stream: on its topic, under its
+// keys.
+func (w *probeWriter) ours(records []judge.Record) []judge.Record {
+	var mine []judge.Record
+	topic := probeTopic(w.service)
 	for _, r := range records {
-		if strings.HasPrefix(r.key, w.prefix) {
+		if r.Topic == topic && strings.HasPrefix(r.Key, w.prefix) {
 			mine = append(mine, r)
 		}
 	}
@@ -100,8 +103,8 @@ func (w *probeWriter) resolve(ctx context.Context, pool *pgxpool.Pool) error {
 	var ids []string
 	for _, seqs := range w.ledger {
 		for _, e := range seqs {
-			if e.maybe {
-				ids = append(ids, e.id)
+			if e.Maybe {
+				ids = append(ids, e.ID)
 			}
 		}
 	}
@@ -127,17 +130,17 @@ func (w *probeWriter) settle(there []string) {
 	committed := map[int]bool{} // transactions
 	for _, seqs := range w.ledger {
 		for _, e := range seqs {
-			if e.maybe && slices.Contains(there, e.id) {
-				committed[e.tx] = true
+			if e.Maybe && slices.Contains(there, e.ID) {
+				committed[e.Tx] = true
 			}
 		}
 	}
 	for key, seqs := range w.ledger {
 		for seq, e := range seqs {
 			switch {
-			case !e.maybe:
-			case committed[e.tx]:
-				e.maybe = false
+			case !e.Maybe:
+			case committed[e.Tx]:
+				e.Maybe = false
 				seqs[seq] = e
 			default:
 				delete(seqs, seq)
@@ -215,9 +218,9 @@ func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool, keys []
 	}
 	for i, p := range batch {
 		if w.ledger[p.Key] == nil {
-			w.ledger[p.Key] = map[int]probeEntry{}
+			w.ledger[p.Key] = map[int]judge.ProbeEntry{}
 		}
-		w.ledger[p.Key][p.Seq] = probeEntry{id: msgs[i].UUID, maybe: out == unknown, tx: tx}
+		w.ledger[p.Key][p.Seq] = judge.ProbeEntry{ID: msgs[i].UUID, Maybe: out == unknown, Tx: tx}
 	}
 }
 
@@ -247,12 +250,12 @@ func publishProbes(ctx context.Context, pool *pgxpool.Pool, topic string, msgs [
 
 // batch takes the next seqs of keys, one or two each, interleaved: every
 // key's first, then the second ones (k1/s, k2/t, k3/u, k1/s+1, k3/u+1).
-func (w *probeWriter) batch(keys []int) []probeMessage {
-	var rounds [2][]probeMessage
+func (w *probeWriter) batch(keys []int) []judge.ProbeMessage {
+	var rounds [2][]judge.ProbeMessage
 	for _, k := range keys {
 		key := fmt.Sprintf("%s%02d", w.prefix, k)
 		for i := range 1 + w.rng.IntN(2) {
-			rounds[i] = append(rounds[i], probeMessage{Key: key, Seq: w.next[k]})
+			rounds[i] = append(rounds[i], judge.ProbeMessage{Key: key, Seq: w.next[k]})
 			w.next[k]++
 		}
 	}

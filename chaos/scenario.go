@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/crashnow"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/testbed/judge"
@@ -25,7 +24,7 @@ import (
 // runScenario runs one order through the system with one kill at window w,
 // and narrates what happened.
 func runScenario(ctx context.Context, w failpoint.Name) error {
-	sc, ok := crashnow.Scenarios[w]
+	sc, ok := judge.Windows[w]
 	if !ok {
 		var names []string
 		for _, n := range failpoint.All {
@@ -99,7 +98,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
 		return err
 	}
-	if effectWindow(w) {
+	if judge.EffectWindow(w) {
 		if err := narrateCapture(ctx, sys, order.ID, note); err != nil {
 			return err
 		}
@@ -134,7 +133,7 @@ func runScenario(ctx context.Context, w failpoint.Name) error {
 	if err := narrateState(ctx, orders, inventory, order.ID, subject, note); err != nil {
 		return err
 	}
-	if effectWindow(w) {
+	if judge.EffectWindow(w) {
 		if err := narrateCapture(ctx, sys, order.ID, note); err != nil {
 			return err
 		}

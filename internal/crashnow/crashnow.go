@@ -11,7 +11,7 @@
 //
 // The demo turns it on once its own check has passed (cmd/demo -keep), and
 // the page (internal/dashboard) shows it; chaos -scenario tells the same
-// windows in a terminal, from the same Scenarios.
+// windows in a terminal, from the same stories (testbed/judge Windows).
 package crashnow
 
 import (
@@ -29,48 +29,10 @@ import (
 	"github.com/outboxref/outbox-inbox/internal/dashboard"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
+	"github.com/outboxref/outbox-inbox/testbed/judge"
 	"github.com/outboxref/outbox-inbox/testbed/provider"
 	"github.com/outboxref/outbox-inbox/testbed/system"
 )
-
-// Scenario says which service a window kills and why the outcome is still
-// exactly once.
-type Scenario struct {
-	Victim string
-	Before string // what is true at the moment of the kill
-	Why    string // why nothing was applied twice
-}
-
-// Scenarios are the crash windows, each with its victim and its story.
-var Scenarios = map[failpoint.Name]Scenario{
-	failpoint.BeforeBegin: {"inventory",
-		"inventory had received OrderPaid from Kafka but had not opened a transaction: nothing was written.",
-		"Kafka never saw the offset committed, so it delivered OrderPaid again to the restarted inventory. The inbox had no row for it, so it was applied now, once."},
-	failpoint.AfterInboxInsert: {"inventory",
-		"inventory had inserted the inbox row, inside a transaction that never committed.",
-		"An uncommitted insert dies with its connection: Postgres rolled it back. Kafka redelivered OrderPaid, the inbox had no row, and it was applied once."},
-	failpoint.AfterHandlerBeforeCommit: {"inventory",
-		"inventory had reserved the stock and written InventoryReserved to its outbox, all in one uncommitted transaction.",
-		"The reservation, the outbox row and the inbox row were one transaction: all rolled back together. The redelivery applied them, once."},
-	failpoint.AfterCommitBeforeAck: {"inventory",
-		"inventory had COMMITTED the inbox row, the reservation and the InventoryReserved outbox row, but Kafka's committed offset was still before the message.",
-		"Kafka redelivered OrderPaid, as at-least-once delivery must. The inbox INSERT hit the committed row (ON CONFLICT DO NOTHING, zero rows), the payload hash matched, so the handler was skipped and the message acknowledged: a suppressed duplicate, not a second reservation."},
-	failpoint.AfterClaimBeforePublish: {"orders",
-		"the orders relay had locked the OrderPaid row (FOR UPDATE SKIP LOCKED) but sent nothing to Kafka.",
-		"The relay's transaction died with its connection, so the lock went with it and the row stayed unpublished. The restarted relay claimed and published it: inventory received it once."},
-	failpoint.AfterPublishBeforeMark: {"orders",
-		"Kafka had acknowledged OrderPaid, but the orders relay had not marked the row published.",
-		"The restarted relay found the row unmarked and published it again: Kafka now holds two copies with the same message id. Inventory's inbox applied the first and suppressed the second."},
-	failpoint.AfterCommitBeforeResponse: {"orders",
-		"orders had COMMITTED status=paid and the OrderPaid outbox row, but the client got no HTTP answer.",
-		"The client retried the payment. The order was no longer 'created', so the UPDATE matched nothing and no second OrderPaid was written: the status transition is the idempotency key."},
-	failpoint.BeforeEffect: {"orders",
-		"orders had COMMITTED the reservation with the intent to capture the payment (an effects row, capture-<order id>), and had claimed it, but had not called the provider.",
-		"The claim only moved the effect's due time past its lease. When the lease ran out, the restarted orders claimed it again and called the provider with the same Idempotency-Key: the provider captured it, once, because nothing had been captured before."},
-	failpoint.AfterEffectBeforeRecord: {"orders",
-		"the provider had CAPTURED the payment and answered, but orders had not committed the outcome: the effect was still pending, the order still 'capturing'.",
-		"After the lease the restarted orders called the provider again with the same Idempotency-Key. The provider found the key completed and answered with the stored response (Idempotent-Replayed: true) instead of capturing again: one capture in its ledger, recorded once on the order."},
-}
 
 // order is the order in which the page offers the windows: the four
 // consumer windows first, the lesson's core, then the relay's and the API's.
@@ -148,7 +110,7 @@ func (l *Lab) Windows() []dashboard.CrashWindow {
 	}
 	var out []dashboard.CrashWindow
 	for _, n := range order {
-		sc := Scenarios[n]
+		sc := judge.Windows[n]
 		out = append(out, dashboard.CrashWindow{Name: string(n), Victim: sc.Victim, Where: "At that moment " + sc.Before})
 	}
 	return out
@@ -170,7 +132,7 @@ func (l *Lab) Lesson() *dashboard.Lesson {
 // returns; the lesson's steps appear as they happen.
 func (l *Lab) Crash(window string) error {
 	w := failpoint.Name(window)
-	sc, ok := Scenarios[w]
+	sc, ok := judge.Windows[w]
 	if !ok {
 		return fmt.Errorf("unknown crash window %q", window)
 	}
@@ -206,7 +168,7 @@ func (l *Lab) set(f func(*dashboard.Lesson)) {
 	f(l.lesson)
 }
 
-func (l *Lab) run(w failpoint.Name, sc Scenario) {
+func (l *Lab) run(w failpoint.Name, sc judge.Window) {
 	defer l.wg.Done()
 	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
 	defer cancel()
@@ -228,7 +190,7 @@ func (l *Lab) run(w failpoint.Name, sc Scenario) {
 // recover leaves the system serving after a lesson that failed: a victim
 // that was killed is started again, one still armed is disarmed, so no later
 // message meets the window.
-func (l *Lab) recover(w failpoint.Name, sc Scenario) {
+func (l *Lab) recover(w failpoint.Name, sc judge.Window) {
 	if l.ctx.Err() != nil {
 		return // shutting down: nothing is started again
 	}
@@ -251,7 +213,7 @@ func (l *Lab) recover(w failpoint.Name, sc Scenario) {
 }
 
 // teach is one lesson: arm, pay, kill, restart, redeliver, outcome, settled.
-func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc Scenario) error {
+func (l *Lab) teach(ctx context.Context, w failpoint.Name, sc judge.Window) error {
 	victim := l.sys.Procs[sc.Victim][0]
 	mark := logSize(l.fpLog)
 	armedPid := victim.Pid()

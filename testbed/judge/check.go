@@ -1,14 +1,25 @@
-// Package judge verifies, with SQL against both services' databases, that a
-// run applied every paid order exactly once, lost nothing, and did nothing
-// nobody asked for. The demo, the end-to-end test and the chaos harness all
-// judge a run with it.
+// Package judge holds every verdict a run of the reference system is judged
+// by, each read with the judge's own SQL, its own Kafka client and the
+// failpoint log, never through the services' code. Rules lists them: what
+// each says, where it is judged, and the controls that must see it fail.
+// The demo, the end-to-end tests and the chaos driver all judge with it.
 //
-// A checker that only counts what it expects to go wrong (double counts)
-// passes a run that reserves stock for an order nobody paid. So besides
-// exactly-once and nothing-lost, every effect must trace back to a committed
-// cause (EffectsHaveCauses), every reservation must hold the order's own
-// quantities (Quantities), and the paid orders must be, by id, the ones the
-// client paid (ClientAgrees).
+// Run checks, with SQL against both services' databases, that a run applied
+// every paid order exactly once, lost nothing, and did nothing nobody asked
+// for. A checker that only counts what it expects to go wrong (double
+// counts) passes a run that reserves stock for an order nobody paid. So
+// besides exactly-once and nothing-lost, every effect must trace back to a
+// committed cause (EffectsHaveCauses), every reservation must hold the
+// order's own quantities (Quantities), and the paid orders must be, by id,
+// the ones the client paid (ClientAgrees). CheckPayments holds the payment
+// provider's ledger to the orders.
+//
+// A chaos run adds the verdicts on what its faults did: Attribution and
+// AttributionVerdict (per crash window, what its kills' copies met),
+// EffectVerdict, KeyOrder and OrderedVerdict (each key's order in Kafka),
+// CheckTrace (the failpoint trace against the protocol's model),
+// LayersVerdict, HostileVerdict and FaultsBitVerdict. Windows tells each
+// crash window's story.
 package judge
 
 import (

@@ -1,4 +1,4 @@
-package main
+package judge
 
 import (
 	"fmt"
@@ -7,11 +7,6 @@ import (
 	"github.com/outboxref/outbox-inbox/model/trace"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
-
-// invModel: the run's failpoint trace is a behaviour the protocol's model
-// allows, process by process and subject by subject, and every kill landed
-// inside the window it names (model/trace).
-const invModel = "trace-in-model"
 
 // TraceRow is what the trace check found, for the report.
 type TraceRow struct {
@@ -23,18 +18,19 @@ type TraceRow struct {
 	Total      int            `json:"violations_total"`
 }
 
-// checkTrace checks the run's failpoint log against the model: the
-// protocol as built, or with the inbox's dedupe off for the control runs.
-func (h *harness) checkTrace() (trace.Report, error) {
+// CheckTrace checks a run's failpoint log at path against the model: the
+// protocol as built, or with the inbox's dedupe off (inbox false) for the
+// control runs.
+func CheckTrace(path string, inbox bool) (trace.Report, error) {
 	variant := ""
-	if !h.inbox {
+	if !inbox {
 		variant = "INBOX_OFF"
 	}
 	a, err := trace.Load(variant)
 	if err != nil {
 		return trace.Report{}, err
 	}
-	f, err := os.Open(h.fpLog)
+	f, err := os.Open(path)
 	if err != nil {
 		return trace.Report{}, fmt.Errorf("the failpoint log: %w", err)
 	}
@@ -42,8 +38,8 @@ func (h *harness) checkTrace() (trace.Report, error) {
 	return a.Check(f)
 }
 
-// traceRow keeps the report's part of rep: the first ten violations.
-func traceRow(rep trace.Report) TraceRow {
+// TraceRowOf keeps the report's part of rep: the first ten violations.
+func TraceRowOf(rep trace.Report) TraceRow {
 	row := TraceRow{Variant: rep.Variant, Steps: rep.Steps, Subjects: rep.Subjects, Kills: rep.Kills, Total: len(rep.Violations)}
 	for i, v := range rep.Violations {
 		if i == 10 {
@@ -54,9 +50,9 @@ func traceRow(rep trace.Report) TraceRow {
 	return row
 }
 
-// provenKills counts, per window, the kills the trace shows inside it: a
+// ProvenKills counts, per window, the kills the trace shows inside it: a
 // kill line whose process was elsewhere counts toward no window's floor.
-func provenKills(rep trace.Report) map[failpoint.Name]int {
+func ProvenKills(rep trace.Report) map[failpoint.Name]int {
 	n := map[failpoint.Name]int{}
 	for w, k := range rep.Kills {
 		n[failpoint.Name(w)] = k

@@ -1,7 +1,6 @@
-package main
+package judge
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,8 +11,8 @@ func probeID(key string, seq int) string { return fmt.Sprintf("id-%s-%d", key, s
 
 // arrivals builds a probe topic's records: key k's seqs on partition p, in
 // offset order, as "p:k:seq seq …".
-func arrivals(spec ...string) []kafkaRecord {
-	var records []kafkaRecord
+func arrivals(spec ...string) []Record {
+	var records []Record
 	offsets := map[int32]int64{}
 	for _, s := range spec {
 		var p int32
@@ -25,8 +24,8 @@ func arrivals(spec ...string) []kafkaRecord {
 		for _, f := range strings.Fields(list) {
 			var seq int
 			fmt.Sscan(f, &seq) //nolint:errcheck // the tests' own spelling
-			records = append(records, kafkaRecord{topic: "t.probe", partition: p, offset: offsets[p], key: key,
-				id: probeID(key, seq), payload: fmt.Appendf(nil, `{"key":%q,"seq":%d}`, key, seq)})
+			records = append(records, Record{Topic: "t.probe", Partition: p, Offset: offsets[p], Key: key,
+				ID: probeID(key, seq), Payload: fmt.Appendf(nil, `{"key":%q,"seq":%d}`, key, seq)})
 			offsets[p]++
 		}
 	}
@@ -35,22 +34,22 @@ func arrivals(spec ...string) []kafkaRecord {
 
 // ledgerOf says what was committed: sure seqs and maybe seqs per key, each
 // seq s in transaction s+1.
-func ledgerOf(key string, sure []int, maybe ...int) probeLedger {
-	l := probeLedger{key: {}}
+func ledgerOf(key string, sure []int, maybe ...int) ProbeLedger {
+	l := ProbeLedger{key: {}}
 	for _, s := range sure {
-		l[key][s] = probeEntry{id: probeID(key, s), tx: s + 1}
+		l[key][s] = ProbeEntry{ID: probeID(key, s), Tx: s + 1}
 	}
 	for _, s := range maybe {
-		l[key][s] = probeEntry{id: probeID(key, s), maybe: true, tx: s + 1}
+		l[key][s] = ProbeEntry{ID: probeID(key, s), Maybe: true, Tx: s + 1}
 	}
 	return l
 }
 
 // oneTx puts seqs of key in one transaction.
-func oneTx(l probeLedger, key string, tx int, seqs ...int) probeLedger {
+func oneTx(l ProbeLedger, key string, tx int, seqs ...int) ProbeLedger {
 	for _, s := range seqs {
 		e := l[key][s]
-		e.tx = tx
+		e.Tx = tx
 		l[key][s] = e
 	}
 	return l
@@ -69,8 +68,8 @@ func seqs(n int) []int {
 func TestOrderedProbes(t *testing.T) {
 	cases := []struct {
 		name    string
-		records []kafkaRecord
-		ledger  probeLedger
+		records []Record
+		ledger  ProbeLedger
 		want    TopicOrder // the counts compared; Examples must name the violation
 		example string
 	}{
@@ -92,7 +91,7 @@ func TestOrderedProbes(t *testing.T) {
 			want:    TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Committed: 3, Phantom: 1},
 			example: "key k: seq 3 (message id-k-3) at 0/3 was never committed"},
 		{name: "a committed seq under another message id", records: arrivals("0:k 0 1"),
-			ledger:  probeLedger{"k": {0: {id: probeID("k", 0)}, 1: {id: "another"}}},
+			ledger:  ProbeLedger{"k": {0: {ID: probeID("k", 0)}, 1: {ID: "another"}}},
 			want:    TopicOrder{Keys: 1, Messages: 1, Committed: 2, Phantom: 1, Lost: 1},
 			example: "key k: seq 1 (message id-k-1) at 0/1 was never committed"},
 		{name: "a key split across two partitions", records: arrivals("0:k 0 1", "3:k 2 3"), ledger: ledgerOf("k", seqs(4)),
@@ -107,15 +106,15 @@ func TestOrderedProbes(t *testing.T) {
 		{name: "a maybe seq there, out of order", records: arrivals("0:k 0 1 3 2"), ledger: ledgerOf("k", []int{0, 1, 3}, 2),
 			want:    TopicOrder{Keys: 1, Messages: 4, KeysOrdered: 1, Committed: 3, Maybe: 1, MaybeThere: 1, Reordered: 1, ReorderedAcrossTx: 1},
 			example: "key k: seq 2 first arrived at 0/3, after seq 3 at 0/2 (transactions 3 and 4)"},
-		{name: "nothing committed, nothing in Kafka: no order was checked", records: nil, ledger: probeLedger{},
+		{name: "nothing committed, nothing in Kafka: no order was checked", records: nil, ledger: ProbeLedger{},
 			want: TopicOrder{}},
-		{name: "a record that is no probe message", records: []kafkaRecord{{key: "k", payload: []byte("x")}}, ledger: probeLedger{},
+		{name: "a record that is no probe message", records: []Record{{Key: "k", Payload: []byte("x")}}, ledger: ProbeLedger{},
 			want:    TopicOrder{Keys: 1, Phantom: 1},
 			example: `key k: record 0/0 is not one of its probe messages: "x"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := judgeProbes("t.probe", c.records, c.ledger)
+			got := ProbeOrder(ProbeStream{Topic: "t.probe", Records: c.records, Ledger: c.ledger})
 			examples := got.Examples
 			got.Examples, c.want.Topic, c.want.Probe = nil, "t.probe", true
 			if fmt.Sprint(got) != fmt.Sprint(c.want) {
@@ -124,7 +123,7 @@ func TestOrderedProbes(t *testing.T) {
 			if c.example == "" && len(examples) > 0 || c.example != "" && (len(examples) == 0 || examples[0] != c.example) {
 				t.Errorf("examples %q; want %q first", examples, c.example)
 			}
-			ok, detail := orderedVerdict([]TopicOrder{judgeProbes("t.probe", c.records, c.ledger)})
+			ok, detail := OrderedVerdict([]TopicOrder{ProbeOrder(ProbeStream{Topic: "t.probe", Records: c.records, Ledger: c.ledger})})
 			if ok != (c.example == "" && c.want.KeysOrdered > 0) {
 				t.Errorf("verdict %v: %s", ok, detail)
 			}
@@ -137,33 +136,33 @@ func TestOrderedProbes(t *testing.T) {
 // left out of the order, a message no outbox wrote is a phantom, and
 // repeats are allowed.
 func TestOrderedEvents(t *testing.T) {
-	rec := func(p int32, off int64, key, id string) kafkaRecord {
-		return kafkaRecord{topic: "orders.events", partition: p, offset: off, key: key, id: id}
+	rec := func(p int32, off int64, key, id string) Record {
+		return Record{Topic: "orders.events", Partition: p, Offset: off, Key: key, ID: id}
 	}
 	position := map[string]outboxRow{"a": {10, "o-1"}, "b": {20, "o-1"}, "c": {30, "o-2"}}
 	cases := []struct {
 		name    string
-		records []kafkaRecord
+		records []Record
 		want    TopicOrder
 		example string
 	}{
 		{name: "in order, with a repeat and a hostile message",
-			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(3, 1, "hostile-x", "a"), rec(1, 2, "o-1", "b"), rec(1, 3, "o-1", "a"), rec(2, 0, "o-2", "c")},
+			records: []Record{rec(1, 0, "o-1", "a"), rec(3, 1, "hostile-x", "a"), rec(1, 2, "o-1", "b"), rec(1, 3, "o-1", "a"), rec(2, 0, "o-2", "c")},
 			want:    TopicOrder{Keys: 3, Messages: 4, Repeats: 1, KeysOrdered: 1, Unpositioned: 1}},
 		{name: "a message no outbox wrote",
-			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "z"), rec(1, 2, "o-1", "b")},
+			records: []Record{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "z"), rec(1, 2, "o-1", "b")},
 			want:    TopicOrder{Keys: 1, Messages: 3, KeysOrdered: 1, Phantom: 1},
 			example: "key o-1: message z at 1/1 was written by no outbox"},
 		{name: "a message under another key than its row's",
-			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "c")},
+			records: []Record{rec(1, 0, "o-1", "a"), rec(1, 1, "o-1", "c")},
 			want:    TopicOrder{Keys: 1, Messages: 2, Phantom: 1},
 			example: "key o-1: message c at 1/1 is its outbox row's under key o-2"},
 		{name: "out of outbox order",
-			records: []kafkaRecord{rec(1, 0, "o-1", "b"), rec(1, 1, "o-1", "a")},
+			records: []Record{rec(1, 0, "o-1", "b"), rec(1, 1, "o-1", "a")},
 			want:    TopicOrder{Keys: 1, Messages: 2, KeysOrdered: 1, Reordered: 1},
 			example: "key o-1: message a (outbox row 10) first arrived at 1/1, after message b (row 20)"},
 		{name: "split",
-			records: []kafkaRecord{rec(1, 0, "o-1", "a"), rec(2, 0, "o-1", "a")},
+			records: []Record{rec(1, 0, "o-1", "a"), rec(2, 0, "o-1", "a")},
 			want:    TopicOrder{Keys: 1, Messages: 1, Repeats: 1, Split: 1},
 			example: "key o-1 on partitions [1 2]"},
 	}
@@ -179,37 +178,5 @@ func TestOrderedEvents(t *testing.T) {
 				t.Errorf("examples %q; want %q first", examples, c.example)
 			}
 		})
-	}
-}
-
-// TestProbeUnknownOutcomesSettled: a transaction commits all of its rows or
-// none. Of a transaction whose COMMIT failed, one row found in the outbox
-// makes all of its messages surely committed, so one missing from Kafka is
-// lost; none found makes them never committed, so a copy in Kafka is a
-// phantom. Judged per message (before settle), both pass.
-func TestProbeUnknownOutcomesSettled(t *testing.T) {
-	newWriter := func() *probeWriter {
-		return &probeWriter{ledger: probeLedger{
-			"k1": {0: {id: "m0", tx: 1}, 1: {id: "m1", maybe: true, tx: 2}},
-			"k2": {0: {id: "m2", maybe: true, tx: 2}, 1: {id: "m3", maybe: true, tx: 3}},
-		}}
-	}
-	rec := func(off int64, key, id string, seq int) kafkaRecord {
-		payload, _ := json.Marshal(probeMessage{Key: key, Seq: seq})
-		return kafkaRecord{topic: "t.probe", partition: 0, offset: off, key: key, id: id, payload: payload}
-	}
-	// Kafka holds m0 and m1 (of transaction 2) but not m2 (also of
-	// transaction 2), and m3 (transaction 3, which never committed).
-	records := []kafkaRecord{rec(0, "k1", "m0", 0), rec(1, "k1", "m1", 1), rec(2, "k2", "m3", 1)}
-
-	before := judgeProbes("t.probe", records, newWriter().ledger)
-	if before.Lost != 0 || before.Phantom != 0 {
-		t.Fatalf("unsettled, the judge sees nothing wrong here: %+v", before)
-	}
-	w := newWriter()
-	w.settle([]string{"m1"}) // the outbox holds transaction 2's row m1, nothing of transaction 3
-	after := judgeProbes("t.probe", records, w.ledger)
-	if after.Lost != 1 || after.Phantom != 1 || w.settled != 1 {
-		t.Fatalf("settled: want m2 lost and m3 a phantom, got %+v (examples %q)", after, after.Examples)
 	}
 }

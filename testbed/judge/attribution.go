@@ -1,4 +1,4 @@
-package main
+package judge
 
 // Attribution: what each crash window's kills did, measured per window and
 // per service, the hostile messages left out.
@@ -33,12 +33,9 @@ package main
 // alone must produce, hostile messages and random kills left out.
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,70 +44,29 @@ import (
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-// traced are the windows every process of a run traces (FAILPOINT_TRACE):
-// all of them, so the run's trace can be checked against the model
-// (model/trace) and every kill shown inside its window.
-var traced = failpoint.All
-
-// fpKill is one kill line of the failpoint log.
-type fpKill struct {
-	seq     int // line number: the log's order is the order of the events
-	window  failpoint.Name
-	pid     int
-	subject string
-}
-
-// fpLog is the failpoint log, read.
-type fpLog struct {
-	kills []fpKill
-	hits  map[string][]fpHit // window + " " + subject → its trace lines
-}
-
-type fpHit struct{ seq, pid int }
-
-// parseFPLog reads the kill lines ("failpoint NAME fired: SIGKILL pid N
-// subject S") and, with hits, the trace lines ("failpoint NAME hit: pid N
-// subject S").
-func parseFPLog(r io.Reader, hits bool) (fpLog, error) {
-	l := fpLog{hits: map[string][]fpHit{}}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20) // a service's own output shares nothing with it, but be generous
-	for seq := 0; sc.Scan(); seq++ {
-		f := strings.Fields(sc.Text())
-		if len(f) < 6 || f[0] != "failpoint" {
-			continue
-		}
-		switch {
-		case f[2] == "fired:":
-			k := fpKill{seq: seq, window: failpoint.Name(f[1])}
-			k.pid, _ = strconv.Atoi(f[5])
-			if len(f) >= 8 {
-				k.subject = f[7]
-			}
-			l.kills = append(l.kills, k)
-		case f[2] == "hit:" && hits && len(f) >= 7:
-			pid, _ := strconv.Atoi(f[4])
-			key := f[1] + " " + f[6]
-			l.hits[key] = append(l.hits[key], fpHit{seq, pid})
-		}
-	}
-	return l, sc.Err()
-}
-
-// seenAfter reports whether another process than the killed one traced
-// subject at window w after the kill.
-func (l fpLog) seenAfter(w failpoint.Name, k fpKill) bool {
-	for _, h := range l.hits[string(w)+" "+k.subject] {
-		if h.seq > k.seq && h.pid != k.pid {
-			return true
-		}
-	}
-	return false
-}
-
-// deliveries counts the deliveries of message id any consumer began.
-func (l fpLog) deliveries(id string) int {
-	return len(l.hits[string(failpoint.BeforeBegin)+" "+id])
+// WindowRow is what one crash window's kills in one service did to the
+// subjects they interrupted (Attribution). Every count is measured.
+type WindowRow struct {
+	Window      string `json:"window"`
+	Service     string `json:"service"`         // the killed service ("hostile": the subject was a hostile message)
+	Consumer    string `json:"consumer"`        // the service that consumes the subject ("" for dead letters and probe messages)
+	Topic       string `json:"topic,omitempty"` // where a subject nobody consumes went: <service>.dlq or <service>.probe
+	Kills       int    `json:"kills"`
+	Hostile     int    `json:"hostile"`     // of those, on hostile messages: left out of everything below
+	Redelivered int    `json:"redelivered"` // subjects seen again after the kill
+	AppliedOnce int    `json:"applied_once"`
+	// AppliedTwice: subjects applied more than once by their consumer,
+	// whatever the cause.
+	AppliedTwice int `json:"applied_twice"`
+	Suppressed   int `json:"duplicates_suppressed"` // copies of the subjects the inbox suppressed
+	Refused      int `json:"refused"`               // copies the domain guard refused
+	// Where the effect was committed before the kill: the subjects that came
+	// back and so met it, how many of those a layer caught, and how many
+	// were applied twice.
+	CopiesMetEffect int    `json:"copies_met_effect"`
+	CopiesCaught    int    `json:"copies_caught"`
+	DoubleByWindow  int    `json:"double_by_window"`
+	Note            string `json:"note"`
 }
 
 // subjectFacts is what the databases and Kafka say about one subject.
@@ -125,50 +81,36 @@ type subjectFacts struct {
 	refused  int // copies the consumer's domain guard refused
 }
 
-// committedBeforeKill: windows whose kill leaves the effect committed, so
-// a copy that comes back meets it.
-func committedBeforeKill(w failpoint.Name) bool {
-	return w == failpoint.AfterCommitBeforeAck || w == failpoint.AfterPublishBeforeMark || w == failpoint.AfterEffectBeforeRecord
-}
-
-func isConsumerWindow(w failpoint.Name) bool {
-	switch w {
-	case failpoint.BeforeBegin, failpoint.AfterInboxInsert, failpoint.AfterHandlerBeforeCommit, failpoint.AfterCommitBeforeAck:
-		return true
-	}
-	return false
-}
-
 // attribute builds one row per window and killed service from the log and
 // the facts. A hostile subject is counted apart and judged nowhere here
 // (the hostile table judges it).
-func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
+func attribute(l Log, facts map[string]subjectFacts) []WindowRow {
 	rows := map[string]*WindowRow{}
 	var order []string
-	for _, k := range l.kills {
-		f, ok := facts[k.subject]
+	for _, k := range l.Kills {
+		f, ok := facts[k.Subject]
 		service, consumer, topic := "hostile", "", ""
 		switch {
-		case k.window == failpoint.AfterCommitBeforeResponse:
+		case k.Window == failpoint.AfterCommitBeforeResponse:
 			service, consumer = "orders", "orders"
-		case effectWindow(k.window):
+		case EffectWindow(k.Window):
 			service, consumer = "orders", "provider"
-		case isConsumerWindow(k.window) && ok && !f.hostile:
+		case ConsumerWindow(k.Window) && ok && !f.hostile:
 			service, consumer = f.consumer, f.consumer
 		case ok && !f.hostile:
 			service, consumer = f.producer, f.consumer
 			if consumer == "" {
 				// Nobody consumes it: a dead letter or a probe message
-				// (probe.go), a row of their own per topic.
+				// (chaos/probe.go), a row of their own per topic.
 				topic = f.topic
 			}
 		}
-		key := string(k.window) + "/" + service + "/" + consumer + "/" + topic
+		key := string(k.Window) + "/" + service + "/" + consumer + "/" + topic
 		r := rows[key]
 		if r == nil {
-			r = &WindowRow{Window: string(k.window), Service: service, Consumer: consumer, Topic: topic, Note: windowNotes[k.window]}
+			r = &WindowRow{Window: string(k.Window), Service: service, Consumer: consumer, Topic: topic, Note: Windows[k.Window].Note}
 			if topic != "" {
-				r.Note = unconsumedNotes[k.window]
+				r.Note = Windows[k.Window].Unconsumed
 			}
 			rows[key] = r
 			order = append(order, key)
@@ -181,11 +123,11 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 		// Seen again, and handed to the consumer: a copy still in Kafka when
 		// the run stopped has met nothing.
 		var again bool
-		switch k.window {
+		switch k.Window {
 		case failpoint.AfterClaimBeforePublish:
 			again = f.copies >= 1 && (f.consumer == "" || l.seenAfter(failpoint.BeforeBegin, k))
 		case failpoint.AfterPublishBeforeMark:
-			again = f.copies >= 2 && (f.consumer == "" || l.deliveries(k.subject) >= 2)
+			again = f.copies >= 2 && (f.consumer == "" || l.deliveries(k.Subject) >= 2)
 		case failpoint.AfterCommitBeforeResponse:
 			again = l.seenAfter(failpoint.AfterCommitBeforeResponse, k)
 		case failpoint.BeforeEffect, failpoint.AfterEffectBeforeRecord:
@@ -201,13 +143,13 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 			r.AppliedOnce++
 		case f.applied > 1:
 			r.AppliedTwice++
-			if again && committedBeforeKill(k.window) {
+			if again && CommittedBeforeKill(k.Window) {
 				r.DoubleByWindow++
 			}
 		}
 		r.Suppressed += f.dups
 		r.Refused += f.refused
-		if again && committedBeforeKill(k.window) && f.consumer != "" {
+		if again && CommittedBeforeKill(k.Window) && f.consumer != "" {
 			r.CopiesMetEffect++
 			if f.dups > 0 || f.refused > 0 {
 				r.CopiesCaught++
@@ -230,9 +172,9 @@ func attribute(l fpLog, facts map[string]subjectFacts) []WindowRow {
 	return out
 }
 
-// attributionVerdict judges the rows for the run's mode and returns the
+// AttributionVerdict judges the rows for the run's mode and returns the
 // crash windows' double-applies and the floor they had to reach.
-func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail string, doubled, floor int) {
+func AttributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail string, doubled, floor int) {
 	var bad, notes []string
 	// Every consumer's after-commit-before-ack window must have been hit:
 	// it is the window the inbox exists for.
@@ -248,8 +190,8 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 		}
 	}
 	for _, r := range rows {
-		if effectWindow(failpoint.Name(r.Window)) {
-			continue // judged by effectVerdict
+		if EffectWindow(failpoint.Name(r.Window)) {
+			continue // judged by EffectVerdict
 		}
 		name := r.Window + "/" + r.Service
 		if r.Topic != "" {
@@ -260,7 +202,7 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 			bad = append(bad, fmt.Sprintf("%s: %d kills, no subject seen again", name, own))
 		}
 		doubled += r.AppliedTwice
-		if !committedBeforeKill(failpoint.Name(r.Window)) || r.Consumer == "" {
+		if !CommittedBeforeKill(failpoint.Name(r.Window)) || r.Consumer == "" {
 			if inbox && r.AppliedTwice > 0 {
 				bad = append(bad, fmt.Sprintf("%s: %d applied twice", name, r.AppliedTwice))
 			}
@@ -311,28 +253,39 @@ func attributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 	return len(bad) == 0, detail, doubled, floor
 }
 
-// gatherFacts looks every kill's subject up in both services' databases and
-// counts the copies of the relay windows' messages among records, what
-// Kafka holds.
-func (h *harness) gatherFacts(ctx context.Context, l fpLog, hostileIDs map[string]bool, records []kafkaRecord) (map[string]subjectFacts, error) {
-	var ids, orderIDs, relayed []string
-	for _, k := range l.kills {
-		switch {
-		case k.window == failpoint.AfterCommitBeforeResponse:
-			orderIDs = append(orderIDs, k.subject)
-		case effectWindow(k.window):
-			// effects.go
-		case isConsumerWindow(k.window):
-			ids = append(ids, k.subject)
-		default:
-			ids, relayed = append(ids, k.subject), append(relayed, k.subject)
-		}
-	}
-	facts, err := h.effectFacts(ctx, l) // effects.go
+// Attribution measures what each crash window's kills did: every kill's
+// subject looked up in both services' databases (and, for the effect
+// windows, in the provider's ledger and its log of replays at providerLog),
+// the relay windows' messages counted among records, what Kafka holds. The
+// subjects of hostileIDs are counted apart.
+func Attribution(ctx context.Context, db Databases, providerLog string, l Log, hostileIDs map[string]bool, records []Record) ([]WindowRow, error) {
+	facts, err := gatherFacts(ctx, db, providerLog, l, hostileIDs, records)
 	if err != nil {
 		return nil, err
 	}
-	orders, inventory := h.sys.Pools["orders"], h.sys.Pools["inventory"]
+	return attribute(l, facts), nil
+}
+
+// gatherFacts looks every kill's subject up.
+func gatherFacts(ctx context.Context, db Databases, providerLog string, l Log, hostileIDs map[string]bool, records []Record) (map[string]subjectFacts, error) {
+	var ids, orderIDs, relayed []string
+	for _, k := range l.Kills {
+		switch {
+		case k.Window == failpoint.AfterCommitBeforeResponse:
+			orderIDs = append(orderIDs, k.Subject)
+		case EffectWindow(k.Window):
+			// effects.go
+		case ConsumerWindow(k.Window):
+			ids = append(ids, k.Subject)
+		default:
+			ids, relayed = append(ids, k.Subject), append(relayed, k.Subject)
+		}
+	}
+	facts, err := effectFacts(ctx, db.Provider, providerLog, l) // effects.go
+	if err != nil {
+		return nil, err
+	}
+	orders, inventory := db.Orders, db.Inventory
 	for _, id := range ids {
 		if hostileIDs[id] {
 			facts[id] = subjectFacts{hostile: true}

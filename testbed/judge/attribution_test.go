@@ -1,4 +1,4 @@
-package main
+package judge
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 
 // logOf builds a failpoint log from lines "kill WINDOW SUBJECT" and "hit
 // WINDOW SUBJECT", in order, as the services write it.
-func logOf(lines ...string) fpLog {
+func logOf(lines ...string) Log {
 	var b strings.Builder
 	for i, l := range lines {
 		f := strings.Fields(l)
@@ -21,7 +21,7 @@ func logOf(lines ...string) fpLog {
 		}
 		b.WriteString("unrelated service output\n")
 	}
-	l, err := parseFPLog(strings.NewReader(b.String()), true)
+	l, err := parseLog(strings.NewReader(b.String()), true)
 	if err != nil {
 		panic(err)
 	}
@@ -162,7 +162,7 @@ func TestVerdictPerMode(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rows := attribute(logOf(c.lines...), c.facts)
-			ok, detail, doubled, floor := attributionVerdict(rows, c.inbox, c.guard)
+			ok, detail, doubled, floor := AttributionVerdict(rows, c.inbox, c.guard)
 			if ok != c.ok || !strings.Contains(detail, c.want) {
 				t.Errorf("verdict %v, %q; want %v with %q", ok, detail, c.ok, c.want)
 			}
@@ -182,15 +182,15 @@ func TestSeenAgainByAnotherProcess(t *testing.T) {
 	in := "failpoint before-begin hit: pid 7 subject m-1\n" +
 		"failpoint after-commit-before-ack fired: SIGKILL pid 7 subject m-1\n" +
 		"failpoint before-begin hit: pid 7 subject m-1\n"
-	l, err := parseFPLog(strings.NewReader(in), true)
+	l, err := parseLog(strings.NewReader(in), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.seenAfter(failpoint.BeforeBegin, l.kills[0]) {
+	if l.seenAfter(failpoint.BeforeBegin, l.Kills[0]) {
 		t.Fatal("the killed process's own line counted as the message seen again")
 	}
-	l, _ = parseFPLog(strings.NewReader(in+"failpoint before-begin hit: pid 8 subject m-1\n"), true)
-	if !l.seenAfter(failpoint.BeforeBegin, l.kills[0]) {
+	l, _ = parseLog(strings.NewReader(in+"failpoint before-begin hit: pid 8 subject m-1\n"), true)
+	if !l.seenAfter(failpoint.BeforeBegin, l.Kills[0]) {
 		t.Fatal("another process's delivery after the kill was not seen")
 	}
 }
@@ -234,7 +234,7 @@ func TestEffectVerdict(t *testing.T) {
 		{"no keys: nothing called again", after(func(r *WindowRow) { r.Redelivered, r.CopiesMetEffect, r.Kills = 0, 0, 0 }), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ok, detail, _, _ := effectVerdict(tc.rows, tc.keys)
+			ok, detail, _, _ := EffectVerdict(tc.rows, tc.keys)
 			if ok != tc.ok {
 				t.Fatalf("effectVerdict = %v, want %v: %s", ok, tc.ok, detail)
 			}
@@ -272,7 +272,7 @@ func TestProbeSubjectsHaveRowsOfTheirOwn(t *testing.T) {
 	if events.Kills != 1 || events.CopiesMetEffect != 1 {
 		t.Errorf("the events' row %+v: want its one kill alone", events)
 	}
-	if ok, detail, _, _ := attributionVerdict(rows, true, true); !strings.Contains(detail, mark+"/orders/orders.dlq: 1 kills, no subject seen again") || ok {
+	if ok, detail, _, _ := AttributionVerdict(rows, true, true); !strings.Contains(detail, mark+"/orders/orders.dlq: 1 kills, no subject seen again") || ok {
 		t.Errorf("verdict %v %q: want the dead letter's row named by its topic", ok, detail)
 	}
 }

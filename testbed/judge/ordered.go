@@ -1,4 +1,4 @@
-package main
+package judge
 
 // The ordered-per-key invariant: per partition key, Kafka holds a key's
 // messages in outbox commit order, across relay kills, restarts and shard
@@ -9,7 +9,7 @@ package main
 //
 // In the example domain every key (an order id) has one message per topic,
 // so the domain topics alone could never show a key out of order. The probe
-// streams can (probe.go): numbered messages the harness commits itself into
+// streams can (chaos/probe.go): numbered messages the harness commits itself into
 // each service's outbox. Reading a probe key's records in offset order:
 //
 //   - split: they all sit on one partition;
@@ -36,22 +36,31 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-// probeEntry is one probe message the harness committed, or may have.
-type probeEntry struct {
-	id    string // the message id it gave it
-	maybe bool   // its COMMIT failed: it may have committed or not
-	tx    int    // the writer's transaction that wrote it, numbered from 1
+// ProbeEntry is one probe message a probe writer committed, or may have.
+type ProbeEntry struct {
+	ID    string // the message id it gave it
+	Maybe bool   // its COMMIT failed: it may have committed or not
+	Tx    int    // the writer's transaction that wrote it, numbered from 1
 }
 
-// probeLedger is what a probe writer committed: key → seq → message.
-type probeLedger map[string]map[int]probeEntry
+// ProbeLedger is what a probe writer committed: key → seq → message.
+type ProbeLedger map[string]map[int]ProbeEntry
 
-// probeMessage is a probe's payload.
-type probeMessage struct {
+// ProbeStream is one probe topic to judge: the records of it its writer
+// wrote, and its writer's ledger.
+type ProbeStream struct {
+	Topic   string
+	Records []Record
+	Ledger  ProbeLedger
+}
+
+// ProbeMessage is a probe's payload.
+type ProbeMessage struct {
 	Key string `json:"key"`
 	Seq int    `json:"seq"`
 }
@@ -93,38 +102,36 @@ func (t *TopicOrder) example(format string, args ...any) {
 	}
 }
 
-// maxExamples bounds the examples a topic quotes, as testbed/judge's do.
-const maxExamples = 3
-
 // byKey groups records by key, each key's in partition and offset order.
-func byKey(records []kafkaRecord) map[string][]kafkaRecord {
-	m := map[string][]kafkaRecord{}
+func byKey(records []Record) map[string][]Record {
+	m := map[string][]Record{}
 	for _, r := range records {
-		m[r.key] = append(m[r.key], r)
+		m[r.Key] = append(m[r.Key], r)
 	}
 	for _, rs := range m {
-		slices.SortFunc(rs, func(a, b kafkaRecord) int {
-			return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
+		slices.SortFunc(rs, func(a, b Record) int {
+			return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 		})
 	}
 	return m
 }
 
 // partitions lists the partitions records sit on.
-func partitions(records []kafkaRecord) []int32 {
+func partitions(records []Record) []int32 {
 	var ps []int32
 	for _, r := range records {
-		if !slices.Contains(ps, r.partition) {
-			ps = append(ps, r.partition)
+		if !slices.Contains(ps, r.Partition) {
+			ps = append(ps, r.Partition)
 		}
 	}
 	return ps
 }
 
-// judgeProbes holds a probe topic's records to the ledger of what was
+// ProbeOrder holds a probe stream's records to the ledger of what was
 // committed into it.
-func judgeProbes(topic string, records []kafkaRecord, ledger probeLedger) TopicOrder {
-	t := TopicOrder{Topic: topic, Probe: true}
+func ProbeOrder(p ProbeStream) TopicOrder {
+	records, ledger := p.Records, p.Ledger
+	t := TopicOrder{Topic: p.Topic, Probe: true}
 	keys := byKey(records)
 	all := map[string]bool{}
 	for k := range keys {
@@ -133,7 +140,7 @@ func judgeProbes(topic string, records []kafkaRecord, ledger probeLedger) TopicO
 	for k, seqs := range ledger {
 		all[k] = true
 		for _, e := range seqs {
-			if e.maybe {
+			if e.Maybe {
 				t.Maybe++
 			} else {
 				t.Committed++
@@ -148,7 +155,7 @@ func judgeProbes(topic string, records []kafkaRecord, ledger probeLedger) TopicO
 }
 
 // judgeProbeKey walks one probe key's records in offset order.
-func judgeProbeKey(t *TopicOrder, key string, records []kafkaRecord, committed map[int]probeEntry) {
+func judgeProbeKey(t *TopicOrder, key string, records []Record, committed map[int]ProbeEntry) {
 	parts := partitions(records)
 	if len(parts) > 1 {
 		// Offsets of two partitions have no order between them: the
@@ -159,32 +166,32 @@ func judgeProbeKey(t *TopicOrder, key string, records []kafkaRecord, committed m
 	seen := map[int]bool{}
 	top, topAt := -1, ""
 	for _, r := range records {
-		at := fmt.Sprintf("%d/%d", r.partition, r.offset)
-		var p probeMessage
-		if err := json.Unmarshal(r.payload, &p); err != nil || p.Key != key {
+		at := fmt.Sprintf("%d/%d", r.Partition, r.Offset)
+		var p ProbeMessage
+		if err := json.Unmarshal(r.Payload, &p); err != nil || p.Key != key {
 			t.Phantom++
-			t.example("key %s: record %s is not one of its probe messages: %q", key, at, r.payload)
+			t.example("key %s: record %s is not one of its probe messages: %q", key, at, r.Payload)
 			continue
 		}
 		e, ok := committed[p.Seq]
 		switch {
-		case !ok || e.id != r.id:
+		case !ok || e.ID != r.ID:
 			t.Phantom++
-			t.example("key %s: seq %d (message %s) at %s was never committed", key, p.Seq, r.id, at)
+			t.example("key %s: seq %d (message %s) at %s was never committed", key, p.Seq, r.ID, at)
 		case seen[p.Seq]:
 			t.Repeats++
 		default:
 			seen[p.Seq] = true
 			t.Messages++
-			if e.maybe {
+			if e.Maybe {
 				t.MaybeThere++
 			}
 			if p.Seq < top && len(parts) == 1 {
 				t.Reordered++
-				txs := fmt.Sprintf("both of transaction %d", e.tx)
-				if later := committed[top].tx; later != e.tx {
+				txs := fmt.Sprintf("both of transaction %d", e.Tx)
+				if later := committed[top].Tx; later != e.Tx {
 					t.ReorderedAcrossTx++
-					txs = fmt.Sprintf("transactions %d and %d", e.tx, later)
+					txs = fmt.Sprintf("transactions %d and %d", e.Tx, later)
 				}
 				t.example("key %s: seq %d first arrived at %s, after seq %d at %s (%s)", key, p.Seq, at, top, topAt, txs)
 			}
@@ -197,9 +204,9 @@ func judgeProbeKey(t *TopicOrder, key string, records []kafkaRecord, committed m
 		t.KeysOrdered++
 	}
 	for _, seq := range slices.Sorted(maps.Keys(committed)) {
-		if !seen[seq] && !committed[seq].maybe {
+		if !seen[seq] && !committed[seq].Maybe {
 			t.Lost++
-			t.example("key %s: seq %d (message %s) committed, not in Kafka", key, seq, committed[seq].id)
+			t.example("key %s: seq %d (message %s) committed, not in Kafka", key, seq, committed[seq].ID)
 		}
 	}
 }
@@ -211,15 +218,15 @@ type outboxRow struct {
 	key string
 }
 
-// hostileKeyPrefix keys the hostile messages the harness puts on the event
-// topics itself (hostile.go), no outbox's.
-const hostileKeyPrefix = "hostile-"
+// HostileKeyPrefix keys the hostile messages the chaos driver puts on the
+// event topics itself (chaos/hostile.go), no outbox's.
+const HostileKeyPrefix = "hostile-"
 
 // judgeDomain holds an event topic's records to their outbox rows:
 // position is message id → its row in the producer's outbox. A record
 // under another key than its row's, or one no outbox wrote (a hostile
 // message aside), is a phantom.
-func judgeDomain(topic string, records []kafkaRecord, position map[string]outboxRow) TopicOrder {
+func judgeDomain(topic string, records []Record, position map[string]outboxRow) TopicOrder {
 	t := TopicOrder{Topic: topic}
 	keys := byKey(records)
 	for _, key := range sortedKeys(keys) {
@@ -235,24 +242,24 @@ func judgeDomain(topic string, records []kafkaRecord, position map[string]outbox
 		var top int64 = -1
 		topID := ""
 		for _, r := range rs {
-			if seen[r.id] {
+			if seen[r.ID] {
 				t.Repeats++
 				continue
 			}
-			seen[r.id] = true
+			seen[r.ID] = true
 			t.Messages++
-			row, ok := position[r.id]
+			row, ok := position[r.ID]
 			switch {
-			case strings.HasPrefix(key, hostileKeyPrefix):
+			case strings.HasPrefix(key, HostileKeyPrefix):
 				t.Unpositioned++ // the hostile table judges it
 				continue
 			case !ok:
 				t.Phantom++
-				t.example("key %s: message %s at %d/%d was written by no outbox", key, r.id, r.partition, r.offset)
+				t.example("key %s: message %s at %d/%d was written by no outbox", key, r.ID, r.Partition, r.Offset)
 				continue
 			case row.key != key:
 				t.Phantom++
-				t.example("key %s: message %s at %d/%d is its outbox row's under key %s", key, r.id, r.partition, r.offset, row.key)
+				t.example("key %s: message %s at %d/%d is its outbox row's under key %s", key, r.ID, r.Partition, r.Offset, row.key)
 				continue
 			}
 			pos := row.pos
@@ -260,10 +267,10 @@ func judgeDomain(topic string, records []kafkaRecord, position map[string]outbox
 			if pos < top && len(parts) == 1 {
 				t.Reordered++
 				t.example("key %s: message %s (outbox row %d) first arrived at %d/%d, after message %s (row %d)",
-					key, r.id, pos, r.partition, r.offset, topID, top)
+					key, r.ID, pos, r.Partition, r.Offset, topID, top)
 			}
 			if pos > top {
-				top, topID = pos, r.id
+				top, topID = pos, r.ID
 			}
 		}
 		if positioned > 1 {
@@ -273,8 +280,8 @@ func judgeDomain(topic string, records []kafkaRecord, position map[string]outbox
 	return t
 }
 
-// orderedVerdict judges the topics and says what was checked.
-func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
+// OrderedVerdict judges the topics and says what was checked.
+func OrderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 	var parts, bad []string
 	for _, t := range topics {
 		s := fmt.Sprintf("%s %d keys, %d messages (%d with an order to check), %d repeats", t.Topic, t.Keys, t.Messages, t.KeysOrdered, t.Repeats)
@@ -307,34 +314,33 @@ func orderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 	return len(bad) == 0, detail
 }
 
-// orderedPerKey judges what Kafka holds: each probe topic against its
+// KeyOrder judges what Kafka holds: each probe stream against its
 // writer's ledger, each event topic against its producer's outbox.
-func (h *harness) orderedPerKey(ctx context.Context, records []kafkaRecord) ([]TopicOrder, error) {
-	on := map[string][]kafkaRecord{}
+func KeyOrder(ctx context.Context, db Databases, records []Record, probes []ProbeStream) ([]TopicOrder, error) {
+	on := map[string][]Record{}
 	for _, r := range records {
-		on[r.topic] = append(on[r.topic], r)
+		on[r.Topic] = append(on[r.Topic], r)
 	}
 	var topics []TopicOrder
-	for _, w := range h.probes {
-		if err := w.resolve(ctx, h.sys.Pools[w.service]); err != nil {
-			return nil, err
-		}
-		topic := probeTopic(w.service)
-		topics = append(topics, judgeProbes(topic, w.ours(on[topic]), w.ledger))
+	for _, p := range probes {
+		topics = append(topics, ProbeOrder(p))
 	}
-	for _, src := range []struct{ producer, topic string }{{"orders", events.TopicOrders}, {"inventory", events.TopicInventory}} {
-		producer, topic := src.producer, src.topic
-		rows, err := h.sys.Pools[producer].Query(ctx, `SELECT message_id::text, id, partition_key FROM outbox_messages WHERE topic = $1`, topic)
+	for _, src := range []struct {
+		producer string
+		pool     *pgxpool.Pool
+		topic    string
+	}{{"orders", db.Orders, events.TopicOrders}, {"inventory", db.Inventory, events.TopicInventory}} {
+		rows, err := src.pool.Query(ctx, `SELECT message_id::text, id, partition_key FROM outbox_messages WHERE topic = $1`, src.topic)
 		if err != nil {
-			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
+			return nil, fmt.Errorf("reading %s's outbox: %w", src.producer, err)
 		}
 		position := map[string]outboxRow{}
 		var id string
 		var row outboxRow
 		if _, err := pgx.ForEachRow(rows, []any{&id, &row.pos, &row.key}, func() error { position[id] = row; return nil }); err != nil {
-			return nil, fmt.Errorf("reading %s's outbox: %w", producer, err)
+			return nil, fmt.Errorf("reading %s's outbox: %w", src.producer, err)
 		}
-		topics = append(topics, judgeDomain(topic, on[topic], position))
+		topics = append(topics, judgeDomain(src.topic, on[src.topic], position))
 	}
 	return topics, nil
 }

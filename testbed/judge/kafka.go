@@ -1,4 +1,4 @@
-package main
+package judge
 
 import (
 	"context"
@@ -9,43 +9,22 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
-// kafkaRecord is one record a topic holds, as the harness's own client
-// read it.
-type kafkaRecord struct {
-	topic     string
-	partition int32
-	offset    int64
-	key       string // the record key: the message's partition key
-	id        string // the message id (watermill's UUID header)
-	payload   []byte
+// Record is one record a topic holds, as the judge's own Kafka client
+// read it: no service's code stands between the log and the verdicts.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string // the record key: the message's partition key
+	ID        string // the message id (watermill's UUID header)
+	Payload   []byte
 }
 
-// readKafka reads everything the run's topics hold (the events', the dead
-// letters' and the probe streams'). The cluster may still be electing
-// leaders after the last fault: it tries for a minute before giving up on
-// the run.
-func (h *harness) readKafka(ctx context.Context) ([]kafkaRecord, error) {
-	topics := append(append([]string(nil), system.Topics...), probeTopics()...)
-	for try := 0; ; try++ {
-		records, err := readTopics(ctx, h.sys.Kafka.DirectBrokers(), topics...)
-		if err == nil || try == 12 {
-			return records, err
-		}
-		h.say("reading Kafka: %v (trying again)", err)
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-// readTopics reads every partition of topics from its first to its last
+// ReadTopics reads every partition of topics from its first to its last
 // offset, in offset order.
-func readTopics(ctx context.Context, brokers []string, topics ...string) ([]kafkaRecord, error) {
+func ReadTopics(ctx context.Context, brokers []string, topics ...string) ([]Record, error) {
 	client, err := sarama.NewClient(brokers, kafkaconf.Sarama())
 	if err != nil {
 		return nil, err
@@ -56,7 +35,7 @@ func readTopics(ctx context.Context, brokers []string, topics ...string) ([]kafk
 		return nil, err
 	}
 	defer consumer.Close()
-	var records []kafkaRecord
+	var records []Record
 	for _, topic := range topics {
 		parts, err := client.Partitions(topic)
 		if err != nil {
@@ -82,7 +61,7 @@ func readTopics(ctx context.Context, brokers []string, topics ...string) ([]kafk
 	return records, nil
 }
 
-func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, first, end int64, records []kafkaRecord) ([]kafkaRecord, error) {
+func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, first, end int64, records []Record) ([]Record, error) {
 	pc, err := consumer.ConsumePartition(topic, p, first)
 	if err != nil {
 		return nil, err
@@ -91,10 +70,10 @@ func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, 
 	for {
 		select {
 		case m := <-pc.Messages():
-			r := kafkaRecord{topic: topic, partition: p, offset: m.Offset, key: string(m.Key), payload: m.Value}
+			r := Record{Topic: topic, Partition: p, Offset: m.Offset, Key: string(m.Key), Payload: m.Value}
 			for _, hd := range m.Headers {
 				if string(hd.Key) == kafka.UUIDHeaderKey {
-					r.id = string(hd.Value)
+					r.ID = string(hd.Value)
 				}
 			}
 			records = append(records, r)
@@ -112,13 +91,13 @@ func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, 
 }
 
 // copiesByID counts the records of each message id, per topic.
-func copiesByID(records []kafkaRecord) map[string]map[string]int {
+func copiesByID(records []Record) map[string]map[string]int {
 	copies := map[string]map[string]int{}
 	for _, r := range records {
-		if copies[r.topic] == nil {
-			copies[r.topic] = map[string]int{}
+		if copies[r.Topic] == nil {
+			copies[r.Topic] = map[string]int{}
 		}
-		copies[r.topic][r.id]++
+		copies[r.Topic][r.ID]++
 	}
 	return copies
 }

@@ -1,4 +1,4 @@
-package main
+package judge
 
 // The effect windows (pkg/effect): orders' payment captures, killed on
 // either side of the call to the provider. A capture's subject in the
@@ -23,8 +23,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
@@ -32,13 +33,13 @@ import (
 )
 
 // effectFacts returns the facts of the effect windows' subjects.
-func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectFacts, error) {
+func effectFacts(ctx context.Context, ledger *pgxpool.Pool, providerLog string, l Log) (map[string]subjectFacts, error) {
 	facts := map[string]subjectFacts{}
 	var orderIDs []string
-	for _, k := range l.kills {
-		if effectWindow(k.window) {
-			facts[k.subject] = subjectFacts{producer: "orders", consumer: "provider"}
-			orderIDs = append(orderIDs, events.CaptureOrder(k.subject))
+	for _, k := range l.Kills {
+		if EffectWindow(k.Window) {
+			facts[k.Subject] = subjectFacts{producer: "orders", consumer: "provider"}
+			orderIDs = append(orderIDs, events.CaptureOrder(k.Subject))
 		}
 	}
 	if len(orderIDs) == 0 {
@@ -46,7 +47,7 @@ func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectF
 	}
 	// The attempts under each key (the harness never retries a declined
 	// capture, so a key is an order's one capture).
-	rows, err := h.sys.Pools["provider"].Query(ctx,
+	rows, err := ledger.Query(ctx,
 		`SELECT idempotency_key, count(*)::int FROM captures WHERE reference = ANY($1) AND idempotency_key IS NOT NULL GROUP BY 1
 		 UNION ALL
 		 SELECT $2 || reference, count(*)::int FROM captures WHERE reference = ANY($1) AND idempotency_key IS NULL GROUP BY reference`,
@@ -69,7 +70,7 @@ func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectF
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	replays, err := provider.ReadReplays(filepath.Join(h.sys.Work, "provider.log"))
+	replays, err := provider.ReadReplays(providerLog)
 	if err != nil {
 		return nil, err
 	}
@@ -80,15 +81,15 @@ func (h *harness) effectFacts(ctx context.Context, l fpLog) (map[string]subjectF
 	return facts, nil
 }
 
-// effectVerdict judges the effect windows' rows. keys says whether the
+// EffectVerdict judges the effect windows' rows. keys says whether the
 // captures carried their idempotency key. It returns the captures the
 // after-effect-before-record kills made twice and the floor they had to
 // reach without keys: every kill there whose capture was called again.
-func effectVerdict(rows []WindowRow, keys bool) (ok bool, detail string, doubled, floor int) {
+func EffectVerdict(rows []WindowRow, keys bool) (ok bool, detail string, doubled, floor int) {
 	var bad, notes []string
 	for _, r := range rows {
 		w := failpoint.Name(r.Window)
-		if !effectWindow(w) {
+		if !EffectWindow(w) {
 			continue
 		}
 		name := r.Window + "/" + r.Service

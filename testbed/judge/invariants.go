@@ -1,0 +1,199 @@
+package judge
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+)
+
+// The invariants a chaos run adds to Run's and CheckPayments', by name.
+const (
+	Attributed   = "attribution"     // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
+	Ordered      = "ordered-per-key" // per key in Kafka: one partition, first copies in commit order, none lost, none invented
+	TraceInModel = "trace-in-model"  // the failpoint trace is a behaviour of the protocol's model, every kill inside its window
+	Layers       = "layers"          // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
+	Hostile      = "hostile-caught"  // every hostile class quarantined or dead-lettered with a reason
+	FaultsBit    = "faults-bit"      // kills, restarts and duplicates reached the profile's minimums
+)
+
+// Rule is one invariant: what it says, where it is judged, and the
+// controls that must see it fail. A checker no control can fail proves
+// nothing, so every rule names at least one: a test that feeds the
+// verdict the failure it rules out, or a control run (make chaos-ci) that
+// breaks the system so the run must fail on it.
+type Rule struct {
+	Name     string
+	Says     string
+	JudgedBy string    // file and function, in testbed/judge
+	Controls []Control // each must see the invariant fail
+}
+
+// Control is a test function in a file, or a chaos run in the Makefile,
+// named by the flags that break the system for it.
+type Control struct {
+	File string // a _test.go file, or "Makefile"
+	Name string // the test function, or the chaos run's flags
+}
+
+func (c Control) String() string {
+	if c.File == "Makefile" {
+		return "make chaos-ci: chaos " + c.Name
+	}
+	return c.File + " " + c.Name
+}
+
+// Rules are every invariant a run is judged by: the demo's and the
+// end-to-end tests' (Run, CheckPayments) and, with them, a chaos run's.
+var Rules = []Rule{
+	{ExactlyOnce, "each paid order: one OrderPaid, one application in inventory, one answer applied in orders",
+		"testbed/judge/check.go exactlyOnce", []Control{
+			{"Makefile", "-inbox=off -guard=off"},
+			{"testbed/judge/check_test.go", "TestAdversarialRunsFail"},
+			{"e2e/e2e_test.go", "TestCrashAfterCommitBeforeAckWithoutEitherLayer"}}},
+	{EffectsHaveCauses, "every reservation, rejection, decision and OrderPaid belongs to a paid order; every answer orders applied is inventory's decision",
+		"testbed/judge/causes.go effectsHaveCauses", []Control{{"testbed/judge/check_test.go", "TestAdversarialRunsFail"}}},
+	{Quantities, "each reservation of an order holds, per SKU, exactly the order's lines",
+		"testbed/judge/causes.go quantities", []Control{{"testbed/judge/check_test.go", "TestAdversarialRunsFail"}}},
+	{StockConsistent, "per SKU: available = seeded − Σ reservations ≥ 0, reserved = Σ reservations − Σ fulfilments, sold = Σ fulfilments",
+		"testbed/judge/check.go checkStock", []Control{{"testbed/judge/check_test.go", "TestAdversarialRunsFail"}}},
+	{ClientAgrees, "the paid orders are, by id, the ones the client paid (or could not tell)",
+		"testbed/judge/client.go clientAgrees", []Control{
+			{"testbed/judge/check_test.go", "TestAdversarialRunsFail"},
+			{"testbed/judge/check_test.go", "TestClientUnknownOutcomes"}}},
+	{NothingLost, "every paid order settled, every captured order ended, both outboxes drained",
+		"testbed/judge/check.go Run", []Control{{"testbed/judge/check_test.go", "TestAdversarialRunsFail"}}},
+	{Payments, "the provider's ledger holds one capture or one decline per reserved order, none for any other",
+		"testbed/judge/payments.go CheckPayments", []Control{
+			{"Makefile", "-effect-keys=off"},
+			{"testbed/judge/payments_test.go", "TestPaymentsChecker"}}},
+	{Attributed, "per crash window, measured: the copies its kills made came back and were caught (inbox, or guard), or with no layer were applied twice",
+		"testbed/judge/attribution.go AttributionVerdict, testbed/judge/effects.go EffectVerdict", []Control{
+			{"testbed/judge/attribution_test.go", "TestVerdictPerMode"},
+			{"testbed/judge/attribution_test.go", "TestEffectVerdict"}}},
+	{Ordered, "per key in Kafka: one partition, first copies in outbox commit order, none lost, none invented",
+		"testbed/judge/ordered.go OrderedVerdict", []Control{
+			{"Makefile", "-relay=parallel"},
+			{"testbed/judge/ordered_test.go", "TestOrderedProbes"},
+			{"testbed/judge/ordered_test.go", "TestOrderedEvents"}}},
+	{TraceInModel, "the failpoint trace is a behaviour of the protocol's Promela model, process by process, every kill inside its window",
+		"testbed/judge/trace.go CheckTrace (model/trace)", []Control{
+			{"model/trace/trace_test.go", "TestMutationsAreRejected"},
+			{"model/trace/trace_test.go", "TestSwapsWithinADeliveryAreRejected"},
+			{"model/trace/trace_test.go", "TestTheVariantMatters"}}},
+	{Layers, "with the inbox on, no redelivery of the system's own reaches the domain guard; with it off, the guard refuses them",
+		"testbed/judge/invariants.go LayersVerdict", []Control{{"testbed/judge/invariants_test.go", "TestLayersVerdict"}}},
+	{Hostile, "every hostile class sent was quarantined or dead-lettered with its reason",
+		"testbed/judge/invariants.go HostileVerdict", []Control{{"testbed/judge/invariants_test.go", "TestHostileVerdict"}}},
+	{FaultsBit, "the run reached its profile's minimums: kills in every window, restarts, broker and network faults, duplicates suppressed",
+		"testbed/judge/invariants.go FaultsBitVerdict", []Control{{"testbed/judge/invariants_test.go", "TestFaultsBitVerdict"}}},
+}
+
+// LayersVerdict judges which layer caught the redeliveries: with the inbox
+// on, none may reach the guard (it refuses only hostile messages); with
+// the inbox off, the guard must refuse some. notHostile is the guard's
+// refusals of the system's own events, refused all of its refusals by
+// service. With both layers off there is nothing to judge here.
+func LayersVerdict(inbox bool, suppressed int64, notHostile int, refused map[string]int) (ok bool, detail string) {
+	if inbox {
+		return notHostile == 0, fmt.Sprintf("inbox: %d redeliveries suppressed; domain guard: %d of the system's own events refused (must be 0: the inbox stops them first), refusals by service %v",
+			suppressed, notHostile, refused)
+	}
+	return notHostile > 0, fmt.Sprintf("inbox off; domain guard: %d of the system's own events refused (redeliveries that reached the domain; must be > 0), refusals by service %v",
+		notHostile, refused)
+}
+
+// HostileVerdict judges the hostile classes sent: handled says, per class,
+// whether every message of it was quarantined or dead-lettered with its
+// reason. Nothing sent fails: the run proved nothing about hostile input.
+func HostileVerdict(handled map[string]bool) (ok bool, detail string) {
+	if len(handled) == 0 {
+		return false, "hostile messages were never sent"
+	}
+	var missed []string
+	for _, class := range sortedKeys(handled) {
+		if !handled[class] {
+			missed = append(missed, class)
+		}
+	}
+	detail = fmt.Sprintf("%d classes sent", len(handled))
+	if len(missed) > 0 {
+		detail += "; not caught: " + strings.Join(missed, ", ")
+	}
+	return len(missed) == 0, detail
+}
+
+// Reach is what a chaos run did to the system.
+type Reach struct {
+	Kills            map[failpoint.Name]int // kills shown inside their window (ProvenKills)
+	Reached          []failpoint.Name       // the windows some service's code reaches in this mode
+	RandomKills      int
+	PostgresRestarts int
+	Inbox            bool  // the inbox was on, so it must have suppressed a duplicate
+	Suppressed       int64 // duplicates the inboxes suppressed
+
+	Apache                                              bool // a real cluster: its faults count
+	BrokerKills, LeaderChanges, Pauses, ClusterRestarts int
+	Net                                                 bool // network faults were injected
+	NetFaults, NetKinds                                 int
+}
+
+// Minimums are a profile's: what its run must reach to prove anything.
+type Minimums struct {
+	PerWindow, Kills, PostgresRestarts          int
+	BrokerKills, Pauses, ClusterRestarts, Kinds int
+}
+
+// FaultsBitVerdict judges whether the faults bit: every window reached its
+// kills, and every kind of fault its minimum. It returns the kills in all.
+func FaultsBitVerdict(r Reach, min Minimums) (ok bool, detail string, total int) {
+	var short []string
+	total = r.RandomKills
+	for _, w := range failpoint.All {
+		n := r.Kills[w]
+		total += n
+		if n < min.PerWindow && slices.Contains(r.Reached, w) {
+			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, min.PerWindow))
+		}
+	}
+	if total < min.Kills {
+		short = append(short, fmt.Sprintf("%d kills < %d", total, min.Kills))
+	}
+	if r.PostgresRestarts < min.PostgresRestarts {
+		short = append(short, fmt.Sprintf("%d postgres restarts < %d", r.PostgresRestarts, min.PostgresRestarts))
+	}
+	if r.Apache {
+		if r.BrokerKills < min.BrokerKills {
+			short = append(short, fmt.Sprintf("%d broker kills < %d", r.BrokerKills, min.BrokerKills))
+		}
+		if r.LeaderChanges < 1 {
+			short = append(short, "no leader change")
+		}
+		if r.Pauses < min.Pauses {
+			short = append(short, fmt.Sprintf("%d zombie pauses < %d", r.Pauses, min.Pauses))
+		}
+		if r.ClusterRestarts < min.ClusterRestarts {
+			short = append(short, fmt.Sprintf("%d full-cluster restarts < %d", r.ClusterRestarts, min.ClusterRestarts))
+		}
+	}
+	if r.Net && r.NetKinds < min.Kinds {
+		short = append(short, fmt.Sprintf("%d network fault kinds < %d", r.NetKinds, min.Kinds))
+	}
+	if r.Inbox && r.Suppressed == 0 {
+		short = append(short, "no duplicate was suppressed: the faults did not bite")
+	}
+	detail = fmt.Sprintf("%d kills (%d random), %d postgres restarts, %d duplicates suppressed",
+		total, r.RandomKills, r.PostgresRestarts, r.Suppressed)
+	if r.Apache {
+		detail += fmt.Sprintf(", %d broker kills, %d leader changes, %d zombie pauses, %d full-cluster restarts",
+			r.BrokerKills, r.LeaderChanges, r.Pauses, r.ClusterRestarts)
+	}
+	if r.Net {
+		detail += fmt.Sprintf(", %d network faults of %d kinds", r.NetFaults, r.NetKinds)
+	}
+	if len(short) > 0 {
+		detail += ": " + strings.Join(short, "; ")
+	}
+	return len(short) == 0, detail, total
+}
