@@ -59,6 +59,7 @@ define chaos-proof
 	@if ./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -guard=off -report chaos-control-$(1).json; then \
 		echo "FAIL: the $(1) control run 2 passed, so the checker cannot see double-applies"; exit 1; fi
 	@grep -Eq '"crash_window_double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but not with double-applies of the crash windows' own messages"; exit 1; }
+	@grep -Eq '"exactly-once": false' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but exactly-once held: the checker did not see the double-applies"; exit 1; }
 	@grep -Eq '"attribution": true' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2: a copy the crash windows made was not applied twice, or none came back (see attribution)"; exit 1; }
 	$(call trace-ok,chaos-control-$(1).json)
 	@echo "control run 2 ($(1)) failed with the crash windows' double-applies, each copy that met a committed effect applied twice, as it must"

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -39,14 +38,14 @@ type hostileMsg struct {
 	payload  []byte            // nil: the record has no value at all (a tombstone)
 	headers  map[string]string // metadata beyond the partition key
 	times    int               // deliveries
-	kind     string            // the inbox_quarantine kind it must end as, or kindRefused
+	kind     string            // the inbox_quarantine kind it must end as, judge.KindRefused or judge.KindBrokerRefused
 	reason   string            // what its reason must say, when set
 	// forge says how the record is signed. "": as its topic's producer
 	// signs (a producer's own bug, which must reach the inbox's checks and
 	// the handler); forgeNone, forgeStranger, forgeTampered: a forgery.
 	forge string
 	// as is the principal that writes it, when not the harness's own: a
-	// login the broker must refuse on this topic (kindBrokerRefused).
+	// login the broker must refuse on this topic (judge.KindBrokerRefused).
 	as string
 }
 
@@ -57,14 +56,6 @@ const (
 	forgeStranger = "stranger-key"
 	forgeTampered = "tampered"
 )
-
-// kindRefused: the message must end in its consumer's refusals, refused by
-// the domain guard with a reason, not in the inbox's quarantine.
-const kindRefused = "refused"
-
-// kindBrokerRefused: the broker must refuse the write (its principal may
-// not write the topic), so no consumer ever sees it.
-const kindBrokerRefused = "refused_by_broker"
 
 type hostile struct {
 	sys   *system.System
@@ -193,7 +184,7 @@ func (h *hostile) build(ctx context.Context) error {
 	// new to the consumer; the guard must refuse it as a second OrderPaid.
 	conflictKind := "payload_conflict"
 	if !h.inbox {
-		conflictKind = kindRefused
+		conflictKind = judge.KindRefused
 	}
 
 	h.msgs = []hostileMsg{
@@ -226,9 +217,9 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: []byte(`{"schema_version":1,"type":"InventoryRejected","order_id":"' OR 1=1 --","reason":"x"}`), times: 1, kind: "dead_letter"},
 		{class: hostileCaptureUnreserved, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"OrderCaptured","order_id":"%s","capture_id":"cap_forged"}`, newID()),
-			times:   1, kind: kindRefused},
+			times:   1, kind: judge.KindRefused},
 		{class: hostileDecided, consumer: "inventory", topic: events.TopicOrders, id: newID(),
-			payload: realPayload, times: 1, kind: kindRefused},
+			payload: realPayload, times: 1, kind: judge.KindRefused},
 		// The applied OrderPaid's id in another spelling: a new key to an
 		// inbox that compared text.
 		{class: hostileIDFormat, consumer: "inventory", topic: events.TopicOrders, id: strings.ToUpper(realID),
@@ -237,7 +228,7 @@ func (h *hostile) build(ctx context.Context) error {
 		// settled order: new to orders' inbox, refused by its guard.
 		{class: hostileOtherTopic, consumer: "orders", topic: events.TopicInventory, id: realID,
 			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"forged"}`, decided),
-			times:   1, kind: kindRefused},
+			times:   1, kind: judge.KindRefused},
 		nearLimit(newID()),
 
 		// A tombstone: no value at all, which the quarantine must store as
@@ -293,10 +284,10 @@ func (h *hostile) build(ctx context.Context) error {
 	if h.sys.Kafka.Authenticated() {
 		h.msgs = append(h.msgs,
 			hostileMsg{class: hostileOtherPrincipal, consumer: "inventory", topic: events.TopicOrders, id: newID(),
-				payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: kindBrokerRefused, as: "inventory"},
+				payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: judge.KindBrokerRefused, as: "inventory"},
 			hostileMsg{class: hostileNoGrants, consumer: "orders", topic: events.TopicInventory, id: newID(),
 				payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryRejected","order_id":"%s","reason":"forged"}`, decided),
-				times:   1, kind: kindBrokerRefused, as: intruder},
+				times:   1, kind: judge.KindBrokerRefused, as: intruder},
 		)
 	}
 	return nil
@@ -411,24 +402,15 @@ func (h *hostile) summary() string {
 	return strings.Join(classes, ", ")
 }
 
-// HostileResult is one class's outcome in the report. For the HTTP classes
-// (hostile_http.go) ExpectedKind is "4xx" and QuarantinedOrDead counts the
-// requests refused with a 4xx and a reason.
-type HostileResult struct {
-	Sent              int    `json:"sent"`
-	QuarantinedOrDead int    `json:"quarantined_or_dead"`
-	SuppressedRepeats int    `json:"suppressed_repeats,omitempty"`
-	Reason            string `json:"reason,omitempty"`
-	ExpectedKind      string `json:"expected_kind"`
-	Handled           bool   `json:"handled"`
+// expect is what the judge holds m to.
+func (m hostileMsg) expect() judge.HostileMessage {
+	return judge.HostileMessage{Class: m.class, Consumer: m.consumer, Topic: m.topic, ID: m.id, RecordedAs: m.quarantinedAs(),
+		Kind: m.kind, Reason: m.reason, Payload: m.payload, Times: m.times, As: m.as}
 }
 
-// results looks each hostile message up in its consumer's quarantine. A
-// class is handled when every delivery is accounted for: recorded in
-// inbox_quarantine with the expected kind and a reason, or (for repeats of
-// an already dead-lettered id) suppressed as a duplicate.
-func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error) {
-	out := map[string]HostileResult{}
+// results asks the judge what became of each hostile class.
+func (h *hostile) results(ctx context.Context) (map[string]judge.HostileResult, error) {
+	out := map[string]judge.HostileResult{}
 	h.http.mu.Lock()
 	for class, r := range h.http.out {
 		out[class] = r
@@ -436,55 +418,19 @@ func (h *hostile) results(ctx context.Context) (map[string]HostileResult, error)
 	h.http.mu.Unlock()
 	for _, m := range h.msgs {
 		pool := h.sys.Pools[m.consumer]
-		r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
-		if m.kind == kindBrokerRefused {
-			res, err := h.brokerResult(ctx, m) // hostile_broker.go
-			if err != nil {
-				return nil, err
-			}
-			out[m.class] = res
-			continue
+		var r judge.HostileResult
+		var err error
+		if m.kind == judge.KindBrokerRefused {
+			h.kafka.mu.Lock()
+			refusal, sent := h.kafka.out[m.class] // hostile_broker.go
+			h.kafka.mu.Unlock()
+			r, err = judge.BrokerRefusedOutcome(ctx, pool, m.expect(), sent, refusal)
+		} else {
+			r, err = judge.HostileOutcome(ctx, pool, m.expect())
 		}
-		if m.kind == kindRefused {
-			var reason *string
-			if err := pool.QueryRow(ctx, `SELECT count(*), min(reason) FROM refusals WHERE message_id = $1`, m.id).
-				Scan(&r.QuarantinedOrDead, &reason); err != nil {
-				return nil, err
-			}
-			if reason != nil {
-				r.Reason = *reason
-			}
-			// >=: without the inbox, a redelivered original under the same
-			// id (the conflict's) is refused as well.
-			r.Handled = r.QuarantinedOrDead >= m.times && r.Reason != ""
-			out[m.class] = r
-			continue
-		}
-		sum := sha256.Sum256(m.payload)
-		var rows int
-		var reason *string
-		if err := pool.QueryRow(ctx, `
-			SELECT count(*), min(reason) FROM inbox_quarantine
-			WHERE consumer = $1 AND message_id = $2 AND kind = $3 AND payload_sha256 = $4`,
-			m.consumer, m.quarantinedAs(), m.kind, sum[:]).Scan(&rows, &reason); err != nil {
+		if err != nil {
 			return nil, err
 		}
-		if reason != nil {
-			r.Reason = *reason
-		}
-		var dups int
-		if m.quarantinedAs() != "" {
-			if err := pool.QueryRow(ctx, `SELECT coalesce(max(duplicates), 0) FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-				m.consumer, m.quarantinedAs()).Scan(&dups); err != nil {
-				return nil, err
-			}
-		}
-		r.QuarantinedOrDead = min(rows, m.times)
-		if m.times > 1 {
-			r.SuppressedRepeats = dups
-			r.QuarantinedOrDead = min(m.times, rows+dups)
-		}
-		r.Handled = rows >= 1 && r.QuarantinedOrDead == m.times && r.Reason != "" && strings.Contains(r.Reason, m.reason)
 		out[m.class] = r
 	}
 	return out, nil

@@ -97,34 +97,3 @@ func publishOnce(brokers []string, conf *sarama.Config, m hostileMsg) error {
 	msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, judge.HostileKeyPrefix+m.class))
 	return kafkaconf.PublishOnce(brokers, conf, m.topic, msg)
 }
-
-// brokerResult: handled when the broker refused the write for authorization
-// and no trace of the id is in its consumer's database (inbox, quarantine,
-// refusals), so nothing of it was ever applied.
-func (h *hostile) brokerResult(ctx context.Context, m hostileMsg) (HostileResult, error) {
-	r := HostileResult{Sent: m.times, ExpectedKind: m.kind}
-	h.kafka.mu.Lock()
-	refusal, sent := h.kafka.out[m.class]
-	h.kafka.mu.Unlock()
-	var seen int
-	if err := h.sys.Pools[m.consumer].QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM inbox_messages WHERE message_id = $1) +
-		(SELECT count(*) FROM inbox_quarantine WHERE message_id = $1) +
-		(SELECT count(*) FROM refusals WHERE message_id = $1)`, m.id).Scan(&seen); err != nil {
-		return r, err
-	}
-	switch {
-	case !sent:
-		r.Reason = "not sent"
-	case refusal == nil:
-		r.Reason = fmt.Sprintf("the broker accepted it from %s", m.as)
-	case !errors.Is(refusal, sarama.ErrTopicAuthorizationFailed):
-		r.Reason = "not refused for authorization: " + refusal.Error()
-	case seen > 0:
-		r.Reason = fmt.Sprintf("refused by the broker, yet %d row(s) of its id in %s", seen, m.consumer)
-	default:
-		r.QuarantinedOrDead, r.Handled = m.times, true
-		r.Reason = fmt.Sprintf("%s may not write %s: %v", m.as, m.topic, refusal)
-	}
-	return r, nil
-}

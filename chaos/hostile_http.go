@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxref/outbox-inbox/testbed/judge"
 )
 
 // hostileRequest is one hostile HTTP class: a request the services must
@@ -44,7 +45,7 @@ func hostileRequests() []hostileRequest {
 // httpResults holds each HTTP class's outcome once sendHTTP ran.
 type httpResults struct {
 	mu  sync.Mutex
-	out map[string]HostileResult
+	out map[string]judge.HostileResult
 }
 
 // sendHTTP sends every hostile request, each to a replica of its service
@@ -55,19 +56,10 @@ func (h *hostile) sendHTTP(ctx context.Context) {
 	bases := map[string][]string{"orders": h.sys.Client.Orders, "inventory": h.sys.Client.Inventory}
 	h.http.mu.Lock()
 	defer h.http.mu.Unlock()
-	h.http.out = map[string]HostileResult{}
+	h.http.out = map[string]judge.HostileResult{}
 	for _, r := range hostileRequests() {
-		res := HostileResult{Sent: 1, ExpectedKind: "4xx"}
 		status, reason, err := h.tryHTTP(ctx, client, bases[r.service], r)
-		switch {
-		case err != nil:
-			res.Reason = "no answer: " + err.Error()
-		case status >= 400 && status < 500 && reason != "":
-			res.QuarantinedOrDead, res.Reason, res.Handled = 1, fmt.Sprintf("%d: %s", status, reason), true
-		default:
-			res.Reason = fmt.Sprintf("%d: %s", status, reason)
-		}
-		h.http.out[r.class] = res
+		h.http.out[r.class] = judge.HTTPOutcome(status, reason, err)
 	}
 }
 

@@ -15,47 +15,47 @@ import (
 
 // Report is what a run writes with -report.
 type Report struct {
-	Seed                 uint64                   `json:"seed"`
-	Profile              string                   `json:"profile"`
-	Inbox                bool                     `json:"inbox"`
-	Guard                bool                     `json:"guard"`
-	Relay                string                   `json:"relay"` // the services' relays: one leader, sharded, or parallel (the ordering control)
-	DurationS            float64                  `json:"duration_s"`
-	OrdersPaid           int                      `json:"orders_paid"`
-	Kills                map[string]int           `json:"kills"` // crash window → SIGKILLs it caused
-	RandomKills          int                      `json:"random_kills"`
-	TotalKills           int                      `json:"total_kills"`
-	Restarts             int                      `json:"restarts"`
-	PostgresRestarts     int                      `json:"postgres_restarts"`
-	Broker               string                   `json:"broker"`        // implementation and version
-	BrokerFaults         map[string]int           `json:"broker_faults"` // by class (and leader_changes they caused)
-	BrokerKills          int                      `json:"broker_kills"`
-	NetworkFaults        map[string]int           `json:"network_faults"`        // "<postgres|kafka>_<kind>" → times applied
-	DuplicatesSuppressed int64                    `json:"duplicates_suppressed"` // caught by the inbox, the first layer
-	Refused              map[string]int           `json:"refused"`               // per service, caught by the domain guard, the second layer
-	RefusedNotHostile    int                      `json:"refused_not_hostile"`   // of those, refusals of the system's own messages: redeliveries
-	DoubleApplied        int                      `json:"double_applied"`
-	Lost                 int                      `json:"lost"`
-	Invariants           map[string]bool          `json:"invariants"`
-	Details              map[string]string        `json:"details"`
-	Hostile              map[string]HostileResult `json:"hostile"`
-	Windows              []judge.WindowRow        `json:"windows"`
-	Trace                judge.TraceRow           `json:"trace"` // the failpoint trace checked against the model (testbed/judge/trace.go)
+	Seed                 uint64                         `json:"seed"`
+	Profile              string                         `json:"profile"`
+	Inbox                bool                           `json:"inbox"`
+	Guard                bool                           `json:"guard"`
+	Relay                string                         `json:"relay"` // the services' relays: one leader, sharded, or parallel (the ordering control)
+	DurationS            float64                        `json:"duration_s"`
+	OrdersPaid           int                            `json:"orders_paid"`
+	Kills                map[string]int                 `json:"kills"` // crash window → SIGKILLs it caused
+	RandomKills          int                            `json:"random_kills"`
+	TotalKills           int                            `json:"total_kills"`
+	Restarts             int                            `json:"restarts"`
+	PostgresRestarts     int                            `json:"postgres_restarts"`
+	Broker               string                         `json:"broker"`        // implementation and version
+	BrokerFaults         map[string]int                 `json:"broker_faults"` // by class (and leader_changes they caused)
+	BrokerKills          int                            `json:"broker_kills"`
+	NetworkFaults        map[string]int                 `json:"network_faults"`        // "<postgres|kafka>_<kind>" → times applied
+	DuplicatesSuppressed int64                          `json:"duplicates_suppressed"` // caught by the inbox, the first layer
+	Refused              map[string]int                 `json:"refused"`               // per service, caught by the domain guard, the second layer
+	RefusedNotHostile    int                            `json:"refused_not_hostile"`   // of those, refusals of the system's own messages: redeliveries
+	DoubleApplied        int                            `json:"double_applied"`
+	Lost                 int                            `json:"lost"`
+	Invariants           map[string]bool                `json:"invariants"`
+	Details              map[string]string              `json:"details"`
+	Hostile              map[string]judge.HostileResult `json:"hostile"`
+	Windows              []judge.WindowRow              `json:"windows"`
+	Trace                judge.TraceRow                 `json:"trace"` // the failpoint trace checked against the model (testbed/judge/trace.go)
 	// The crash windows' own double-applies (hostile messages excluded) and
 	// the floor they must reach in the second control run: every copy that
-	// met an effect committed before its kill (attribution.go).
+	// met an effect committed before its kill (judge.JudgeWindows).
 	CrashWindowDoubleApplied int `json:"crash_window_double_applied"`
 	CrashWindowFloor         int `json:"crash_window_floor"`
 	// The same for the effect windows: captures after-effect-before-record
 	// kills made twice (only without keys), and the floor for the effect
-	// control run: every such capture that was called again (effects.go).
+	// control run: every such capture that was called again (judge.EffectVerdict).
 	EffectKeys                 bool        `json:"effect_keys"`
 	EffectAttribution          bool        `json:"effect_attribution"` // the effect windows' part of the attribution held
 	EffectWindowDoubleCaptures int         `json:"effect_window_double_captures"`
 	EffectWindowFloor          int         `json:"effect_window_floor"`
 	Payments                   PaymentsRow `json:"payments"`
 	// What ordered-per-key found, per topic: the probe streams' and the
-	// events' (ordered.go).
+	// events' (judge.MeasureKeyOrder).
 	OrderedPerKey []judge.TopicOrder `json:"ordered_per_key"`
 	Passed        bool               `json:"passed"`
 	// Failed names the invariants that failed, comma-separated ("" when
@@ -96,7 +96,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		Lost:                 final.Unsettled + final.NotApplied + final.NotEnded,
 		Invariants:           map[string]bool{},
 		Details:              map[string]string{},
-		Hostile:              map[string]HostileResult{},
+		Hostile:              map[string]judge.HostileResult{},
 		Payments:             PaymentsRow{Captured: h.payments.Captured, Declined: h.payments.Declined, CapturedTwice: h.payments.CapturedTwice},
 	}
 	// Every verdict is testbed/judge's (its Rules); the driver gathers what
@@ -109,7 +109,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		r.Details[inv.Name] = inv.Detail
 	}
 	r.Trace = judge.TraceRowOf(traced)
-	r.Invariants[judge.TraceInModel], r.Details[judge.TraceInModel] = traced.OK(), traced.Summary()
+	r.Invariants[judge.TraceInModel], r.Details[judge.TraceInModel] = judge.TraceVerdict(traced)
 
 	reach := judge.Reach{Kills: judge.ProvenKills(traced), RandomKills: r.RandomKills, PostgresRestarts: r.PostgresRestarts,
 		Inbox: h.inbox, Suppressed: r.DuplicatesSuppressed}
@@ -131,40 +131,37 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 	}
 	least := judge.Minimums{PerWindow: h.p.MinPerWindow, Kills: h.p.MinKills, PostgresRestarts: h.p.PGRestarts,
 		BrokerKills: h.p.MinBrokerKills, Pauses: h.p.MinPauses, ClusterRestarts: h.p.ClusterRestarts, Kinds: h.p.MinNetKinds}
-	r.Invariants[judge.FaultsBit], r.Details[judge.FaultsBit], r.TotalKills = judge.FaultsBitVerdict(reach, least)
 
 	records, err := h.readKafka(ctx)
 	if err != nil {
 		return r, fmt.Errorf("reading what Kafka holds: %w", err)
 	}
 	db := judge.Databases{Orders: h.sys.Pools["orders"], Inventory: h.sys.Pools["inventory"], Provider: h.sys.Pools["provider"]}
-	if r.Windows, err = judge.Attribution(ctx, db, filepath.Join(h.sys.Work, "provider.log"), log, hostile.ids(), records); err != nil {
+	if r.Windows, err = judge.MeasureWindows(ctx, db, filepath.Join(h.sys.Work, "provider.log"), log, hostile.ids(), records); err != nil {
 		return r, fmt.Errorf("attributing the kills: %w", err)
 	}
-	var attribOK bool
-	attribOK, r.Details[judge.Attributed], r.CrashWindowDoubleApplied, r.CrashWindowFloor = judge.AttributionVerdict(r.Windows, h.inbox, h.guard)
-	effectsOK, effectDetail, doubleCaptures, effectFloor := judge.EffectVerdict(r.Windows, h.keys)
-	r.Details[judge.Attributed] += "; " + effectDetail
-	r.EffectWindowDoubleCaptures, r.EffectWindowFloor, r.EffectAttribution = doubleCaptures, effectFloor, effectsOK
-	r.Invariants[judge.Attributed] = attribOK && effectsOK
+	v := judge.JudgeWindows(r.Windows, h.inbox, h.guard, h.keys)
+	r.Invariants[judge.Attribution], r.Details[judge.Attribution] = v.OK, v.Detail
+	r.CrashWindowDoubleApplied, r.CrashWindowFloor = v.CrashDoubled, v.CrashFloor
+	r.EffectAttribution, r.EffectWindowDoubleCaptures, r.EffectWindowFloor = v.EffectOK, v.EffectDoubled, v.EffectFloor
 
 	switch {
 	case !h.inbox && !h.guard:
 		// The second control sends no hostile message (run: newHostile):
 		// its double-applies must come from the crash windows alone.
-	case hostile.sent.Load():
-		results, err := hostile.results(ctx)
-		if err != nil {
-			return r, err
-		}
-		r.Hostile = results
-		handled := map[string]bool{}
-		for class, res := range results {
-			handled[class] = res.Handled
-		}
-		r.Invariants[judge.Hostile], r.Details[judge.Hostile] = judge.HostileVerdict(handled)
 	default:
-		r.Invariants[judge.Hostile], r.Details[judge.Hostile] = judge.HostileVerdict(nil)
+		handled := map[string]bool{}
+		if hostile.sent.Load() {
+			results, err := hostile.results(ctx)
+			if err != nil {
+				return r, err
+			}
+			r.Hostile = results
+			for class, res := range results {
+				handled[class] = res.Handled
+			}
+		}
+		r.Invariants[judge.HostileCaught], r.Details[judge.HostileCaught] = judge.HostileVerdict(hostile.sent.Load(), handled)
 	}
 
 	// Which layer caught the redeliveries. With both layers off there is
@@ -183,10 +180,17 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		}
 		probes = append(probes, judge.ProbeStream{Topic: probeTopic(w.service), Records: w.ours(records), Ledger: w.ledger})
 	}
-	if r.OrderedPerKey, err = judge.KeyOrder(ctx, db, records, probes); err != nil {
+	if r.OrderedPerKey, err = judge.MeasureKeyOrder(ctx, db, records, probes); err != nil {
 		return r, err
 	}
-	r.Invariants[judge.Ordered], r.Details[judge.Ordered] = judge.OrderedVerdict(r.OrderedPerKey)
+	r.Invariants[judge.OrderedPerKey], r.Details[judge.OrderedPerKey] = judge.OrderedVerdict(r.OrderedPerKey)
+
+	// The run's reach last: a report cut short by an error shows no verdict
+	// on it.
+	r.Invariants[judge.FaultsBit], r.Details[judge.FaultsBit], r.TotalKills = judge.FaultsBitVerdict(reach, least)
+	if names := judge.Unruled(r.Invariants); len(names) > 0 {
+		return r, fmt.Errorf("invariants without a rule in testbed/judge's Rules: %v", names)
+	}
 
 	var failed []string
 	for _, name := range sortedKeys(r.Invariants) {

@@ -172,6 +172,33 @@ func attribute(l Log, facts map[string]subjectFacts) []WindowRow {
 	return out
 }
 
+// WindowsVerdict is the attribution's verdict over every window: the crash
+// windows' (AttributionVerdict) and the effect windows' (EffectVerdict).
+type WindowsVerdict struct {
+	OK     bool
+	Detail string
+	// The crash windows' double-applies, hostile messages aside, and the
+	// floor they must reach with no layer: every copy that met an effect
+	// committed before its kill.
+	CrashDoubled, CrashFloor int
+	// The effect windows' part: whether it held, the captures made twice,
+	// and the floor they must reach without keys.
+	EffectOK                   bool
+	EffectDoubled, EffectFloor int
+}
+
+// JudgeWindows judges the rows for the run's mode: which layers were on
+// (inbox, guard) and whether captures carried their keys.
+func JudgeWindows(rows []WindowRow, inbox, guard, keys bool) WindowsVerdict {
+	var v WindowsVerdict
+	crashOK, crashDetail, doubled, floor := AttributionVerdict(rows, inbox, guard)
+	effectOK, effectDetail, effectDoubled, effectFloor := EffectVerdict(rows, keys)
+	v.OK, v.Detail = crashOK && effectOK, crashDetail+"; "+effectDetail
+	v.CrashDoubled, v.CrashFloor = doubled, floor
+	v.EffectOK, v.EffectDoubled, v.EffectFloor = effectOK, effectDoubled, effectFloor
+	return v
+}
+
 // AttributionVerdict judges the rows for the run's mode and returns the
 // crash windows' double-applies and the floor they had to reach.
 func AttributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail string, doubled, floor int) {
@@ -253,12 +280,12 @@ func AttributionVerdict(rows []WindowRow, inbox, guard bool) (ok bool, detail st
 	return len(bad) == 0, detail, doubled, floor
 }
 
-// Attribution measures what each crash window's kills did: every kill's
+// MeasureWindows measures what each crash window's kills did: every kill's
 // subject looked up in both services' databases (and, for the effect
 // windows, in the provider's ledger and its log of replays at providerLog),
 // the relay windows' messages counted among records, what Kafka holds. The
 // subjects of hostileIDs are counted apart.
-func Attribution(ctx context.Context, db Databases, providerLog string, l Log, hostileIDs map[string]bool, records []Record) ([]WindowRow, error) {
+func MeasureWindows(ctx context.Context, db Databases, providerLog string, l Log, hostileIDs map[string]bool, records []Record) ([]WindowRow, error) {
 	facts, err := gatherFacts(ctx, db, providerLog, l, hostileIDs, records)
 	if err != nil {
 		return nil, err

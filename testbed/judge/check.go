@@ -14,12 +14,16 @@
 // the ones the client paid (ClientAgrees). CheckPayments holds the payment
 // provider's ledger to the orders.
 //
-// A chaos run adds the verdicts on what its faults did: Attribution and
-// AttributionVerdict (per crash window, what its kills' copies met),
-// EffectVerdict, KeyOrder and OrderedVerdict (each key's order in Kafka),
-// CheckTrace (the failpoint trace against the protocol's model),
-// LayersVerdict, HostileVerdict and FaultsBitVerdict. Windows tells each
-// crash window's story.
+// A chaos run adds the verdicts on what its faults did: MeasureWindows and
+// JudgeWindows (per crash window, what its kills' copies met, the effect
+// windows' too), MeasureKeyOrder and OrderedVerdict (each key's order in
+// Kafka), CheckTrace and TraceVerdict (the failpoint trace against the
+// protocol's model), HostileOutcome and HostileVerdict (each hostile class
+// refused with its reason), LayersVerdict and FaultsBitVerdict. Measuring
+// reads the databases, Kafka and the failpoint log; a verdict is a pure
+// function of what was measured, so its tests feed it the failures it
+// rules out. Windows tells each crash window's story: the report's, the
+// live demo's lesson's and chaos -scenario's.
 package judge
 
 import (
@@ -33,6 +37,12 @@ import (
 
 	"github.com/outboxref/outbox-inbox/services/events"
 )
+
+// Databases are the run's databases the verdicts read with their own SQL.
+type Databases struct {
+	Orders, Inventory *pgxpool.Pool
+	Provider          *pgxpool.Pool // the payment provider stand-in's ledger
+}
 
 // Invariant is one checked property.
 type Invariant struct {

@@ -5,17 +5,18 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/outboxref/outbox-inbox/model/trace"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
 // The invariants a chaos run adds to Run's and CheckPayments', by name.
 const (
-	Attributed   = "attribution"     // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
-	Ordered      = "ordered-per-key" // per key in Kafka: one partition, first copies in commit order, none lost, none invented
-	TraceInModel = "trace-in-model"  // the failpoint trace is a behaviour of the protocol's model, every kill inside its window
-	Layers       = "layers"          // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
-	Hostile      = "hostile-caught"  // every hostile class quarantined or dead-lettered with a reason
-	FaultsBit    = "faults-bit"      // kills, restarts and duplicates reached the profile's minimums
+	Attribution   = "attribution"     // per window, measured: the copies the crash windows made were caught, or (no layer) applied twice
+	OrderedPerKey = "ordered-per-key" // per key in Kafka: one partition, first copies in commit order, none lost, none invented
+	TraceInModel  = "trace-in-model"  // the failpoint trace is a behaviour of the protocol's model, every kill inside its window
+	Layers        = "layers"          // each layer caught what it must: the inbox every redelivery, or (inbox off) the guard
+	HostileCaught = "hostile-caught"  // every hostile class quarantined or dead-lettered with a reason
+	FaultsBit     = "faults-bit"      // kills, restarts and duplicates reached the profile's minimums
 )
 
 // Rule is one invariant: what it says, where it is judged, and the
@@ -64,28 +65,30 @@ var Rules = []Rule{
 			{"testbed/judge/check_test.go", "TestClientUnknownOutcomes"}}},
 	{NothingLost, "every paid order settled, every captured order ended, both outboxes drained",
 		"testbed/judge/check.go Run", []Control{{"testbed/judge/check_test.go", "TestAdversarialRunsFail"}}},
-	{Payments, "the provider's ledger holds one capture or one decline per reserved order, none for any other",
+	{PaymentsOnce, "the provider's ledger holds one capture or one decline per reserved order, none for any other",
 		"testbed/judge/payments.go CheckPayments", []Control{
 			{"Makefile", "-effect-keys=off"},
 			{"testbed/judge/payments_test.go", "TestPaymentsChecker"}}},
-	{Attributed, "per crash window, measured: the copies its kills made came back and were caught (inbox, or guard), or with no layer were applied twice",
-		"testbed/judge/attribution.go AttributionVerdict, testbed/judge/effects.go EffectVerdict", []Control{
+	{Attribution, "per crash window, measured: the copies its kills made came back and were caught (inbox, or guard), or with no layer were applied twice",
+		"testbed/judge/attribution.go JudgeWindows, testbed/judge/attribution.go AttributionVerdict, testbed/judge/effects.go EffectVerdict", []Control{
 			{"testbed/judge/attribution_test.go", "TestVerdictPerMode"},
 			{"testbed/judge/attribution_test.go", "TestEffectVerdict"}}},
-	{Ordered, "per key in Kafka: one partition, first copies in outbox commit order, none lost, none invented",
+	{OrderedPerKey, "per key in Kafka: one partition, first copies in outbox commit order, none lost, none invented",
 		"testbed/judge/ordered.go OrderedVerdict", []Control{
 			{"Makefile", "-relay=parallel"},
 			{"testbed/judge/ordered_test.go", "TestOrderedProbes"},
 			{"testbed/judge/ordered_test.go", "TestOrderedEvents"}}},
 	{TraceInModel, "the failpoint trace is a behaviour of the protocol's Promela model, process by process, every kill inside its window",
-		"testbed/judge/trace.go CheckTrace (model/trace)", []Control{
+		"testbed/judge/trace.go CheckTrace, testbed/judge/invariants.go TraceVerdict", []Control{
 			{"model/trace/trace_test.go", "TestMutationsAreRejected"},
 			{"model/trace/trace_test.go", "TestSwapsWithinADeliveryAreRejected"},
 			{"model/trace/trace_test.go", "TestTheVariantMatters"}}},
 	{Layers, "with the inbox on, no redelivery of the system's own reaches the domain guard; with it off, the guard refuses them",
 		"testbed/judge/invariants.go LayersVerdict", []Control{{"testbed/judge/invariants_test.go", "TestLayersVerdict"}}},
-	{Hostile, "every hostile class sent was quarantined or dead-lettered with its reason",
-		"testbed/judge/invariants.go HostileVerdict", []Control{{"testbed/judge/invariants_test.go", "TestHostileVerdict"}}},
+	{HostileCaught, "every hostile class sent was refused with its reason: quarantined or dead-lettered, refused by the guard or the broker, or answered 4xx",
+		"testbed/judge/hostile.go HostileOutcome, testbed/judge/hostile.go BrokerRefusedOutcome, testbed/judge/hostile.go HTTPOutcome, testbed/judge/invariants.go HostileVerdict", []Control{
+			{"testbed/judge/hostile_test.go", "TestHostileOutcome"},
+			{"testbed/judge/invariants_test.go", "TestHostileVerdict"}}},
 	{FaultsBit, "the run reached its profile's minimums: kills in every window, restarts, broker and network faults, duplicates suppressed",
 		"testbed/judge/invariants.go FaultsBitVerdict", []Control{{"testbed/judge/invariants_test.go", "TestFaultsBitVerdict"}}},
 }
@@ -105,11 +108,15 @@ func LayersVerdict(inbox bool, suppressed int64, notHostile int, refused map[str
 }
 
 // HostileVerdict judges the hostile classes sent: handled says, per class,
-// whether every message of it was quarantined or dead-lettered with its
-// reason. Nothing sent fails: the run proved nothing about hostile input.
-func HostileVerdict(handled map[string]bool) (ok bool, detail string) {
-	if len(handled) == 0 {
+// whether every message of it was refused with its reason (HostileOutcome,
+// BrokerRefusedOutcome, HTTPOutcome). Nothing sent, or nothing recorded,
+// fails: the run proved nothing about hostile input.
+func HostileVerdict(sent bool, handled map[string]bool) (ok bool, detail string) {
+	switch {
+	case !sent:
 		return false, "hostile messages were never sent"
+	case len(handled) == 0:
+		return false, "hostile messages were sent, and no class's outcome was recorded"
 	}
 	var missed []string
 	for _, class := range sortedKeys(handled) {
@@ -147,38 +154,38 @@ type Minimums struct {
 
 // FaultsBitVerdict judges whether the faults bit: every window reached its
 // kills, and every kind of fault its minimum. It returns the kills in all.
-func FaultsBitVerdict(r Reach, min Minimums) (ok bool, detail string, total int) {
+func FaultsBitVerdict(r Reach, least Minimums) (ok bool, detail string, total int) {
 	var short []string
 	total = r.RandomKills
 	for _, w := range failpoint.All {
 		n := r.Kills[w]
 		total += n
-		if n < min.PerWindow && slices.Contains(r.Reached, w) {
-			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, min.PerWindow))
+		if n < least.PerWindow && slices.Contains(r.Reached, w) {
+			short = append(short, fmt.Sprintf("%s fired %d < %d", w, n, least.PerWindow))
 		}
 	}
-	if total < min.Kills {
-		short = append(short, fmt.Sprintf("%d kills < %d", total, min.Kills))
+	if total < least.Kills {
+		short = append(short, fmt.Sprintf("%d kills < %d", total, least.Kills))
 	}
-	if r.PostgresRestarts < min.PostgresRestarts {
-		short = append(short, fmt.Sprintf("%d postgres restarts < %d", r.PostgresRestarts, min.PostgresRestarts))
+	if r.PostgresRestarts < least.PostgresRestarts {
+		short = append(short, fmt.Sprintf("%d postgres restarts < %d", r.PostgresRestarts, least.PostgresRestarts))
 	}
 	if r.Apache {
-		if r.BrokerKills < min.BrokerKills {
-			short = append(short, fmt.Sprintf("%d broker kills < %d", r.BrokerKills, min.BrokerKills))
+		if r.BrokerKills < least.BrokerKills {
+			short = append(short, fmt.Sprintf("%d broker kills < %d", r.BrokerKills, least.BrokerKills))
 		}
 		if r.LeaderChanges < 1 {
 			short = append(short, "no leader change")
 		}
-		if r.Pauses < min.Pauses {
-			short = append(short, fmt.Sprintf("%d zombie pauses < %d", r.Pauses, min.Pauses))
+		if r.Pauses < least.Pauses {
+			short = append(short, fmt.Sprintf("%d zombie pauses < %d", r.Pauses, least.Pauses))
 		}
-		if r.ClusterRestarts < min.ClusterRestarts {
-			short = append(short, fmt.Sprintf("%d full-cluster restarts < %d", r.ClusterRestarts, min.ClusterRestarts))
+		if r.ClusterRestarts < least.ClusterRestarts {
+			short = append(short, fmt.Sprintf("%d full-cluster restarts < %d", r.ClusterRestarts, least.ClusterRestarts))
 		}
 	}
-	if r.Net && r.NetKinds < min.Kinds {
-		short = append(short, fmt.Sprintf("%d network fault kinds < %d", r.NetKinds, min.Kinds))
+	if r.Net && r.NetKinds < least.Kinds {
+		short = append(short, fmt.Sprintf("%d network fault kinds < %d", r.NetKinds, least.Kinds))
 	}
 	if r.Inbox && r.Suppressed == 0 {
 		short = append(short, "no duplicate was suppressed: the faults did not bite")
@@ -196,4 +203,20 @@ func FaultsBitVerdict(r Reach, min Minimums) (ok bool, detail string, total int)
 		detail += ": " + strings.Join(short, "; ")
 	}
 	return len(short) == 0, detail, total
+}
+
+// TraceVerdict judges a run's trace as CheckTrace found it: every step a
+// behaviour of the model, every kill inside its window.
+func TraceVerdict(rep trace.Report) (ok bool, detail string) { return rep.OK(), rep.Summary() }
+
+// Unruled lists the names among invariants that no rule has: a verdict
+// added without its rule, place and control.
+func Unruled(invariants map[string]bool) []string {
+	var out []string
+	for _, name := range sortedKeys(invariants) {
+		if !slices.ContainsFunc(Rules, func(r Rule) bool { return r.Name == name }) {
+			out = append(out, name)
+		}
+	}
+	return out
 }

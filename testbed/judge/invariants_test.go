@@ -72,8 +72,8 @@ func TestEveryVerdictHasARule(t *testing.T) {
 			}
 		}
 	}
-	scan("*.go", regexp.MustCompile(`Invariant\{(\w+),`))
-	scan(filepath.Join(repoRoot, "chaos", "*.go"), regexp.MustCompile(`Invariants\[judge\.(\w+)\]`))
+	scan("*.go", regexp.MustCompile(`Invariant\{(?:Name:\s*)?(\w+),`))
+	scan(filepath.Join(repoRoot, "chaos", "*.go"), regexp.MustCompile(`Invariants\[judge\.(\w+)\][^=\n]*=[^=]`))
 	if len(judged) < 10 {
 		t.Fatalf("found %d invariants judged: the scan is broken: %v", len(judged), judged)
 	}
@@ -120,8 +120,19 @@ func TestEveryRuleHasAPlaceAndAControl(t *testing.T) {
 			src := read(c.File)
 			switch {
 			case c.File == "Makefile":
-				if !regexp.MustCompile(`\./bin/chaos [^\n]*` + regexp.QuoteMeta(c.Name)).MatchString(src) {
-					t.Errorf("%s: no chaos run with %s in the Makefile", r.Name, c.Name)
+				// The block that runs chaos with those flags must also
+				// require the report to show this invariant failed.
+				run := regexp.MustCompile(`\./bin/chaos [^\n]*` + regexp.QuoteMeta(c.Name))
+				failed := regexp.MustCompile(`"` + regexp.QuoteMeta(r.Name) + `": false|"failed": "[^\n]*` + regexp.QuoteMeta(r.Name))
+				found := false
+				for _, block := range strings.Split(src, "\ndefine ") {
+					block, _, _ = strings.Cut(block, "\nendef")
+					if run.MatchString(block) && failed.MatchString(block) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("%s: no Makefile block runs chaos with %s and requires %s to fail", r.Name, c.Name, r.Name)
 				}
 			case !strings.HasSuffix(c.File, "_test.go"):
 				t.Errorf("%s: control %s is neither a test nor the Makefile", r.Name, c)
@@ -148,15 +159,18 @@ func TestLayersVerdict(t *testing.T) {
 }
 
 func TestHostileVerdict(t *testing.T) {
-	if ok, _ := HostileVerdict(map[string]bool{"bad-json": true, "forged": true}); !ok {
+	if ok, _ := HostileVerdict(true, map[string]bool{"bad-json": true, "forged": true}); !ok {
 		t.Error("every class handled: must pass")
 	}
-	ok, d := HostileVerdict(map[string]bool{"bad-json": true, "forged": false})
+	ok, d := HostileVerdict(true, map[string]bool{"bad-json": true, "forged": false})
 	if ok || !strings.Contains(d, "not caught: forged") {
 		t.Errorf("a class not handled: must fail naming it, got %t %q", ok, d)
 	}
-	if ok, d := HostileVerdict(nil); ok {
+	if ok, d := HostileVerdict(false, nil); ok {
 		t.Errorf("nothing sent: must fail (%s)", d)
+	}
+	if ok, d := HostileVerdict(true, nil); ok {
+		t.Errorf("sent, nothing recorded: must fail (%s)", d)
 	}
 }
 

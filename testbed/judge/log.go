@@ -5,17 +5,9 @@ import (
 	"io"
 	"os"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxref/outbox-inbox/model/trace"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
-
-// Databases are the run's databases the verdicts read with their own SQL.
-type Databases struct {
-	Orders, Inventory *pgxpool.Pool
-	Provider          *pgxpool.Pool // the payment provider stand-in's ledger
-}
 
 // Kill is one kill line of the failpoint log.
 type Kill struct {
@@ -50,7 +42,10 @@ func ReadLog(path string, hits bool) (Log, error) {
 
 // parseLog reads the lines model/trace reads (trace.ParseLine), kills
 // always, trace lines with hits. A trace line of no subject (a message
-// without an id) names nothing a kill could be about, and is left out.
+// without an id) names nothing a kill could be about, and is left out. A
+// line ParseLine refuses (a torn or foreign line, a pid that is no pid) is
+// skipped here, counted nowhere: CheckTrace fails the run on it
+// (trace-in-model), so no verdict passes over it unseen.
 func parseLog(r io.Reader, hits bool) (Log, error) {
 	l := Log{hits: map[string][]hit{}}
 	sc := bufio.NewScanner(r)

@@ -314,9 +314,9 @@ func OrderedVerdict(topics []TopicOrder) (ok bool, detail string) {
 	return len(bad) == 0, detail
 }
 
-// KeyOrder judges what Kafka holds: each probe stream against its
+// MeasureKeyOrder measures what Kafka holds: each probe stream against its
 // writer's ledger, each event topic against its producer's outbox.
-func KeyOrder(ctx context.Context, db Databases, records []Record, probes []ProbeStream) ([]TopicOrder, error) {
+func MeasureKeyOrder(ctx context.Context, db Databases, records []Record, probes []ProbeStream) ([]TopicOrder, error) {
 	on := map[string][]Record{}
 	for _, r := range records {
 		on[r.Topic] = append(on[r.Topic], r)

@@ -12,7 +12,7 @@ import (
 	"github.com/outboxref/outbox-inbox/testbed/provider"
 )
 
-// Payments is the invariant of the third row: the provider's ledger, read
+// PaymentsOnce is the invariant of the third row: the provider's ledger, read
 // with SQL against its own database, holds exactly one attempt per
 // reserved order (captured, or declined when the order's card declines),
 // none for any other order and none for an order that does not exist, each
@@ -20,9 +20,9 @@ import (
 // holds. An order a person retried after a decline (capture_attempt n)
 // may hold up to n attempts: the earlier ones declined, the last one what
 // the order records.
-const Payments = "payments-once"
+const PaymentsOnce = "payments-once"
 
-// PaymentReport is what Payments found.
+// PaymentReport is what PaymentsOnce found.
 type PaymentReport struct {
 	Captured       int // reserved orders captured once
 	Declined       int // reserved orders declined once
@@ -118,7 +118,7 @@ func CheckPayments(ctx context.Context, orders, ledger *pgxpool.Pool) (PaymentRe
 	if len(problems) > 0 {
 		detail += fmt.Sprintf("; %d problems: %s", len(problems), examples(problems))
 	}
-	r.Invariant = Invariant{Payments, len(problems) == 0, detail}
+	r.Invariant = Invariant{PaymentsOnce, len(problems) == 0, detail}
 	return r, nil
 }
 
