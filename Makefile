@@ -141,6 +141,10 @@ bench: ## Benchmark textbook vs project vs the database's limit, in one run: ben
 	$(GO) run ./bench -relay
 	$(GO) test -run '^$$' -bench 'PublishTx' -count 3 ./pkg/outbox/ | tee bench-publishtx.txt
 
+.PHONY: bench-history
+bench-history: ## The cost as the tables grow: the project build on empty tables beside the same on 10 million rows of history per table (kfake, 2 rounds, the hop timed at 250 orders/s; about 25 minutes): bench-history.json
+	BENCH_REPORT=$${BENCH_REPORT:-bench-history.json} $(GO) run ./bench -only project,project_history -history 10000000 -rounds 2 -rate 250 -kafka kfake
+
 .PHONY: bench-smoke
 bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)
 	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke

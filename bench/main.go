@@ -71,6 +71,7 @@ type params struct {
 	LatencyFor  float64 `json:"latency_s"`    // seconds of the latency phase
 	WarmFor     float64 `json:"warmup_s"`     // seconds at the latency phase's rate before it is measured
 	LimitBatch  int     `json:"limit_batch"`  // orders per transaction in the limit build
+	History     int     `json:"history_rows"` // rows per table the history build starts with (0: no history build)
 	Rounds      int     `json:"rounds"`       // each build runs this often, alternating; figures are medians
 	Seed        uint64  `json:"seed"`
 }
@@ -98,6 +99,9 @@ type Result struct {
 	// PerRound is each round's round trips/s, in order; the figures above
 	// are the medians over rounds, field by field.
 	PerRound []float64 `json:"round_trips_per_s_by_round,omitempty"`
+	// History is the history build's fill and sweeps (history.go), of its
+	// last round.
+	History *History `json:"history,omitempty"`
 }
 
 // Percentiles of one-hop latency, producer commit → consumer commit.
@@ -114,7 +118,8 @@ type Side struct {
 	Textbook      Result               `json:"textbook"`
 	Project       Result               `json:"project"`
 	ProjectNoDup  Result               `json:"project_dedupe_off"`
-	Ratios        map[string]float64   `json:"ratios"` // medians of each round's ratios
+	History       Result               `json:"project_history"` // the project build on tables holding history (-history)
+	Ratios        map[string]float64   `json:"ratios"`          // medians of each round's ratios
 	RatiosByRound []map[string]float64 `json:"ratios_by_round"`
 	Goals         map[string]bool      `json:"goals"`
 	unjudged      []string
@@ -139,9 +144,10 @@ type Report struct {
 
 // build is one configuration the benchmark measures.
 type build struct {
-	name  string   // textbook, project, project_dedupe_off, limit
-	env   []string // the services' extra environment
-	kafka string   // stack.ImplKfake or stack.ImplApache; "" for limit
+	name    string   // textbook, project, project_dedupe_off, project_history, limit
+	env     []string // the services' extra environment
+	kafka   string   // stack.ImplKfake or stack.ImplApache; "" for limit
+	history int      // rows per table written before the load (history.go)
 }
 
 // key names a build's rounds: the real-Kafka builds get "@apache".
@@ -163,12 +169,15 @@ func run(ctx context.Context) error {
 	rate := flag.Float64("rate", 0, "override the offered load of the latency phase (orders/s; the goal is stated at 500)")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	relayOnly := flag.Bool("relay", false, "run the relay-only benchmark instead (bench/relay.go): Watermill's Forwarder at its defaults and tuned, this relay with 1, 2 and 3 replicas; writes bench-relay-report.json (BENCH_RELAY_REPORT)")
+	history := flag.Int("history", 0, "add the history build: the project build on tables that already hold this many rows each (both services' inbox and outbox; history.go), beside the empty-table figures; 10000000 for the goal")
 	kafkaFlag := flag.String("kafka", "", "brokers to run the service builds on, comma-separated: kfake, apache (one node). Default: both, or kfake alone (said so in the report) where Apache Kafka cannot run; with REQUIRE_APACHE_KAFKA set, that is an error")
 	flag.Parse()
 	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 32, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
 	p.Rounds = max(1, *rounds)
+	p.History = *history
 	if *smoke {
 		p.Orders, p.LatencyFor, p.Rounds = 500, 1, 1
+		p.History = cmp.Or(p.History, 20_000)
 	}
 	if *orders > 0 {
 		p.Orders = *orders
@@ -213,9 +222,12 @@ func run(ctx context.Context) error {
 	var builds []build
 	for _, kafka := range brokers {
 		builds = append(builds,
-			build{"textbook", []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, kafka},
-			build{"project", nil, kafka},
-			build{"project_dedupe_off", []string{"INBOX_DISABLED=true"}, kafka})
+			build{name: "textbook", env: []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, kafka: kafka},
+			build{name: "project", kafka: kafka},
+			build{name: "project_dedupe_off", env: []string{"INBOX_DISABLED=true"}, kafka: kafka})
+		if p.History > 0 {
+			builds = append(builds, build{name: "project_history", env: historyEnv, kafka: kafka, history: p.History})
+		}
 	}
 	builds = append(builds, build{name: "limit"})
 	// Every build runs once per round, so a noisy spell of the shared
@@ -330,7 +342,7 @@ func judge(kafka string, byBuild map[string][]Result, p params) Side {
 	for _, f := range []struct {
 		name string
 		dst  *Result
-	}{{"textbook", &s.Textbook}, {"project", &s.Project}, {"project_dedupe_off", &s.ProjectNoDup}} {
+	}{{"textbook", &s.Textbook}, {"project", &s.Project}, {"project_dedupe_off", &s.ProjectNoDup}, {"project_history", &s.History}} {
 		if rs := rounds(f.name); len(rs) > 0 {
 			*f.dst = medianResult(rs)
 			s.Kafka = rs[0].Kafka
@@ -344,13 +356,20 @@ func judge(kafka string, byBuild map[string][]Result, p params) Side {
 	}
 	for round := range p.Rounds {
 		project := at(rounds("project"), round)
-		s.RatiosByRound = append(s.RatiosByRound, map[string]float64{
+		m := map[string]float64{
 			"project_vs_textbook": ratio(project, at(rounds("textbook"), round)),
 			"project_vs_limit":    ratio(project, at(byBuild["limit"], round)),
 			"inbox_overhead":      overhead(project, at(rounds("project_dedupe_off"), round)),
-		})
+		}
+		if len(rounds("project_history")) > 0 {
+			m["history_vs_project"] = ratio(at(rounds("project_history"), round), project)
+		}
+		s.RatiosByRound = append(s.RatiosByRound, m)
 	}
-	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead"} {
+	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead", "history_vs_project"} {
+		if _, ok := s.RatiosByRound[0][k]; !ok {
+			continue
+		}
 		var v []float64
 		for _, m := range s.RatiosByRound {
 			v = append(v, m[k])
@@ -370,6 +389,13 @@ func judge(kafka string, byBuild map[string][]Result, p params) Side {
 	goal("p99 hop <= 25ms at 500/s", has("project") && p.LatencyRate == 500, s.Project.HopLatencyMS.P99 <= 25)
 	goal("inbox overhead <= 15%", has("project") && has("project_dedupe_off"), s.Ratios["inbox_overhead"] <= 0.15)
 	goal("project >= 5000 round trips/s", has("project"), s.Project.RoundTripsPerS >= 5000)
+	// With history: the same load on full tables, against the empty ones.
+	if has("project_history") {
+		s.Ratios["history_p99_vs_project"] = ratio(s.History.HopLatencyMS.P99, s.Project.HopLatencyMS.P99)
+	}
+	withHistory := has("project") && has("project_history") && p.History >= 10_000_000
+	goal("history >= 90% of project", withHistory, s.Ratios["history_vs_project"] >= 0.9)
+	goal("history p99 <= 1.5x project", withHistory, s.Ratios["history_p99_vs_project"] <= 1.5)
 	return s
 }
 
@@ -431,7 +457,7 @@ func printReport(r Report) {
 		}
 		fmt.Printf("\non %s:\n", cmp.Or(s.Kafka, "(no service build ran)"))
 		fmt.Printf("%-20s %12s %9s %9s %9s %7s %10s %10s %10s\n", "build", "round trip/s", "p50 ms", "p95 ms", "p99 ms", "cores", "tx/msg", "CPU s/1k", "broker")
-		for _, res := range []Result{s.Textbook, s.Project, s.ProjectNoDup, r.Limit} {
+		for _, res := range []Result{s.Textbook, s.Project, s.ProjectNoDup, s.History, r.Limit} {
 			if res.Build == "" {
 				continue // left out with -only
 			}
@@ -440,7 +466,7 @@ func printReport(r Report) {
 		}
 		if r.Params.Rounds > 1 {
 			fmt.Printf("(medians of %d rounds; round trips/s by round:", r.Params.Rounds)
-			for _, res := range []Result{s.Textbook, s.Project, s.ProjectNoDup, r.Limit} {
+			for _, res := range []Result{s.Textbook, s.Project, s.ProjectNoDup, s.History, r.Limit} {
 				if len(res.PerRound) > 0 {
 					fmt.Printf(" %s %.0f", res.Build, res.PerRound)
 				}
@@ -449,6 +475,14 @@ func printReport(r Report) {
 		}
 		fmt.Printf("project/textbook %.2f×, project/limit %.0f%%, inbox overhead %.1f%%\n",
 			s.Ratios["project_vs_textbook"], 100*s.Ratios["project_vs_limit"], 100*s.Ratios["inbox_overhead"])
+		if h := s.History.History; h != nil {
+			fmt.Printf("with %d rows of history per table (filled in %.0fs): %.0f%% of project's round trips/s, p99 %.2f× project's\n",
+				h.RowsPerTable, h.FillSeconds, 100*s.Ratios["history_vs_project"], s.Ratios["history_p99_vs_project"])
+			for _, sw := range h.Sweeps {
+				fmt.Printf("  sweep %s %-15s %9d rows in %6.1fs (%8.0f rows/s), %7.0f MB before, %d dead tuples after\n",
+					sw.Service, sw.Table, sw.Deleted, sw.Seconds, sw.RowsPerS, sw.MBBefore, sw.DeadAfter)
+			}
+		}
 		for _, g := range sortedGoals(s.Goals) {
 			mark := "met"
 			if !s.Goals[g] {
@@ -506,6 +540,7 @@ func medianResult(rs []Result) Result {
 	out.SaturationS = field(func(r Result) float64 { return r.SaturationS })
 	out.LatencySamples, out.LatencyMissing = 0, 0
 	out.PerRound = nil
+	out.History = rs[len(rs)-1].History
 	for _, r := range rs {
 		out.LatencySamples += r.LatencySamples
 		out.LatencyMissing += r.LatencyMissing

@@ -63,6 +63,13 @@ func runServices(ctx context.Context, pg *pgtest.Server, p params, round int, b 
 	if err := sys.Client.SeedStock(ctx, stock); err != nil {
 		return res, err
 	}
+	if b.history > 0 {
+		say("%s: writing %d rows of history into each service's inbox and outbox (history.go)", b.key(), b.history)
+		res.History = &History{RowsPerTable: b.history}
+		if res.History.FillSeconds, err = fillHistory(ctx, sys.Pools, b.history, say); err != nil {
+			return res, err
+		}
+	}
 	latencyOrders := int(p.LatencyRate * p.LatencyFor)
 	warmOrders := int(p.LatencyRate * p.WarmFor) // at the latency phase's rate
 	ids, err := createOrders(ctx, orders, warmOrders+latencyOrders+p.Orders, rng, skus)
@@ -162,6 +169,11 @@ func runServices(ctx context.Context, pg *pgtest.Server, p params, round int, b 
 	}
 	if !latency {
 		res.Notes = "saturation only"
+	}
+	if res.History != nil {
+		if res.History.Sweeps, err = sweepHistory(ctx, sys.Pools); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }
