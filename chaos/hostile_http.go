@@ -64,11 +64,24 @@ func (h *hostile) sendHTTP(ctx context.Context) {
 }
 
 // tryHTTP sends r until a replica answers (a killed one refuses the
-// connection; the harness restarts it), for up to a minute.
+// connection; the harness restarts it), for up to a minute. An answer of
+// 5xx is tried again too: the run's own faults (a Postgres that is down or
+// cut off) make a replica answer 500 to a request it would refuse with a
+// 4xx a moment later, and a request refused by a fault says nothing about
+// hostile input. One that keeps answering 5xx for the minute is returned
+// as it answered, and fails its class (judge.HTTPOutcome).
 func (h *hostile) tryHTTP(ctx context.Context, client *http.Client, bases []string, r hostileRequest) (int, string, error) {
 	deadline := time.Now().Add(time.Minute)
 	var last error
+	status, reason := 0, ""
 	for i := 0; time.Now().Before(deadline); i++ {
+		if status >= 500 {
+			select {
+			case <-ctx.Done():
+				return 0, "", ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
 		base := bases[i%len(bases)]
 		req, err := http.NewRequestWithContext(ctx, r.method, base+r.path, strings.NewReader(r.body))
 		if err != nil {
@@ -100,7 +113,12 @@ func (h *hostile) tryHTTP(ctx context.Context, client *http.Client, bases []stri
 			Error string `json:"error"`
 		}
 		_ = json.Unmarshal(body, &answer)
-		return resp.StatusCode, answer.Error, nil
+		if status, reason = resp.StatusCode, answer.Error; status < 500 {
+			return status, reason, nil
+		}
+	}
+	if status >= 500 {
+		return status, reason, nil
 	}
 	return 0, "", errors.Join(errors.New("no replica answered within a minute"), last)
 }
