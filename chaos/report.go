@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -71,12 +72,18 @@ type PaymentsRow struct {
 }
 
 func (h *harness) report(ctx context.Context, final judge.Report, hostile *hostile) (*Report, error) {
-	log, err := judge.ReadLog(h.fpLog, true)
+	// The failpoint log, read once: the attribution and the trace check
+	// both parse it.
+	fpLog, err := os.ReadFile(h.fpLog)
 	if err != nil {
 		return nil, fmt.Errorf("reading the failpoint log: %w", err)
 	}
-	h.countFired(log)                                 // the per-service counts arming balances on
-	traced, err := judge.CheckTrace(h.fpLog, h.inbox) // the trace against the model
+	log, err := judge.ParseLog(bytes.NewReader(fpLog), true)
+	if err != nil {
+		return nil, fmt.Errorf("reading the failpoint log: %w", err)
+	}
+	h.countFired(log)                                                // the per-service counts arming balances on
+	traced, err := judge.CheckTrace(bytes.NewReader(fpLog), h.inbox) // the trace against the model
 	if err != nil {
 		return nil, fmt.Errorf("checking the trace against the model: %w", err)
 	}

@@ -21,7 +21,7 @@ func logOf(lines ...string) Log {
 		}
 		b.WriteString("unrelated service output\n")
 	}
-	l, err := parseLog(strings.NewReader(b.String()), true)
+	l, err := ParseLog(strings.NewReader(b.String()), true)
 	if err != nil {
 		panic(err)
 	}
@@ -182,14 +182,14 @@ func TestSeenAgainByAnotherProcess(t *testing.T) {
 	in := "failpoint before-begin hit: pid 7 subject m-1\n" +
 		"failpoint after-commit-before-ack fired: SIGKILL pid 7 subject m-1\n" +
 		"failpoint before-begin hit: pid 7 subject m-1\n"
-	l, err := parseLog(strings.NewReader(in), true)
+	l, err := ParseLog(strings.NewReader(in), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l.seenAfter(failpoint.BeforeBegin, l.Kills[0]) {
 		t.Fatal("the killed process's own line counted as the message seen again")
 	}
-	l, _ = parseLog(strings.NewReader(in+"failpoint before-begin hit: pid 8 subject m-1\n"), true)
+	l, _ = ParseLog(strings.NewReader(in+"failpoint before-begin hit: pid 8 subject m-1\n"), true)
 	if !l.seenAfter(failpoint.BeforeBegin, l.Kills[0]) {
 		t.Fatal("another process's delivery after the kill was not seen")
 	}

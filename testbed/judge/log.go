@@ -37,16 +37,16 @@ func ReadLog(path string, hits bool) (Log, error) {
 		return Log{}, err
 	}
 	defer f.Close()
-	return parseLog(f, hits)
+	return ParseLog(f, hits)
 }
 
-// parseLog reads the lines model/trace reads (trace.ParseLine), kills
+// ParseLog reads the lines model/trace reads (trace.ParseLine), kills
 // always, trace lines with hits. A trace line of no subject (a message
 // without an id) names nothing a kill could be about, and is left out. A
 // line ParseLine refuses (a torn or foreign line, a pid that is no pid) is
 // skipped here, counted nowhere: CheckTrace fails the run on it
 // (trace-in-model), so no verdict passes over it unseen.
-func parseLog(r io.Reader, hits bool) (Log, error) {
+func ParseLog(r io.Reader, hits bool) (Log, error) {
 	l := Log{hits: map[string][]hit{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)

@@ -1,8 +1,7 @@
 package judge
 
 import (
-	"fmt"
-	"os"
+	"io"
 
 	"github.com/outboxref/outbox-inbox/model/trace"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
@@ -18,10 +17,10 @@ type TraceRow struct {
 	Total      int            `json:"violations_total"`
 }
 
-// CheckTrace checks a run's failpoint log at path against the model: the
-// protocol as built, or with the inbox's dedupe off (inbox false) for the
-// control runs.
-func CheckTrace(path string, inbox bool) (trace.Report, error) {
+// CheckTrace checks a run's failpoint log against the model: the protocol
+// as built, or with the inbox's dedupe off (inbox false) for the control
+// runs.
+func CheckTrace(log io.Reader, inbox bool) (trace.Report, error) {
 	variant := ""
 	if !inbox {
 		variant = "INBOX_OFF"
@@ -30,12 +29,7 @@ func CheckTrace(path string, inbox bool) (trace.Report, error) {
 	if err != nil {
 		return trace.Report{}, err
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return trace.Report{}, fmt.Errorf("the failpoint log: %w", err)
-	}
-	defer f.Close()
-	return a.Check(f)
+	return a.Check(log)
 }
 
 // TraceRowOf keeps the report's part of rep: the first ten violations.
