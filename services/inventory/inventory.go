@@ -89,7 +89,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 			}
 		}
 		if err := setStock(r.Context(), pool, items); err != nil {
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 			return
 		}
 		platform.WriteJSON(w, http.StatusOK, map[string]int{"updated": len(items)})
@@ -97,7 +97,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 	mux.HandleFunc("GET /stock", func(w http.ResponseWriter, r *http.Request) {
 		items, err := listStock(r.Context(), pool)
 		if err != nil {
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 			return
 		}
 		platform.WriteJSON(w, http.StatusOK, items)
@@ -114,7 +114,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 		case errors.Is(err, pgx.ErrNoRows):
 			platform.WriteError(w, http.StatusNotFound, "unknown sku "+r.PathValue("sku"))
 		case err != nil:
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 		default:
 			platform.WriteJSON(w, http.StatusOK, s)
 		}

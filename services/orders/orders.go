@@ -91,7 +91,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 		}
 		o, err := createOrder(r.Context(), pool, req.Lines, req.Card)
 		if err != nil {
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 			return
 		}
 		platform.WriteJSON(w, http.StatusCreated, o)
@@ -106,7 +106,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 		case errors.Is(err, errNotFound):
 			platform.WriteError(w, http.StatusNotFound, err.Error())
 		case err != nil:
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 		default:
 			failpoint.Hit(failpoint.AfterCommitBeforeResponse, o.ID)
 			platform.WriteJSON(w, http.StatusOK, o)
@@ -132,7 +132,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 		case errors.As(err, &refused):
 			platform.WriteError(w, http.StatusConflict, err.Error())
 		case err != nil:
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 		default:
 			platform.WriteJSON(w, http.StatusAccepted, o)
 		}
@@ -143,7 +143,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 		case errors.Is(err, errNotFound):
 			platform.WriteError(w, http.StatusNotFound, err.Error())
 		case err != nil:
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 		default:
 			platform.WriteJSON(w, http.StatusOK, o)
 		}
@@ -151,12 +151,12 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) {
 		byStatus, err := countByStatus(r.Context(), pool, "status")
 		if err != nil {
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 			return
 		}
 		byPayment, err := countByStatus(r.Context(), pool, "payment")
 		if err != nil {
-			platform.WriteError(w, http.StatusInternalServerError, err.Error())
+			platform.WriteFailure(w, err)
 			return
 		}
 		platform.WriteJSON(w, http.StatusOK, map[string]any{"by_status": byStatus, "by_payment": byPayment})

@@ -14,11 +14,13 @@ import (
 	"net/http/pprof"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -417,6 +419,40 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // WriteError writes {"error": msg}.
 func WriteError(w http.ResponseWriter, status int, msg string) {
 	WriteJSON(w, status, map[string]string{"error": msg})
+}
+
+// WriteFailure answers a request the service could not serve for err: 503
+// with Retry-After when the database was out of reach (restarting, a
+// network fault, no connection to be had), so a client knows to try again
+// shortly and a monitor does not count a bug; 500 for anything else.
+func WriteFailure(w http.ResponseWriter, err error) {
+	if DatabaseUnavailable(err) {
+		w.Header().Set("Retry-After", "1")
+		WriteError(w, http.StatusServiceUnavailable, "the database is unavailable, try again: "+err.Error())
+		return
+	}
+	WriteError(w, http.StatusInternalServerError, err.Error())
+}
+
+// DatabaseUnavailable reports whether err says the database could not be
+// reached or dropped the connection, rather than refused the statement: a
+// connection that could not be made, the server shutting down or starting
+// up (57P01-57P03), too many connections (53300), a connection exception
+// (class 08), or the connection failing under the statement.
+func DatabaseUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "53300" ||
+			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded)
 }
 
 // deadLetterPolicy reads INBOX_ON_DEAD_LETTER.

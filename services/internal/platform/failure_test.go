@@ -1,0 +1,33 @@
+package platform
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TestDatabaseUnavailable: what says the database was out of reach is told
+// apart from what it refused.
+func TestDatabaseUnavailable(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "57P01"}, true},  // admin_shutdown: a restart
+		{&pgconn.PgError{Code: "57P03"}, true},  // cannot_connect_now: starting up
+		{&pgconn.PgError{Code: "08006"}, true},  // connection_failure
+		{&pgconn.PgError{Code: "53300"}, true},  // too_many_connections
+		{&pgconn.PgError{Code: "23505"}, false}, // unique_violation: refused, not unavailable
+		{&pgconn.PgError{Code: "40001"}, false}, // serialization_failure
+		{fmt.Errorf("paying: %w", io.ErrUnexpectedEOF), true},
+		{errors.New("order not found"), false},
+		{nil, false},
+	} {
+		if got := DatabaseUnavailable(c.err); got != c.want {
+			t.Errorf("DatabaseUnavailable(%v) = %t, want %t", c.err, got, c.want)
+		}
+	}
+}
