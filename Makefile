@@ -145,6 +145,10 @@ bench: ## Benchmark textbook vs project vs the database's limit, in one run: ben
 bench-history: ## The cost as the tables grow: the project build on empty tables beside the same on 10 million rows of history per table (kfake, 2 rounds, the hop timed at 250 orders/s; about 25 minutes): bench-history.json
 	BENCH_REPORT=$${BENCH_REPORT:-bench-history.json} $(GO) run ./bench -only project,project_history -history 10000000 -rounds 2 -rate 250 -kafka kfake
 
+.PHONY: bench-faults
+bench-faults: ## Throughput under faults: the relay at 500 rows/s on a 3-node Apache Kafka cluster, quiet, then a broker SIGKILLed, then a leader change, then quiet again (2 rounds, about 7 minutes): bench-faults-report.json
+	BENCH_FAULTS_REPORT=$${BENCH_FAULTS_REPORT:-bench-faults-report.json} $(GO) run ./bench -faults -rounds 2
+
 .PHONY: bench-smoke
 bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)
 	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke

@@ -169,6 +169,7 @@ func run(ctx context.Context) error {
 	rate := flag.Float64("rate", 0, "override the offered load of the latency phase (orders/s; the goal is stated at 500)")
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	relayOnly := flag.Bool("relay", false, "run the relay-only benchmark instead (bench/relay.go): Watermill's Forwarder at its defaults and tuned, this relay with 1, 2 and 3 replicas; writes bench-relay-report.json (BENCH_RELAY_REPORT)")
+	faults := flag.Bool("faults", false, "run the faults benchmark instead (bench/faults.go): the relay at a steady rate on a 3-node Apache Kafka cluster while a broker is SIGKILLed and its partitions' leaders change; writes bench-faults-report.json (BENCH_FAULTS_REPORT)")
 	history := flag.Int("history", 0, "add the history build: the project build on tables that already hold this many rows each (both services' inbox and outbox; history.go), beside the empty-table figures; 10000000 for the goal")
 	kafkaFlag := flag.String("kafka", "", "brokers to run the service builds on, comma-separated: kfake, apache (one node). Default: both, or kfake alone (said so in the report) where Apache Kafka cannot run; with REQUIRE_APACHE_KAFKA set, that is an error")
 	flag.Parse()
@@ -204,6 +205,9 @@ func run(ctx context.Context) error {
 	}
 	if *relayOnly {
 		return runRelayBench(ctx, *smoke, *kafkaFlag, *rounds, say)
+	}
+	if *faults {
+		return runFaultBench(ctx, *smoke, *rounds, say)
 	}
 	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
 	brokers, skipped, err := chooseBrokers(ctx, *kafkaFlag, say)

@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -518,6 +519,20 @@ func (c *reader) waitFor(ctx context.Context, ids []string, timeout time.Duratio
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// count is how many distinct messages were read.
+func (c *reader) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+// snapshot copies when each message was first read.
+func (c *reader) snapshot() map[string]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.seen)
 }
 
 func (c *reader) close() {

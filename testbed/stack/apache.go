@@ -342,6 +342,69 @@ func (c *ApacheCluster) Leader(topic string, partition int32) (int, error) {
 	return int(b.ID()), nil
 }
 
+// Leaders returns the node leading each partition of topic, read from the
+// cluster's metadata; a partition with no leader (its leader fenced, no
+// other elected yet) is left out.
+func (c *ApacheCluster) Leaders(topic string) (map[int32]int, error) {
+	client, _, err := c.client(SaramaConfig().Metadata.Retry.Max)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	if err := client.RefreshMetadata(topic); err != nil {
+		return nil, err
+	}
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	leaders := map[int32]int{}
+	for _, p := range parts {
+		if b, err := client.Leader(topic, p); err == nil {
+			leaders[p] = int(b.ID())
+		}
+	}
+	return leaders, nil
+}
+
+// ElectPreferredLeaders asks the controller to give each partition of topic
+// back to its preferred replica (the first of its replicas), as Kafka's
+// kafka-leader-election.sh --election-type preferred does: after a node came
+// back, the partitions it led before it died move back to it, a leader
+// change on a live cluster. It returns how many partitions were elected and
+// how many could not be yet (their preferred replica not in sync again).
+func (c *ApacheCluster) ElectPreferredLeaders(topic string) (elected, notYet int, err error) {
+	client, _, err := c.client(SaramaConfig().Metadata.Retry.Max)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return 0, 0, err
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return 0, 0, err
+	}
+	res, err := admin.ElectLeaders(sarama.PreferredElection, map[string][]int32{topic: parts})
+	if err != nil {
+		return 0, 0, err
+	}
+	for p, r := range res[topic] {
+		switch {
+		case r == nil || errors.Is(r.ErrorCode, sarama.ErrNoError):
+			elected++
+		case errors.Is(r.ErrorCode, sarama.ErrElectionNotNeeded):
+		case errors.Is(r.ErrorCode, sarama.ErrPreferredLeaderNotAvailable):
+			notYet++
+		default:
+			return elected, notYet, fmt.Errorf("electing the preferred leader of %s/%d: %w", topic, p, r.ErrorCode)
+		}
+	}
+	return elected, notYet, nil
+}
+
 // Coordinator returns the id of the node coordinating the consumer group.
 func (c *ApacheCluster) Coordinator(group string) (int, error) {
 	client, _, err := c.client(SaramaConfig().Metadata.Retry.Max)
