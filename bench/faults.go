@@ -82,12 +82,12 @@ type FaultPhase struct {
 	MaxMS         float64     `json:"commit_to_read_max_ms"`
 	// RelayMS is the relay's part of the hop: from the row's commit to the
 	// transaction that marked it published, after Kafka acknowledged it.
-	RelayMS       Percentiles `json:"commit_to_marked_ms"`
-	RelayMaxMS    float64     `json:"commit_to_marked_max_ms"`
-	Unread        int         `json:"unread"` // committed in the phase and never read: lost
-	BacklogStart  int         `json:"backlog_start"`
-	BacklogEnd    int         `json:"backlog_end"`
-	BacklogPeak   int         `json:"backlog_peak"`
+	RelayMS      Percentiles `json:"commit_to_marked_ms"`
+	RelayMaxMS   float64     `json:"commit_to_marked_max_ms"`
+	Unread       int         `json:"unread"` // committed in the phase and never read: lost
+	BacklogStart int         `json:"backlog_start"`
+	BacklogEnd   int         `json:"backlog_end"`
+	BacklogPeak  int         `json:"backlog_peak"`
 	// RecoveredS is, for a phase that begins with a fault, the seconds
 	// from the fault until the backlog was back within the quiet phase's
 	// peak; -1 when it was not within the phase.
