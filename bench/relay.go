@@ -456,7 +456,11 @@ type reader struct {
 
 func newReader(brokers []string, topic string) (*reader, error) {
 	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50 * time.Millisecond)}
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50 * time.Millisecond),
+		// After a leader dies, look for the new one within half a second
+		// (franz-go's default waits up to 5 s between metadata reads): the
+		// figures are the relay's, not this reader's.
+		kgo.MetadataMinAge(500 * time.Millisecond)}
 	if login := kafkaconf.Current(); !login.Empty() { // the stack's brokers ask for one (SCRAM-SHA-512)
 		auth := scram.Auth{User: login.Username, Pass: login.Password}
 		mech := auth.AsSha512Mechanism()

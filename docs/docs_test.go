@@ -100,6 +100,7 @@ var notPaths = map[string]string{
 	"apache/kafka":                 "a Docker image",
 	"kafka-topics.sh":              "a script in the apache/kafka image",
 	"kafka-broker-api-versions.sh": "a script in the apache/kafka image",
+	"kafka-leader-election.sh":     "a script of Apache Kafka's distribution",
 	"chaos-status.json":            "written by go run ./chaos -status (not git-ignored)",
 }
 
