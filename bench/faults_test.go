@@ -27,7 +27,7 @@ func syntheticRound() (faultRound, faultParams) {
 // from those.
 func recordRound(t0 time.Time, readAt func(committed time.Time) (time.Time, bool)) (faultRound, faultParams) {
 	p := faultParams{Rate: 100, PhaseS: 10}
-	r := faultRound{committed: map[string]time.Time{}, read: map[string]time.Time{}}
+	r := faultRound{committed: map[string]time.Time{}, read: map[string]time.Time{}, acked: map[string]time.Time{}}
 	for i := range 4 {
 		r.starts = append(r.starts, t0.Add(time.Duration(i)*10*time.Second))
 		r.ends = append(r.ends, t0.Add(time.Duration(i+1)*10*time.Second))
@@ -38,6 +38,7 @@ func recordRound(t0 time.Time, readAt func(committed time.Time) (time.Time, bool
 		r.committed[id] = at
 		if read, ok := readAt(at); ok {
 			r.read[id] = read
+			r.acked[id] = read.Add(-3 * time.Millisecond) // acknowledged 3 ms before it is read
 		}
 	}
 	for at := t0; at.Before(t0.Add(40 * time.Second)); at = at.Add(100 * time.Millisecond) {
@@ -64,8 +65,8 @@ func TestPhaseFigures(t *testing.T) {
 		t.Fatalf("got %d phases, want %d", len(got), len(faultPhases))
 	}
 	quiet := got[phaseQuiet]
-	if !quiet.Sustainable || quiet.OfferedPerS != 100 || quiet.PublishedPerS != 100 || quiet.LatencyMS.P99 != 5 || quiet.Unread != 0 {
-		t.Errorf("quiet: %+v; want sustainable, 100/s offered and published, p99 5 ms", quiet)
+	if !quiet.Sustainable || quiet.OfferedPerS != 100 || quiet.PublishedPerS != 100 || quiet.LatencyMS.P99 != 5 || quiet.RelayMS.P99 != 2 || quiet.Unread != 0 {
+		t.Errorf("quiet: %+v; want sustainable, 100/s offered and published, p99 5 ms (2 ms until acknowledged)", quiet)
 	}
 	kill := got[phaseBrokerKill]
 	if !kill.Sustainable || kill.MaxMS < 2990 || kill.BacklogPeak < 290 || kill.RecoveredS < 2.9 || kill.RecoveredS > 3.1 {

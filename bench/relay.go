@@ -245,6 +245,7 @@ func relayRound(ctx context.Context, pg *pgtest.Server, k *stack.Kafka, brokerPi
 // what publishes them.
 type relayBuild struct {
 	name   string
+	acked  *ackLog // for the relays: when Kafka acknowledged each message
 	write  func(ctx context.Context, n, keys int, onCommit func(string, time.Time), rate ...float64) ([]string, error)
 	start  func(ctx context.Context) <-chan struct{}
 	ready  func(ctx context.Context) error // after start: the relays share their shards
@@ -333,6 +334,7 @@ func newRelayBuild(ctx context.Context, url string, brokers []string, b, topic s
 		return r, nil
 	}
 	replicas := int(b[len(b)-1] - '0')
+	r.acked = &ackLog{at: map[string]time.Time{}}
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		r.close()
 		return nil, err
@@ -356,7 +358,7 @@ func newRelayBuild(ctx context.Context, url string, brokers []string, b, topic s
 			return nil, err
 		}
 		r.closes = append(r.closes, func() { pub.Close() })
-		cfg := outbox.RelayConfig{Pool: rpool, Publisher: pub, RelayID: fmt.Sprintf("bench-%d", i+1)}
+		cfg := outbox.RelayConfig{Pool: rpool, Publisher: ackingPublisher{pub, r.acked}, RelayID: fmt.Sprintf("bench-%d", i+1)}
 		if replicas > 1 {
 			cfg.Shards, cfg.LeaseTTL = 8, time.Second
 		}
@@ -402,6 +404,40 @@ func newRelayBuild(ctx context.Context, url string, brokers []string, b, topic s
 		}
 	}
 	return r, nil
+}
+
+// ackLog notes when each message's Publish returned: Kafka acknowledged it.
+type ackLog struct {
+	mu sync.Mutex
+	at map[string]time.Time // first acknowledgement
+}
+
+func (l *ackLog) snapshot() map[string]time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.at)
+}
+
+// ackingPublisher is a relay's publisher that notes each acknowledgement
+// in log; errors pass through as they are (the relay classifies them).
+type ackingPublisher struct {
+	message.Publisher
+	log *ackLog
+}
+
+func (p ackingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	now := time.Now()
+	p.log.mu.Lock()
+	defer p.log.mu.Unlock()
+	for _, m := range msgs {
+		if _, ok := p.log.at[m.UUID]; !ok {
+			p.log.at[m.UUID] = now
+		}
+	}
+	return nil
 }
 
 // writeRows commits n messages over keys partition keys, all in one

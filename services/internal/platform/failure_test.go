@@ -1,9 +1,12 @@
 package platform
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,7 +25,15 @@ func TestDatabaseUnavailable(t *testing.T) {
 		{&pgconn.PgError{Code: "53300"}, true},  // too_many_connections
 		{&pgconn.PgError{Code: "23505"}, false}, // unique_violation: refused, not unavailable
 		{&pgconn.PgError{Code: "40001"}, false}, // serialization_failure
+		{&pgconn.PgError{Code: "08P01"}, false}, // protocol_violation: a client's bug
 		{fmt.Errorf("paying: %w", io.ErrUnexpectedEOF), true},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{fmt.Errorf("reading: %w", syscall.ECONNRESET), true},
+		// A deadline or a cancellation against a database that is up (a
+		// statement behind a lock, leaked connections) is not an outage.
+		{fmt.Errorf("paying: %w", context.DeadlineExceeded), false},
+		{context.Canceled, false},
+		{&net.OpError{Op: "read", Net: "tcp", Err: context.DeadlineExceeded}, false},
 		{errors.New("order not found"), false},
 		{nil, false},
 	} {

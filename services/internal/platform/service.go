@@ -438,21 +438,24 @@ func WriteFailure(w http.ResponseWriter, err error) {
 // reached or dropped the connection, rather than refused the statement: a
 // connection that could not be made, the server shutting down or starting
 // up (57P01-57P03), too many connections (53300), a connection exception
-// (class 08), or the connection failing under the statement.
+// (class 08, but for 08P01, a protocol violation: a client's bug), or the
+// connection failing under the statement. A deadline or a cancellation is
+// not an outage: a statement stuck behind a lock, or a pool whose
+// connections leaked, times out against a database that is up, and that
+// is a bug to see, not a 503.
 func DatabaseUnavailable(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "53300" ||
+		return strings.HasPrefix(pgErr.Code, "08") && pgErr.Code != "08P01" || pgErr.Code == "53300" ||
 			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
 	}
 	var connErr *pgconn.ConnectError
-	var netErr net.Error
-	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, context.DeadlineExceeded)
+	var opErr *net.OpError
+	return errors.As(err, &connErr) || errors.As(err, &opErr) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE)
 }
 
 // deadLetterPolicy reads INBOX_ON_DEAD_LETTER.
