@@ -37,7 +37,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -188,19 +187,8 @@ func runFaultBench(ctx context.Context, smoke bool, rounds int, say func(string,
 		"The relay publishes with acks=all and min.insync.replicas=2 of 3, so with one node down every partition is writable once its leader moved. " +
 		"The reader is the benchmark's own (franz-go, metadata re-read at most every 500 ms); commit→acked, until the relay's publisher returned, is the relay's part alone."
 	printFaults(rep, say)
-	path := os.Getenv("BENCH_FAULTS_REPORT")
-	if path == "" {
-		path = "bench-faults-report.json"
-	}
-	raw, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
-		return err
-	}
-	say("wrote %s", path)
-	return nil // reported, not enforced: one noisy machine's figures
+	// Reported, not enforced: one noisy machine's figures.
+	return writeReport(rep, "BENCH_FAULTS_REPORT", "bench-faults-report.json", say)
 }
 
 // faultRoundRun runs the four phases once, on a fresh database and topic.

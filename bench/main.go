@@ -570,3 +570,18 @@ func machine() map[string]string {
 	host, _ := os.Hostname()
 	return map[string]string{"cpus": fmt.Sprint(runtime.NumCPU()), "go": runtime.Version(), "host": host}
 }
+
+// writeReport writes v as indented JSON to the path in the environment
+// variable env, else to def, and says so.
+func writeReport(v any, env, def string, say func(string, ...any)) error {
+	path := cmp.Or(os.Getenv(env), def)
+	raw, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+		return err
+	}
+	say("wrote %s", path)
+	return nil
+}

@@ -26,11 +26,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -148,19 +146,8 @@ func runRelayBench(ctx context.Context, smoke bool, kafkaFlag string, rounds int
 	}
 	rep.Notes = "One machine, 2 cores: replicas share the CPU with Postgres, the broker and each other, so relay_2/relay_3 show the cost of sharding, not scale-out. Each drain starts once the relays run and (sharded) hold their shares: the rows are committed in one transaction and the clock runs from that commit. Postgres CPU is every postgres process on the machine."
 	printRelay(rep, say)
-	path := os.Getenv("BENCH_RELAY_REPORT")
-	if path == "" {
-		path = "bench-relay-report.json"
-	}
-	raw, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
-		return err
-	}
-	say("wrote %s", path)
-	return nil // the goals are reported, not enforced: one noisy machine's figures
+	// The goals are reported, not enforced: one noisy machine's figures.
+	return writeReport(rep, "BENCH_RELAY_REPORT", "bench-relay-report.json", say)
 }
 
 // relayRound measures one build once, on a fresh database and topic.
