@@ -38,13 +38,17 @@ func windowsFor(service string, inbox bool) []failpoint.Name {
 }
 
 // reached reports whether some service's code reaches window w.
-func reached(w failpoint.Name, inbox bool) bool {
+func reached(w failpoint.Name, inbox bool) bool { return reachers(w, inbox) > 0 }
+
+// reachers counts the services whose code reaches window w.
+func reachers(w failpoint.Name, inbox bool) int {
+	n := 0
 	for _, svc := range system.Services {
 		if slices.Contains(windowsFor(svc, inbox), w) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // svcWindow is a crash window in one service.
@@ -123,15 +127,6 @@ func (h *harness) arm(p *procs.Proc) []string {
 	// First a window this service has not met yet, then the window least
 	// met by all: every window reaches the profile's minimum, and each
 	// service's consumer meets every consumer window.
-	reachers := func(w failpoint.Name) int {
-		n := 0
-		for _, svc := range system.Services {
-			if slices.Contains(windowsFor(svc, h.inbox), w) {
-				n++
-			}
-		}
-		return n
-	}
 	mine := func(w failpoint.Name) int { k := svcWindow{p.Service, w}; return h.fired[k] + h.pending[k] }
 	all := func(w failpoint.Name) int {
 		n := 0
@@ -165,7 +160,7 @@ func (h *harness) arm(p *procs.Proc) []string {
 		// soon as they fell behind, and in a slow run (real Kafka, a
 		// loaded machine) its own windows ended below the minimum
 		// (7, 7, 8 of 10) with every shared one above it.
-		return all(a)*reachers(a) < all(b)*reachers(b)
+		return all(a)*reachers(a, h.inbox) < all(b)*reachers(b, h.inbox)
 	}
 	for _, w := range windows {
 		if less(w, best) {
