@@ -97,6 +97,14 @@ type Config struct {
 	// DefaultRetentionInterval.
 	RetentionInterval time.Duration
 
+	// Partitions, when set, says inbox_messages is partitioned by the time
+	// in each message's id (PartitionByIDTime converts it) and how: each
+	// row is written with its id's time (Partitioning.Time; an id without
+	// one is quarantined as invalid), and Sweep retires whole partitions
+	// instead of deleting rows. Run refuses to start when the table's shape
+	// and this field disagree.
+	Partitions *Partitioning
+
 	// BatchSize is how many deliveries that arrive together may share one
 	// transaction (see batch.go): behind Handler, one call of the BatchFunc
 	// for them all, so they share statements as well as the commit; behind
@@ -198,6 +206,11 @@ func (c *Config) setDefaults() {
 	c.BatchSize = cmp.Or(c.BatchSize, 1)
 	c.BatchWorkers = cmp.Or(c.BatchWorkers, DefaultBatchWorkers)
 	c.TxTimeout = cmp.Or(c.TxTimeout, DefaultTxTimeout)
+	if c.Partitions != nil {
+		p := *c.Partitions // the caller's value stays as it was
+		p.setDefaults()
+		c.Partitions = &p
+	}
 }
 
 // Validate reports the first invalid field. New calls it after filling in
@@ -232,6 +245,8 @@ func (c Config) Validate() error {
 		return errors.New("inbox: Config.OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
 	case c.LogStart != nil && c.Position == nil:
 		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
+	case c.Partitions != nil && c.Partitions.validate() != nil:
+		return c.Partitions.validate()
 	case c.Retention < c.RedeliveryHorizon:
 		return fmt.Errorf("inbox: Config.Retention (%s) is shorter than Config.RedeliveryHorizon (%s): "+
 			"a message redelivered after its inbox row was swept would be applied twice", c.Retention, c.RedeliveryHorizon)

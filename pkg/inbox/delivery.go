@@ -54,6 +54,11 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 			return d, fmt.Sprintf("not authenticated: %v", err)
 		}
 	}
+	if in.cfg.Partitions != nil {
+		if _, err := in.cfg.Partitions.Time(id); err != nil {
+			return d, fmt.Sprintf("message id %q carries no time to place its inbox row by (Config.Partitions): %v", id, err)
+		}
+	}
 	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
 		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
 	}

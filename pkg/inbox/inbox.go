@@ -75,12 +75,17 @@ var ErrRunning = errors.New("inbox: Run is already running")
 //     failed said.
 //
 // Run it beside the router, and beside the outbox's Relay.Run, for as long
-// as the consumer runs. It is an error to call Run while it runs.
+// as the consumer runs. It is an error to call Run while it runs, and it
+// returns an error at once when inbox_messages is partitioned and
+// Config.Partitions is not set, or the other way round.
 func (in *Inbox) Run(ctx context.Context) error {
 	if !in.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
 	defer in.running.Store(false)
+	if err := in.checkPartitioned(ctx); err != nil { // partition.go
+		return err
+	}
 	if in.cfg.BatchSize > 1 {
 		stop := in.startBatches() // batch.go
 		defer stop()

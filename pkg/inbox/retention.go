@@ -15,40 +15,37 @@ import (
 // in batches, and returns how many inbox rows it removed. Quarantined and
 // dead-lettered messages are kept in inbox_quarantine until an operator
 // deals with them; a parked message's row stays until its key is released.
+// With Config.Partitions it makes the partitions ahead and drops, instead of
+// deleting their rows, the partitions whose rows may all go (partition.go);
+// it deletes rows only from the default partition, and counts only those.
 func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
-	// With Config.LogStart, a row read from Kafka goes only once its
-	// partition's log start has passed the highest offset of its copies;
-	// by age alone: rows without an offset (not read from Kafka, or from
-	// before migration 003), with copies on several partitions (-1), or of
-	// a topic LogStart does not report (one no longer consumed).
-	var topics []string
-	var parts []int32
-	var starts []int64
-	if in.cfg.LogStart != nil {
-		ls, err := in.cfg.LogStart(ctx)
+	ls, err := in.logStarts(ctx)
+	if err != nil {
+		return 0, err
+	}
+	table := "inbox_messages"
+	if in.cfg.Partitions != nil {
+		// Whole partitions go by DROP; rows go by DELETE only from the
+		// default partition (late ids: a redriven dead letter).
+		dropped, err := in.sweepPartitions(ctx, ls) // partition.go
+		if len(dropped) > 0 {
+			in.cfg.log.Info("Inbox retention dropped partitions", watermill.LogFields{"consumer": in.cfg.Consumer, "partitions": dropped})
+		}
 		if err != nil {
-			return 0, fmt.Errorf("inbox: sweep: reading Kafka's log-start offsets: %w", err)
+			return 0, fmt.Errorf("inbox: sweep: %w", err)
 		}
-		for topic, ps := range ls {
-			for p, start := range ps {
-				topics, parts, starts = append(topics, topic), append(parts, p), append(starts, start)
-			}
-		}
+		table = partitionDefault
 	}
 	var total int64
 	for {
 		tag, err := in.cfg.Pool.Exec(ctx, `
-			DELETE FROM inbox_messages
+			DELETE FROM `+table+`
 			WHERE (consumer, message_id) IN (
-				SELECT m.consumer, m.message_id FROM inbox_messages m
-				WHERE m.consumer = $1 AND m.processed_at < now() - $2::interval
-				AND m.status <> 'parked' -- not applied yet: it waits for its key's release (hold.go)
-				AND (NOT $4 OR m.kafka_offset IS NULL OR m.kafka_partition = -1 OR NOT m.topic = ANY($5) OR EXISTS (
-					SELECT 1 FROM unnest($5::text[], $6::int[], $7::bigint[]) AS k(topic, part, start)
-					WHERE k.topic = m.topic AND k.part = m.kafka_partition AND m.kafka_offset < k.start))
+				SELECT m.consumer, m.message_id FROM `+table+` m
+				WHERE m.consumer = $1 AND `+sweepable+`
 				ORDER BY m.processed_at
-				LIMIT $3)`, pgx.QueryExecModeExec, in.cfg.Consumer, in.cfg.Retention, in.cfg.RetentionBatch, // planned for the table as it is now (see outbox's planEachTime)
-			in.cfg.LogStart != nil, topics, parts, starts)
+				LIMIT $7)`, pgx.QueryExecModeExec, // planned for the table as it is now (see outbox's planEachTime)
+			in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts, in.cfg.RetentionBatch)
 		if err != nil {
 			return total, fmt.Errorf("inbox: sweep: %w", err)
 		}
@@ -62,6 +59,45 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 		return total, fmt.Errorf("inbox: sweeping attempts: %w", err)
 	}
 	return total, nil
+}
+
+// sweepable is the condition on an inbox row m that the sweep deletes it,
+// and that a partition's rows meet before it is dropped: past retention ($2)
+// and not parked; with Config.LogStart ($3), each topic's ($4) partition's
+// ($5) log start ($6) past the highest offset of its copies. By age alone:
+// rows without an offset (not read from Kafka, or from before migration
+// 003), with copies on several partitions (-1), or of a topic LogStart does
+// not report (one no longer consumed).
+const sweepable = `m.processed_at < now() - $2::interval
+	AND m.status <> 'parked' -- not applied yet: it waits for its key's release (hold.go)
+	AND (NOT $3 OR m.kafka_offset IS NULL OR m.kafka_partition = -1 OR NOT m.topic = ANY($4) OR EXISTS (
+		SELECT 1 FROM unnest($4::text[], $5::int[], $6::bigint[]) AS k(topic, part, start)
+		WHERE k.topic = m.topic AND k.part = m.kafka_partition AND m.kafka_offset < k.start))`
+
+// logStarts is Config.LogStart's answer as sweepable's parameters.
+type logStarts struct {
+	on     bool
+	topics []string
+	parts  []int32
+	starts []int64
+}
+
+func (in *Inbox) logStarts(ctx context.Context) (logStarts, error) {
+	var ls logStarts
+	if in.cfg.LogStart == nil {
+		return ls, nil
+	}
+	m, err := in.cfg.LogStart(ctx)
+	if err != nil {
+		return ls, fmt.Errorf("inbox: sweep: reading Kafka's log-start offsets: %w", err)
+	}
+	ls.on = true
+	for topic, ps := range m {
+		for p, start := range ps {
+			ls.topics, ls.parts, ls.starts = append(ls.topics, topic), append(ls.parts, p), append(ls.starts, start)
+		}
+	}
+	return ls, nil
 }
 
 // sweepEvery calls Sweep every interval until ctx ends.

@@ -1,0 +1,498 @@
+package inbox
+
+// A time-partitioned inbox_messages (Config.Partitions): the table is
+// partitioned by the time in each message's id, the same for every copy of
+// a message, so the copies of one message meet in one partition and its
+// unique index. Retention drops whole partitions instead of deleting rows
+// (docs/partitioning.md has the design and what was checked on Postgres).
+//
+// The partitions, by id time:
+//
+//	inbox_messages_before_cut   MINVALUE .. the cut-over: the table as it was
+//	                            before PartitionByIDTime, rows and indexes kept
+//	inbox_messages_pYYYYMMDDtHHMM  one Interval each, made Ahead in advance
+//	inbox_messages_default      ids older than every partition kept (a
+//	                            redriven dead letter), or newer than those made
+//
+// A partition is dropped once every consumer with rows in it has cleared it
+// (inbox_partitions_cleared: each consumer judges its own rows, as its
+// row sweep would, against its own Retention and Kafka log starts), and no
+// row in it was written since.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Partitioning is Config.Partitions: inbox_messages partitioned by the time
+// in each message's id (PartitionByIDTime converts the table), and retired
+// by dropping whole partitions.
+type Partitioning struct {
+	// Interval is the span of id times one partition holds. Partitions
+	// start at multiples of it since the Unix epoch (UTC). Defaults to
+	// DefaultPartitionInterval.
+	Interval time.Duration
+	// Ahead is how many partitions past the current one are kept made.
+	// Defaults to DefaultPartitionsAhead.
+	Ahead int
+	// Time returns the time a message id carries: every copy of a message
+	// must give the same. An id it returns an error for is quarantined as
+	// invalid. Defaults to UUIDv7Time, for ids from pkg/outbox.
+	Time func(id string) (time.Time, error)
+	// LockTimeout bounds the wait for the table's locks when a partition is
+	// made or dropped: deliveries queue behind that wait, so it is short,
+	// and a sweep that cannot have the locks tries again next time.
+	// Defaults to DefaultPartitionLockTimeout.
+	LockTimeout time.Duration
+}
+
+// The defaults of Partitioning's zero fields.
+const (
+	DefaultPartitionInterval    = 24 * time.Hour
+	DefaultPartitionsAhead      = 3
+	DefaultPartitionLockTimeout = 500 * time.Millisecond
+)
+
+func (p *Partitioning) setDefaults() {
+	p.Interval = cmp.Or(p.Interval, DefaultPartitionInterval)
+	p.Ahead = cmp.Or(p.Ahead, DefaultPartitionsAhead)
+	p.LockTimeout = cmp.Or(p.LockTimeout, DefaultPartitionLockTimeout)
+	if p.Time == nil {
+		p.Time = UUIDv7Time
+	}
+}
+
+func (p Partitioning) validate() error {
+	switch {
+	case p.Interval < time.Minute || p.Interval%time.Minute != 0:
+		return fmt.Errorf("inbox: Partitioning.Interval %s is not a whole number of minutes", p.Interval)
+	case p.Ahead < 1:
+		return errors.New("inbox: Partitioning.Ahead must be at least 1 (0: the default)")
+	case p.LockTimeout < 0:
+		return errors.New("inbox: Partitioning.LockTimeout must not be negative (0: the default)")
+	}
+	return nil
+}
+
+// UUIDv7Time returns the creation time a UUIDv7 carries in its first 48
+// bits (milliseconds since the Unix epoch), and an error for an id that is
+// not a UUIDv7 in canonical form.
+func UUIDv7Time(id string) (time.Time, error) {
+	if err := CanonicalUUID(id); err != nil {
+		return time.Time{}, err
+	}
+	u := uuid.MustParse(id)
+	if u.Version() != 7 || u.Variant() != uuid.RFC4122 {
+		return time.Time{}, fmt.Errorf("a UUID of version %d, not 7: it carries no creation time", u.Version())
+	}
+	ms := int64(u[0])<<40 | int64(u[1])<<32 | int64(u[2])<<24 | int64(u[3])<<16 | int64(u[4])<<8 | int64(u[5])
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+// The tables of a partitioned inbox besides the partitions.
+const (
+	partitionBeforeCut = "inbox_messages_before_cut"
+	partitionDefault   = "inbox_messages_default"
+)
+
+// partitionName names the partition of id times from start.
+func partitionName(start time.Time) string {
+	return "inbox_messages_p" + start.UTC().Format("20060102t1504")
+}
+
+// floorTo returns the start of the interval t falls in.
+func floorTo(t time.Time, interval time.Duration) time.Time {
+	ms := t.UnixMilli()
+	iv := interval.Milliseconds()
+	start := ms - ms%iv
+	if ms < 0 && ms%iv != 0 {
+		start -= iv
+	}
+	return time.UnixMilli(start).UTC()
+}
+
+// PartitionByIDTime converts inbox_messages into a table partitioned by the
+// time in each message's id (Partitioning.Time), in place: the table as it
+// is becomes the partition of every id time before cutOver (rounded up to a
+// partition boundary), its rows not copied, and partitions are made from
+// there. Run Migrate first. A table already partitioned is left as it is
+// (the partitions ahead are made, as Sweep makes them).
+//
+// Every consumer that writes the table must run with Config.Partitions set
+// before the cut-over passes: a consumer without it writes its rows with no
+// time, into the first partition, where a copy that a converted consumer
+// wrote into a later partition would not meet them. The default cut-over,
+// the zero time, is the start of the partition after the next one.
+//
+// It builds two unique indexes concurrently (writes go on meanwhile), checks
+// the cut-over against the table with a scan that does not block writes,
+// and then takes the table's lock for one short transaction.
+func PartitionByIDTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver time.Time) error {
+	p.setDefaults()
+	if err := p.validate(); err != nil {
+		return err
+	}
+	if cutOver.IsZero() {
+		cutOver = floorTo(time.Now(), p.Interval).Add(2 * p.Interval)
+	} else if f := floorTo(cutOver, p.Interval); !f.Equal(cutOver) {
+		cutOver = f.Add(p.Interval)
+	}
+	partitioned, err := isPartitioned(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if !partitioned {
+		if err := convert(ctx, pool, p, cutOver); err != nil {
+			return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
+		}
+	}
+	_, err = makePartitions(ctx, pool, p, time.Now())
+	return err
+}
+
+func isPartitioned(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var kind string
+	if err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'inbox_messages'::regclass`).Scan(&kind); err != nil {
+		return false, fmt.Errorf("inbox: reading inbox_messages's kind (has Migrate run?): %w", err)
+	}
+	return kind == "p", nil
+}
+
+// convert runs the steps of PartitionByIDTime on an unpartitioned table.
+func convert(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver time.Time) error {
+	steps := []string{
+		// Instant: a constant default rewrites nothing. Old rows, and rows a
+		// consumer without Config.Partitions writes, sort before any time.
+		`ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS msg_time timestamptz NOT NULL DEFAULT '-infinity'`,
+		// The old key stays unique on its own in the first partition: a copy
+		// of an old message, written after the cut-over with its id's time
+		// (before the cut-over), meets its row there.
+		`CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS inbox_messages_once ON inbox_messages (consumer, message_id)`,
+		// The partitioned table's key, built beforehand so attaching the
+		// table does not build it under the lock.
+		`CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS inbox_messages_key ON inbox_messages (consumer, message_id, msg_time)`,
+		// Attaching checks every row is in the partition's range unless a
+		// validated constraint says so; validating does not block writes.
+		`ALTER TABLE inbox_messages DROP CONSTRAINT IF EXISTS inbox_messages_before_cut`,
+		fmt.Sprintf(`ALTER TABLE inbox_messages ADD CONSTRAINT inbox_messages_before_cut CHECK (msg_time < %s) NOT VALID`, quoteTime(cutOver)),
+		`ALTER TABLE inbox_messages VALIDATE CONSTRAINT inbox_messages_before_cut`,
+	}
+	for _, s := range steps {
+		if err := dropInvalidIndexes(ctx, pool); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, s); err != nil {
+			return fmt.Errorf("%s: %w", firstLine(s), err)
+		}
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		cut := []string{
+			fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(p.LockTimeout, 5*time.Second).Milliseconds()),
+			`LOCK TABLE inbox_messages IN ACCESS EXCLUSIVE MODE`,
+			`ALTER TABLE inbox_messages DROP CONSTRAINT inbox_messages_pkey`,
+			`ALTER TABLE inbox_messages ADD CONSTRAINT inbox_messages_key PRIMARY KEY USING INDEX inbox_messages_key`,
+			`ALTER TABLE inbox_messages RENAME TO ` + partitionBeforeCut,
+			`ALTER INDEX inbox_messages_processed_at RENAME TO ` + partitionBeforeCut + `_processed_at`,
+			`CREATE TABLE inbox_messages (LIKE ` + partitionBeforeCut + ` INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (msg_time)`,
+			`ALTER TABLE inbox_messages DROP CONSTRAINT inbox_messages_before_cut`,
+			`ALTER TABLE inbox_messages ADD CONSTRAINT inbox_messages_pkey PRIMARY KEY (consumer, message_id, msg_time)`,
+			`CREATE INDEX inbox_messages_processed_at ON inbox_messages (processed_at)`,
+			fmt.Sprintf(`ALTER TABLE inbox_messages ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO (%s)`, partitionBeforeCut, quoteTime(cutOver)),
+			`CREATE TABLE ` + partitionDefault + ` PARTITION OF inbox_messages DEFAULT`,
+			`CREATE TABLE IF NOT EXISTS inbox_partitions_cleared (
+				partition  text        NOT NULL,
+				consumer   text        NOT NULL,
+				cleared_at timestamptz NOT NULL DEFAULT now(),
+				PRIMARY KEY (partition, consumer))`,
+		}
+		for _, s := range cut {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return fmt.Errorf("%s: %w", firstLine(s), err)
+			}
+		}
+		return nil
+	})
+}
+
+// dropInvalidIndexes drops what a CREATE INDEX CONCURRENTLY that failed
+// left behind, so that the step runs again instead of finding it there.
+func dropInvalidIndexes(ctx context.Context, pool *pgxpool.Pool) error {
+	rows, err := pool.Query(ctx, `
+		SELECT i.indexrelid::regclass::text FROM pg_index i
+		WHERE i.indrelid = 'inbox_messages'::regclass AND NOT i.indisvalid`)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := pool.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+pgx.Identifier{n}.Sanitize()); err != nil {
+			return fmt.Errorf("dropping the invalid index %s: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// partition is one partition of inbox_messages and its range of id times:
+// from is zero for the first (MINVALUE), both are zero for the default.
+type partition struct {
+	name     string
+	from, to time.Time
+}
+
+func (p partition) isDefault() bool { return p.to.IsZero() }
+
+// listPartitions reads inbox_messages's partitions from the catalog.
+func listPartitions(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) ([]partition, error) {
+	rows, err := q.Query(ctx, `
+		SELECT c.relname::text,
+			substring(pg_get_expr(c.relpartbound, c.oid) from 'FROM \(''([^'']+)''\)')::timestamptz,
+			substring(pg_get_expr(c.relpartbound, c.oid) from 'TO \(''([^'']+)''\)')::timestamptz
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'inbox_messages'::regclass
+		ORDER BY 3 NULLS LAST`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing inbox_messages's partitions: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (partition, error) {
+		var p partition
+		var from, to *time.Time
+		err := r.Scan(&p.name, &from, &to)
+		if from != nil {
+			p.from = from.UTC()
+		}
+		if to != nil {
+			p.to = to.UTC()
+		}
+		return p, err
+	})
+}
+
+// makePartitions makes the partitions of the current interval and Ahead
+// after it that no partition covers yet, and returns their names. Rows the
+// default partition holds in a new partition's range move into it.
+func makePartitions(ctx context.Context, pool *pgxpool.Pool, p Partitioning, now time.Time) ([]string, error) {
+	parts, err := listPartitions(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	var made []string
+	for k := range p.Ahead + 1 {
+		start := floorTo(now, p.Interval).Add(time.Duration(k) * p.Interval)
+		if covered(parts, start) {
+			continue
+		}
+		name := partitionName(start)
+		if err := makePartition(ctx, pool, p, name, start, start.Add(p.Interval)); err != nil {
+			return made, fmt.Errorf("inbox: making partition %s: %w", name, err)
+		}
+		made = append(made, name)
+	}
+	return made, nil
+}
+
+func covered(parts []partition, t time.Time) bool {
+	for _, p := range parts {
+		if !p.isDefault() && !t.Before(p.from) && t.Before(p.to) {
+			return true
+		}
+	}
+	return false
+}
+
+// makePartition makes a table and attaches it, which, unlike CREATE TABLE
+// ... PARTITION OF, does not wait for every transaction writing the inbox.
+func makePartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name string, from, to time.Time) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		table := pgx.Identifier{name}.Sanitize()
+		bounds := fmt.Sprintf("FOR VALUES FROM (%s) TO (%s)", quoteTime(from), quoteTime(to))
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, p.LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE `+table+` (LIKE inbox_messages INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`); err != nil {
+			return err
+		}
+		// Rows the default partition took in this range (ids ahead of the
+		// partitions made) move in, or the attach would fail on them.
+		var strays bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+partitionDefault+` WHERE msg_time >= $1 AND msg_time < $2)`,
+			from, to).Scan(&strays); err != nil {
+			return err
+		}
+		if strays {
+			if _, err := tx.Exec(ctx, `LOCK TABLE `+partitionDefault+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+				return err
+			}
+			for _, s := range []string{
+				`INSERT INTO ` + table + ` SELECT * FROM ` + partitionDefault + ` WHERE msg_time >= $1 AND msg_time < $2`,
+				`DELETE FROM ` + partitionDefault + ` WHERE msg_time >= $1 AND msg_time < $2`,
+			} {
+				if _, err := tx.Exec(ctx, s, from, to); err != nil {
+					return fmt.Errorf("%s: %w", firstLine(s), err)
+				}
+			}
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE inbox_messages ATTACH PARTITION `+table+` `+bounds)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P07" { // duplicate_table: another process made it
+		return nil
+	}
+	return err
+}
+
+// sweepPartitions is Sweep's work on a partitioned inbox: it makes the
+// partitions ahead, clears for this consumer the old partitions its rows
+// no longer need, drops those every consumer has cleared, and deletes the
+// default partition's rows past retention as the unpartitioned sweep does.
+func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []string, err error) {
+	p := *in.cfg.Partitions
+	now := time.Now()
+	if _, err := makePartitions(ctx, in.cfg.Pool, p, now); err != nil {
+		return nil, err
+	}
+	parts, err := listPartitions(ctx, in.cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	for _, part := range parts {
+		// A partition can hold a row past retention only once its newest id
+		// time is: a message is processed after it is made.
+		if part.isDefault() || now.Sub(part.to) < in.cfg.Retention {
+			continue
+		}
+		clear, err := in.clearPartition(ctx, part.name, ls)
+		if err != nil {
+			return dropped, err
+		}
+		if !clear {
+			continue
+		}
+		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name)
+		if err != nil {
+			return dropped, err
+		}
+		if ok {
+			dropped = append(dropped, part.name)
+		}
+	}
+	return dropped, nil
+}
+
+// clearPartition records that this consumer's rows in the partition may all
+// go, when its row sweep would delete every one of them, and reports it.
+func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) (bool, error) {
+	var keep bool
+	err := in.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{name}.Sanitize()+` m
+		WHERE m.consumer = $1 AND NOT (`+sweepable+`))`,
+		in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts).Scan(&keep)
+	if err != nil {
+		return false, fmt.Errorf("inbox: reading partition %s: %w", name, err)
+	}
+	if keep {
+		_, err = in.cfg.Pool.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE partition = $1 AND consumer = $2`, name, in.cfg.Consumer)
+		return false, err
+	}
+	_, err = in.cfg.Pool.Exec(ctx, `
+		INSERT INTO inbox_partitions_cleared (partition, consumer) VALUES ($1, $2)
+		ON CONFLICT (partition, consumer) DO UPDATE SET cleared_at = now()`, name, in.cfg.Consumer)
+	if err != nil {
+		return false, fmt.Errorf("inbox: clearing partition %s: %w", name, err)
+	}
+	return true, nil
+}
+
+// clearedSlack is how long before the earliest clearance every row of a
+// partition must have been written for the partition to be dropped: a row
+// written after a consumer cleared the partition has a processed_at from
+// its transaction's start, and an inbox transaction lasts far less.
+const clearedSlack = time.Hour
+
+// dropPartition drops the partition when every consumer with rows in it has
+// cleared it and no row in it was written since, and reports whether it
+// did. It holds off writes to the partition while it checks (SHARE), and
+// waits at most LockTimeout for the table's lock to drop it.
+func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name string) (bool, error) {
+	table := pgx.Identifier{name}.Sanitize()
+	var dropped bool
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, p.LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+table+` IN SHARE MODE`); err != nil {
+			return err
+		}
+		var ok bool
+		err := tx.QueryRow(ctx, `
+			WITH RECURSIVE consumers AS ( -- the consumers with rows, one index probe each
+				SELECT (SELECT min(consumer) FROM `+table+`) AS c
+				UNION ALL
+				SELECT (SELECT min(consumer) FROM `+table+` WHERE consumer > consumers.c) FROM consumers WHERE c IS NOT NULL
+			), clearances AS (
+				SELECT k.c, pc.cleared_at FROM consumers k
+				LEFT JOIN inbox_partitions_cleared pc ON pc.partition = $1 AND pc.consumer = k.c
+				WHERE k.c IS NOT NULL
+			)
+			SELECT NOT EXISTS (SELECT 1 FROM clearances WHERE cleared_at IS NULL)
+				AND coalesce((SELECT max(processed_at) FROM `+table+`) < (SELECT min(cleared_at) FROM clearances) - $2::interval, true)`,
+			name, clearedSlack).Scan(&ok)
+		if err != nil || !ok {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DROP TABLE `+table); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE partition = $1`, name)
+		dropped = err == nil
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: the next sweep tries again
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inbox: dropping partition %s: %w", name, err)
+	}
+	return dropped, nil
+}
+
+// checkPartitioned reports a table whose shape does not match
+// Config.Partitions: writes would fail, or all go to one partition.
+func (in *Inbox) checkPartitioned(ctx context.Context) error {
+	partitioned, err := isPartitioned(ctx, in.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	switch {
+	case in.cfg.Partitions != nil && !partitioned:
+		return errors.New("inbox: Config.Partitions is set but inbox_messages is not partitioned: run PartitionByIDTime")
+	case in.cfg.Partitions == nil && partitioned:
+		return errors.New("inbox: inbox_messages is partitioned (PartitionByIDTime) but Config.Partitions is not set: " +
+			"rows would be written without their id's time")
+	}
+	return nil
+}
+
+func quoteTime(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'" }
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
