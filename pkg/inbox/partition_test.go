@@ -229,3 +229,34 @@ func TestPartitionTakesInWhatArrivedAhead(t *testing.T) {
 	require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate}, b.events.outcomes(id))
 	require.Equal(t, 1, appliedRows(t, b, consumer, id))
 }
+
+// TestPartitionByIDTimeDuringTheRollout: before the cut-over, a consumer not
+// yet running with Config.Partitions writes its rows with no time, while a
+// converted one writes the same message's row with its id's time: the two
+// land in the first partition under different keys of the partitioned
+// table. Its own (consumer, message_id) index makes the second wait for the
+// first and see it: a duplicate, not a second apply.
+func TestPartitionByIDTimeDuringTheRollout(t *testing.T) {
+	p := inbox.Partitioning{Interval: time.Hour}
+	_, b := setup(t, inbox.Config{})
+	require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, p, time.Time{}))
+	in := b.newInbox(t, inbox.Config{Partitions: &p})
+	mw := in.Middleware(b.handler.handle)
+
+	id, payload := idAt(time.Now()), []byte("x")
+	tx, err := b.pool.Begin(b.ctx) // the consumer of the old version, mid-transaction
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(b.ctx, `INSERT INTO inbox_messages (consumer, message_id, payload_sha256) VALUES ($1, $2, $3)`, consumer, id, sha(payload))
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `INSERT INTO applied (consumer, message_id, n) VALUES ($1, $2, 1)`, consumer, id)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- deliver(b.ctx, mw, id, payload) }()
+	awaitLockWaiters(t, b, 1, "the converted consumer's insert to wait for the old one's row")
+	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, <-done)
+	require.Equal(t, []inbox.Outcome{inbox.Duplicate}, b.events.outcomes(id))
+	require.Equal(t, 1, appliedRows(t, b, consumer, id))
+}
