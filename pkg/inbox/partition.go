@@ -146,20 +146,46 @@ func PartitionByIDTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning, 
 	} else if f := floorTo(cutOver, p.Interval); !f.Equal(cutOver) {
 		cutOver = f.Add(p.Interval)
 	}
-	partitioned, err := isPartitioned(ctx, pool)
-	if err != nil {
+	if err := convertOnce(ctx, pool, p, cutOver); err != nil {
 		return err
 	}
-	if !partitioned {
-		if err := convert(ctx, pool, p, cutOver); err != nil {
-			return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
-		}
-	}
-	_, err = makePartitions(ctx, pool, p, time.Now())
+	_, err := makePartitions(ctx, pool, p, time.Now())
 	return err
 }
 
-func isPartitioned(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+// convertOnce converts the table unless it is partitioned, holding a lock
+// that makes replicas starting together convert it once.
+func convertOnce(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver time.Time) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	const lock = `hashtext('inbox: PartitionByIDTime')`
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(`+lock+`)`); err != nil {
+		return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(`+lock+`)`) //nolint:errcheck // a lost connection unlocks too
+	partitioned, err := isPartitioned(ctx, conn)
+	if err != nil || partitioned {
+		return err
+	}
+	if err := convert(ctx, conn, p, cutOver); err != nil {
+		return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
+	}
+	return nil
+}
+
+// db is what the conversion runs its statements on: a pool, or one of its
+// connections.
+type db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+	Begin(context.Context) (pgx.Tx, error)
+}
+
+func isPartitioned(ctx context.Context, pool db) (bool, error) {
 	var kind string
 	if err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'inbox_messages'::regclass`).Scan(&kind); err != nil {
 		return false, fmt.Errorf("inbox: reading inbox_messages's kind (has Migrate run?): %w", err)
@@ -168,7 +194,7 @@ func isPartitioned(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 }
 
 // convert runs the steps of PartitionByIDTime on an unpartitioned table.
-func convert(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver time.Time) error {
+func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) error {
 	steps := []string{
 		// Instant: a constant default rewrites nothing. Old rows, and rows a
 		// consumer without Config.Partitions writes, sort before any time.
@@ -225,7 +251,7 @@ func convert(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver ti
 
 // dropInvalidIndexes drops what a CREATE INDEX CONCURRENTLY that failed
 // left behind, so that the step runs again instead of finding it there.
-func dropInvalidIndexes(ctx context.Context, pool *pgxpool.Pool) error {
+func dropInvalidIndexes(ctx context.Context, pool db) error {
 	rows, err := pool.Query(ctx, `
 		SELECT i.indexrelid::regclass::text FROM pg_index i
 		WHERE i.indrelid = 'inbox_messages'::regclass AND NOT i.indisvalid`)

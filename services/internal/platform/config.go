@@ -73,6 +73,12 @@ type Config struct {
 	// with a shorter one (inboxkafka.CheckRetention). 0: inbox.DefaultRetention
 	// (15 days), which covers Kafka's defaults.
 	InboxRetention time.Duration `env:"INBOX_RETENTION" default:"0s"`
+	// When set, inbox_messages is partitioned by the time in each message's
+	// id, one partition per this span (pkg/inbox Config.Partitions): at
+	// start the service converts the table in place if it is not
+	// (inbox.PartitionByIDTime), and retention drops whole partitions.
+	// Every replica must use the same value. 0: one table, rows deleted.
+	InboxPartitionInterval time.Duration `env:"INBOX_PARTITION_INTERVAL" default:"0s"`
 	// What a dead letter does to its key's later messages (pkg/inbox
 	// Config.OnDeadLetter): "skip" applies them (inbox.SkipKey), "hold"
 	// parks them until the dead letter is redriven or discarded, then

@@ -131,6 +131,13 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		return fmt.Errorf("migrating inbox: %w", err)
 	}
+	var partitions *inbox.Partitioning
+	if cfg.InboxPartitionInterval > 0 {
+		partitions = &inbox.Partitioning{Interval: cfg.InboxPartitionInterval}
+		if err := inbox.PartitionByIDTime(ctx, pool, *partitions, time.Time{}); err != nil {
+			return fmt.Errorf("INBOX_PARTITION_INTERVAL: %w", err)
+		}
+	}
 	if svc.Effects != nil {
 		if err := effect.Migrate(ctx, pool); err != nil {
 			return fmt.Errorf("migrating effects: %w", err)
@@ -191,7 +198,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		Pool: pool, Consumer: svc.Name, Logger: log, OnDeadLetter: onDeadLetter,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
-		Retention: cfg.InboxRetention,
+		Retention: cfg.InboxRetention, Partitions: partitions,
 		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
 		Verify:    signing.verify,                        // TRUSTED_KEYS: only what a trusted producer signed
 		Position:  inboxkafka.Position,                   // each row records where Kafka holds its message
