@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/testbed/judge"
 	"github.com/outboxref/outbox-inbox/testbed/loadgen"
@@ -98,6 +99,12 @@ func TestRoundTrip(t *testing.T) {
 // two layers that stop a redelivery can be switched off: the inbox, and the
 // domain guard behind it.
 func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (judge.Report, int64, *pgxpool.Pool) {
+	return crashAfterCommitWith(t, inboxDisabled, guardDisabled, nil)
+}
+
+// crashAfterCommitWith is crashAfterCommit with the system's options shaped
+// further by shape.
+func crashAfterCommitWith(t *testing.T, inboxDisabled, guardDisabled bool, shape func(*system.Options)) (judge.Report, int64, *pgxpool.Pool) {
 	env := []string{
 		"FAILPOINTS=" + string(failpoint.AfterCommitBeforeAck) + "=every:40",
 		"FAILPOINT_SEED=1",
@@ -106,7 +113,7 @@ func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (judge.Re
 		fmt.Sprintf("INBOX_DISABLED=%t", inboxDisabled),
 		fmt.Sprintf("DOMAIN_GUARD_DISABLED=%t", guardDisabled),
 	}
-	b := setup(t, system.Options{
+	opts := system.Options{
 		Env: []string{
 			"KAFKA_SESSION_TIMEOUT=1s",
 			"KAFKA_REBALANCE_TIMEOUT=3s",
@@ -114,7 +121,11 @@ func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (judge.Re
 		},
 		EnvFor: map[string][]string{"inventory": env},
 		Kafka:  stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond},
-	})
+	}
+	if shape != nil {
+		shape(&opts)
+	}
+	b := setup(t, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var restarts atomic.Int64
@@ -140,6 +151,39 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	require.Positive(t, report.DuplicatesSuppressed, "kills after commit must cause redeliveries")
 	require.Zero(t, report.RefusedTotal(), "the inbox stops redeliveries before the domain guard sees them")
 	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+}
+
+// TestCrashAfterCommitBeforeAckPartitioned is the same run with both
+// services' inboxes partitioned by id time (INBOX_PARTITION_INTERVAL), the
+// tables converted before the services start with a cut-over already past:
+// every row, and every redelivery, goes to an hour's partition.
+func TestCrashAfterCommitBeforeAckPartitioned(t *testing.T) {
+	t.Parallel()
+	p := inbox.Partitioning{Interval: time.Hour}
+	report, kills, inventory := crashAfterCommitWith(t, false, false, func(o *system.Options) {
+		o.Env = append(o.Env, "INBOX_PARTITION_INTERVAL=1h")
+		o.Prepare = func(ctx context.Context, pools map[string]*pgxpool.Pool) error {
+			for _, name := range system.Services {
+				if err := inbox.Migrate(ctx, pools[name]); err != nil {
+					return err
+				}
+				if err := inbox.PartitionByIDTime(ctx, pools[name], p, time.Now().Add(-time.Hour)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	})
+	t.Logf("kills: %d, duplicates suppressed: %d", kills, report.DuplicatesSuppressed)
+	require.Positive(t, kills, "the failpoint never fired")
+	require.Positive(t, report.DuplicatesSuppressed, "kills after commit must cause redeliveries")
+	require.Zero(t, report.RefusedTotal(), "the inbox stops redeliveries before the domain guard sees them")
+	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+	var rows, inHours int
+	require.NoError(t, inventory.QueryRow(t.Context(), `SELECT count(*), count(*) FILTER (WHERE tableoid::regclass::text LIKE 'inbox_messages_p%')
+		FROM inbox_messages`).Scan(&rows, &inHours))
+	require.Positive(t, rows)
+	require.Equal(t, rows, inHours, "every inbox row in an hour's partition")
 }
 
 // TestCrashAfterCommitBeforeAckWithoutInbox is the first control: the same

@@ -54,6 +54,9 @@ type Options struct {
 	OwnLogins bool
 	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
 	Kafka stack.KafkaOptions
+	// Prepare, when set, runs once the databases exist and before anything
+	// starts on them: a test that shapes their tables first.
+	Prepare func(ctx context.Context, pools map[string]*pgxpool.Pool) error
 	// DBPrefix prefixes the two database names, so several systems can
 	// share one Postgres. Defaults to "".
 	DBPrefix string
@@ -139,6 +142,11 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		s.DBURL[name] = url
 		if s.Pools[name], err = pgxpool.New(ctx, url); err != nil {
 			return nil, err
+		}
+	}
+	if opts.Prepare != nil {
+		if err := opts.Prepare(ctx, s.Pools); err != nil {
+			return nil, fmt.Errorf("preparing the databases: %w", err)
 		}
 	}
 
