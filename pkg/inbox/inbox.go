@@ -43,6 +43,7 @@ type Inbox struct {
 	running  atomic.Bool     // Run was called and has not returned
 	ready    atomic.Bool     // and its batch workers take deliveries
 	stats    [7]atomic.Int64 // indexed by outcomeIndex
+	shapeOK  atomic.Bool     // inbox_messages's shape matches Config.Partitions (partition.go)
 }
 
 // New checks cfg and returns an Inbox.
@@ -83,7 +84,7 @@ func (in *Inbox) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer in.running.Store(false)
-	if err := in.checkPartitioned(ctx); err != nil { // partition.go
+	if err := in.checkShapeOnce(ctx); err != nil { // partition.go
 		return err
 	}
 	if in.cfg.BatchSize > 1 {

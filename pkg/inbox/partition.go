@@ -161,9 +161,23 @@ func convertOnce(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOve
 		return err
 	}
 	defer conn.Release()
+	// Polled, not waited for: a session waiting for the lock inside a
+	// statement holds a snapshot, which the holder's CREATE INDEX
+	// CONCURRENTLY would wait for in turn (a deadlock).
 	const lock = `hashtext('inbox: PartitionByIDTime')`
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(`+lock+`)`); err != nil {
-		return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+lock+`)`).Scan(&got); err != nil {
+			return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
+		}
+		if got {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("inbox: partitioning inbox_messages: waiting for another process's conversion: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond): // polling a lock another session holds
+		}
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(`+lock+`)`) //nolint:errcheck // a lost connection unlocks too
 	partitioned, err := isPartitioned(ctx, conn)
@@ -352,16 +366,17 @@ func makePartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 			return err
 		}
 		// Rows the default partition took in this range (ids ahead of the
-		// partitions made) move in, or the attach would fail on them.
+		// partitions made) move in, or the attach would fail on them. Its
+		// writes wait meanwhile, so none lands there after the look.
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+partitionDefault+` IN EXCLUSIVE MODE`); err != nil {
+			return err
+		}
 		var strays bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+partitionDefault+` WHERE msg_time >= $1 AND msg_time < $2)`,
 			from, to).Scan(&strays); err != nil {
 			return err
 		}
 		if strays {
-			if _, err := tx.Exec(ctx, `LOCK TABLE `+partitionDefault+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-				return err
-			}
 			for _, s := range []string{
 				`INSERT INTO ` + table + ` SELECT * FROM ` + partitionDefault + ` WHERE msg_time >= $1 AND msg_time < $2`,
 				`DELETE FROM ` + partitionDefault + ` WHERE msg_time >= $1 AND msg_time < $2`,
@@ -374,23 +389,23 @@ func makePartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 		_, err := tx.Exec(ctx, `ALTER TABLE inbox_messages ATTACH PARTITION `+table+` `+bounds)
 		return err
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P07" { // duplicate_table: another process made it
-		return nil
+	if err != nil && ctx.Err() == nil {
+		// Another process's sweep may have made it meanwhile (the error is
+		// then duplicate_table, or a unique violation in the catalog).
+		if parts, lerr := listPartitions(ctx, pool); lerr == nil && covered(parts, from) {
+			return nil
+		}
 	}
 	return err
 }
 
-// sweepPartitions is Sweep's work on a partitioned inbox: it makes the
-// partitions ahead, clears for this consumer the old partitions its rows
+// sweepPartitions is Sweep's work on a partitioned inbox, once the
+// partitions ahead are made: it clears for this consumer the old partitions its rows
 // no longer need, drops those every consumer has cleared, and deletes the
 // default partition's rows past retention as the unpartitioned sweep does.
 func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []string, err error) {
 	p := *in.cfg.Partitions
 	now := time.Now()
-	if _, err := makePartitions(ctx, in.cfg.Pool, p, now); err != nil {
-		return nil, err
-	}
 	parts, err := listPartitions(ctx, in.cfg.Pool)
 	if err != nil {
 		return nil, err
@@ -424,7 +439,7 @@ func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []s
 func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) (bool, error) {
 	var keep bool
 	err := in.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{name}.Sanitize()+` m
-		WHERE m.consumer = $1 AND NOT (`+sweepable+`))`,
+		WHERE m.consumer = $1 AND NOT coalesce(`+sweepable+`, false))`,
 		in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts).Scan(&keep)
 	if err != nil {
 		return false, fmt.Errorf("inbox: reading partition %s: %w", name, err)
@@ -487,8 +502,13 @@ func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 		return err
 	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: the next sweep tries again
-		return false, nil
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "55P03", "40P01": // lock_not_available, deadlock_detected: the next sweep tries again
+			return false, nil
+		case "42P01": // undefined_table: another process's sweep dropped it
+			return false, nil
+		}
 	}
 	if err != nil {
 		return false, fmt.Errorf("inbox: dropping partition %s: %w", name, err)
@@ -496,8 +516,25 @@ func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 	return dropped, nil
 }
 
+// checkShapeOnce is checkPartitioned until it has passed once: Run calls
+// it, and every write of inbox rows, so that a consumer wired to the wrong
+// shape writes no row (its deliveries fail, with the reason, and come
+// again) whether or not it runs Run.
+func (in *Inbox) checkShapeOnce(ctx context.Context) error {
+	if in.shapeOK.Load() {
+		return nil
+	}
+	if err := in.checkPartitioned(ctx); err != nil {
+		return err
+	}
+	in.shapeOK.Store(true)
+	return nil
+}
+
 // checkPartitioned reports a table whose shape does not match
-// Config.Partitions: writes would fail, or all go to one partition.
+// Config.Partitions: writes would fail, or all go to one partition, where
+// a copy of their message written by a consumer with Config.Partitions
+// would not meet them.
 func (in *Inbox) checkPartitioned(ctx context.Context) error {
 	partitioned, err := isPartitioned(ctx, in.cfg.Pool)
 	if err != nil {

@@ -114,6 +114,70 @@ func TestRunRefusesATableOfAnotherShape(t *testing.T) {
 	require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, p, time.Time{}))
 	plain := b.newInbox(t, inbox.Config{})
 	require.ErrorContains(t, plain.Run(b.ctx), "Config.Partitions is not set")
+	// Behind the middleware alone, without Run: no row written, nothing
+	// applied, the delivery fails with the reason (and comes again).
+	other := b.newInbox(t, inbox.Config{Consumer: "other"})
+	id := idAt(time.Now())
+	require.ErrorContains(t, deliver(b.ctx, other.Middleware(b.handler.handle), id, []byte("x")), "Config.Partitions is not set")
+	require.Zero(t, scalar[int](t, b, `SELECT count(*) FROM applied`))
+	require.Zero(t, scalar[int](t, b, `SELECT count(*) FROM inbox_messages`))
+}
+
+// TestPartitionLateCopyTakesBackTheClearance: a consumer cleared a
+// partition, then a copy of one of its messages came at an offset Kafka
+// still holds. The partition stays (a crash before that copy's offset is
+// committed delivers it again), until its rows are judged again.
+func TestPartitionLateCopyTakesBackTheClearance(t *testing.T) {
+	day := 24 * time.Hour
+	p := inbox.Partitioning{Interval: day, Ahead: 1}
+	logStart := inbox.LogStart{"": {0: 10}}
+	position := func(m *message.Message) (int32, int64, bool) {
+		off, err := strconv.ParseInt(m.Metadata.Get("offset"), 10, 64)
+		return 0, off, err == nil
+	}
+	cfg := inbox.Config{Partitions: &p, Retention: day, RedeliveryHorizon: day, Position: position,
+		LogStart: func(context.Context) (inbox.LogStart, error) { return logStart, nil }}
+	_, b := setup(t, inbox.Config{})
+	now := time.Now().UTC()
+	require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, p, now.Add(-10*day)))
+	_, err := inbox.MakePartitionsAt(b.ctx, b.pool, p, now.Add(-6*day))
+	require.NoError(t, err)
+	in := b.newInbox(t, cfg)
+	shippingCfg := cfg
+	shippingCfg.Consumer = "shipping"
+	other := b.newInbox(t, shippingCfg)
+	send := func(in *inbox.Inbox, id string, offset int) {
+		msg := message.NewMessage(id, []byte("x"))
+		msg.Metadata.Set("offset", strconv.Itoa(offset))
+		msg.SetContext(b.ctx)
+		_, err := in.Middleware(b.handler.handle)(msg)
+		require.NoError(t, err)
+	}
+	at := now.Truncate(day).Add(-6*day + time.Hour)
+	id := idAt(at)
+	send(in, id, 5)
+	send(other, idAt(at), 6)
+	_, err = b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '3 days'`)
+	require.NoError(t, err)
+	exists := func() bool {
+		return scalar[bool](t, b, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE message_id = $1)`, id)
+	}
+
+	_, err = in.Sweep(b.ctx) // billing clears it; shipping has not
+	require.NoError(t, err)
+	require.True(t, exists())
+	send(in, id, 12) // a copy Kafka still holds
+	require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate}, b.events.outcomes(id))
+	_, err = other.Sweep(b.ctx) // shipping clears it, and would drop it on billing's old word
+	require.NoError(t, err)
+	require.True(t, exists(), "billing's clearance was taken back by the copy")
+	_, err = in.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.True(t, exists(), "Kafka holds offset 12")
+	logStart[""][0] = 13
+	_, err = in.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.False(t, exists(), "judged again and cleared by both: dropped")
 }
 
 // TestPartitionRetentionDropsWhatNoOneNeeds: a partition goes only when

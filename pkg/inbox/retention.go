@@ -19,6 +19,13 @@ import (
 // deleting their rows, the partitions whose rows may all go (partition.go);
 // it deletes rows only from the default partition, and counts only those.
 func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
+	if in.cfg.Partitions != nil {
+		// First, and whatever fails after: deliveries need the partitions
+		// ahead more than retention needs anything.
+		if _, err := makePartitions(ctx, in.cfg.Pool, *in.cfg.Partitions, time.Now()); err != nil {
+			return 0, fmt.Errorf("inbox: sweep: %w", err)
+		}
+	}
 	ls, err := in.logStarts(ctx)
 	if err != nil {
 		return 0, err

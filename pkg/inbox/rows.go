@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The status an inbox row is written with: its message was applied,
@@ -32,6 +33,9 @@ const (
 // in id order, so two batches that share ids wait for each other instead of
 // deadlocking. When one id comes twice, its first delivery is the fresh one.
 func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, status string) ([]int, error) {
+	if err := in.checkShapeOnce(ctx); err != nil { // partition.go
+		return nil, err
+	}
 	order := make([]int, len(ds))
 	for i := range order {
 		order[i] = i
@@ -119,8 +123,8 @@ func (in *Inbox) seenBefore(ctx context.Context, tx pgx.Tx, d *delivery) error {
 func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, failed string) (Outcome, string, error) {
 	var prior []byte
 	var status string
-	if err := tx.QueryRow(ctx, `SELECT payload_sha256, status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`,
-		in.cfg.Consumer, d.id).Scan(&prior, &status); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT payload_sha256, status FROM inbox_messages WHERE consumer = $1 AND message_id = $2`+in.rowTime(d.id, 3),
+		in.rowArgs(d.id, in.cfg.Consumer, d.id)...).Scan(&prior, &status); err != nil {
 		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
 	}
 	if bytes.Equal(prior, d.sum[:]) {
@@ -157,14 +161,47 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 // partition when copies came on several partitions (swept by age alone).
 // The count stops at the int column's maximum: a counter that overflowed
 // would fail the statement and send the copy back forever.
+//
+// In a partitioned inbox it also takes back every consumer's clearance of
+// the row's partition (partition.go): the copy's offset may be one Kafka
+// still holds, so the partition's rows must be judged again before it goes.
 func (in *Inbox) recordCopy(ctx context.Context, tx pgx.Tx, d *delivery, dup int) error {
-	_, err := tx.Exec(ctx, `
+	update := `
 		UPDATE inbox_messages SET duplicates = least(duplicates::bigint + $5, 2147483647),
 			kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
 			kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
-		WHERE consumer = $1 AND message_id = $2`,
-		in.cfg.Consumer, d.id, d.part, d.offset, dup)
+		WHERE consumer = $1 AND message_id = $2` + in.rowTime(d.id, 6)
+	if in.cfg.Partitions != nil {
+		update = `WITH u AS (` + update + ` RETURNING tableoid)
+			DELETE FROM inbox_partitions_cleared pc USING u, pg_class c WHERE c.oid = u.tableoid AND pc.partition = c.relname::text`
+	}
+	_, err := tx.Exec(ctx, update, in.rowArgs(d.id, in.cfg.Consumer, d.id, d.part, d.offset, dup)...)
 	return err
+}
+
+// rowTime is the condition that prunes a statement finding an inbox row by
+// (consumer, message id) to the partitions it can be in, its id's time
+// being parameter n: the partition of that time, and the one of rows
+// written without a time. "" in a plain inbox.
+func (in *Inbox) rowTime(id string, n int) string {
+	if in.cfg.Partitions == nil {
+		return ""
+	}
+	return fmt.Sprintf(" AND msg_time IN ($%d, '-infinity')", n)
+}
+
+// rowArgs is args followed, in a partitioned inbox, by the time of id, for
+// rowTime's parameter. An id without one (quarantined before any row is
+// written) gets a time no row has.
+func (in *Inbox) rowArgs(id string, args ...any) []any {
+	if in.cfg.Partitions == nil {
+		return args
+	}
+	t, err := in.cfg.Partitions.Time(id)
+	if err != nil {
+		return append(args, pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true})
+	}
+	return append(args, t)
 }
 
 // insertQuarantine records d as it arrived: a record with no value (a nil
