@@ -226,6 +226,12 @@ func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) er
 		fmt.Sprintf(`ALTER TABLE inbox_messages ADD CONSTRAINT inbox_messages_before_cut CHECK (msg_time < %s) NOT VALID`, quoteTime(cutOver)),
 		`ALTER TABLE inbox_messages VALIDATE CONSTRAINT inbox_messages_before_cut`,
 	}
+	// Deliveries queue behind a step that waits for the table's lock (a
+	// long transaction holding it): wait a few seconds at most, and fail.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`SET lock_timeout = %d`, max(p.LockTimeout, 5*time.Second).Milliseconds())); err != nil {
+		return err
+	}
+	defer pool.Exec(context.WithoutCancel(ctx), `RESET lock_timeout`) //nolint:errcheck // the connection goes back to the pool
 	for _, s := range steps {
 		if err := dropInvalidIndexes(ctx, pool); err != nil {
 			return err
@@ -293,32 +299,48 @@ type partition struct {
 
 func (p partition) isDefault() bool { return p.to.IsZero() }
 
-// listPartitions reads inbox_messages's partitions from the catalog.
+// listPartitions reads inbox_messages's partitions from the catalog. The
+// bounds are read back from their text, which follows the session's
+// DateStyle and TimeZone: both are pinned for the read, so a zone
+// abbreviation that reads back as another zone cannot come in.
 func listPartitions(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
+	Begin(context.Context) (pgx.Tx, error)
 }) ([]partition, error) {
-	rows, err := q.Query(ctx, `
-		SELECT c.relname::text,
-			substring(pg_get_expr(c.relpartbound, c.oid) from 'FROM \(''([^'']+)''\)')::timestamptz,
-			substring(pg_get_expr(c.relpartbound, c.oid) from 'TO \(''([^'']+)''\)')::timestamptz
-		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent = 'inbox_messages'::regclass
-		ORDER BY 3 NULLS LAST`)
+	var parts []partition
+	err := pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
+		for _, set := range []string{`SET LOCAL DateStyle = 'ISO'`, `SET LOCAL TimeZone = 'UTC'`} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, `
+			SELECT c.relname::text,
+				substring(pg_get_expr(c.relpartbound, c.oid) from 'FROM \(''([^'']+)''\)')::timestamptz,
+				substring(pg_get_expr(c.relpartbound, c.oid) from 'TO \(''([^'']+)''\)')::timestamptz
+			FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+			WHERE i.inhparent = 'inbox_messages'::regclass
+			ORDER BY 3 NULLS LAST`)
+		if err != nil {
+			return err
+		}
+		parts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (partition, error) {
+			var p partition
+			var from, to *time.Time
+			err := r.Scan(&p.name, &from, &to)
+			if from != nil {
+				p.from = from.UTC()
+			}
+			if to != nil {
+				p.to = to.UTC()
+			}
+			return p, err
+		})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing inbox_messages's partitions: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (partition, error) {
-		var p partition
-		var from, to *time.Time
-		err := r.Scan(&p.name, &from, &to)
-		if from != nil {
-			p.from = from.UTC()
-		}
-		if to != nil {
-			p.to = to.UTC()
-		}
-		return p, err
-	})
+	return parts, nil
 }
 
 // makePartitions makes the partitions of the current interval and Ahead
@@ -336,12 +358,24 @@ func makePartitions(ctx context.Context, pool *pgxpool.Pool, p Partitioning, now
 			continue
 		}
 		name := partitionName(start)
-		if err := makePartition(ctx, pool, p, name, start, start.Add(p.Interval)); err != nil {
+		if err := makePartition(ctx, pool, p, name, start, end(parts, start, start.Add(p.Interval))); err != nil {
 			return made, fmt.Errorf("inbox: making partition %s: %w", name, err)
 		}
 		made = append(made, name)
 	}
 	return made, nil
+}
+
+// end returns to, or the start of the first partition made after from and
+// before to: after Interval changed, the new partitions fill the gaps the
+// old ones left without overlapping them.
+func end(parts []partition, from, to time.Time) time.Time {
+	for _, p := range parts {
+		if !p.isDefault() && !p.from.IsZero() && p.from.After(from) && p.from.Before(to) {
+			to = p.from
+		}
+	}
+	return to
 }
 
 func covered(parts []partition, t time.Time) bool {

@@ -223,15 +223,18 @@ func TestPartitionRetentionDropsWhatNoOneNeeds(t *testing.T) {
 	send(omw, dayAgo(7), 3)             //
 	kafkaDay := send(mw, dayAgo(6), 10) // Kafka still holds offset 10
 	recentDay := send(mw, dayAgo(5), 4) // processed an hour ago
+	parkedDay := send(mw, dayAgo(4), 7) // parked: waits for its key's release
 	oldID := send(mw, cut.Add(-day), 5) // older than the cut-over: the first partition
 	age := func(id, by string) {
 		_, err := b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - $2::interval WHERE message_id = $1`, id, by)
 		require.NoError(t, err)
 	}
-	for _, id := range []string{plainDay, sharedDay, kafkaDay, oldID} {
+	_, err := b.pool.Exec(b.ctx, `UPDATE inbox_messages SET status = 'parked' WHERE message_id = $1`, parkedDay)
+	require.NoError(t, err)
+	for _, id := range []string{plainDay, sharedDay, kafkaDay, oldID, parkedDay} {
 		age(id, "3 days")
 	}
-	_, err := b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '3 days' WHERE consumer = 'shipping'`)
+	_, err = b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '3 days' WHERE consumer = 'shipping'`)
 	require.NoError(t, err)
 	age(recentDay, "1 hour")
 	require.Equal(t, "inbox_messages_before_cut", partitionOf(t, b, oldID))
@@ -252,6 +255,7 @@ func TestPartitionRetentionDropsWhatNoOneNeeds(t *testing.T) {
 	require.True(t, exists(sharedDay), "shipping has not cleared the partition")
 	require.True(t, exists(kafkaDay), "Kafka still holds a copy")
 	require.True(t, exists(recentDay), "processed within retention")
+	require.True(t, exists(parkedDay), "parked: not applied yet")
 	require.True(t, table("inbox_messages_p"+dayAgo(9).Truncate(day).Format("20060102t1504")) == false, "an empty old partition goes too")
 
 	// A message older than every partition left (a dead letter redriven
