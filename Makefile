@@ -149,11 +149,16 @@ bench-history: ## The cost as the tables grow: the project build on empty tables
 bench-faults: ## Throughput under faults: the relay at 500 rows/s on a 3-node Apache Kafka cluster, quiet, then a broker SIGKILLed, then a leader change, then quiet again (3 rounds, about 6 minutes): bench-faults-report.json
 	BENCH_FAULTS_REPORT=$${BENCH_FAULTS_REPORT:-bench-faults-report.json} $(GO) run ./bench -faults -rounds 3
 
+.PHONY: bench-soak
+bench-soak: ## Retention under a steady load: an inbox deleting rows beside one dropping partitions, 200 messages/s each for 20 minutes, a transaction held open in the middle third: bench-soak-report.json
+	BENCH_SOAK_REPORT=$${BENCH_SOAK_REPORT:-bench-soak-report.json} $(GO) run ./bench -soak 20m -rate 200
+
 .PHONY: bench-smoke
 bench-smoke: ## A few seconds of the benchmark, to keep it working (CI runs this)
 	BENCH_REPORT=$${BENCH_REPORT:-/tmp/bench-smoke.json} $(GO) run ./bench -smoke
 	BENCH_RELAY_REPORT=$${BENCH_RELAY_REPORT:-/tmp/bench-relay-smoke.json} $(GO) run ./bench -relay -smoke
 	BENCH_FAULTS_REPORT=$${BENCH_FAULTS_REPORT:-/tmp/bench-faults-smoke.json} $(GO) run ./bench -faults -smoke
+	BENCH_SOAK_REPORT=$${BENCH_SOAK_REPORT:-/tmp/bench-soak-smoke.json} $(GO) run ./bench -soak 15s -smoke -rate 100
 
 .PHONY: compose-env
 compose-env: ## Once, before docker compose up: write .env with this machine's secrets (passwords, signing keys, tokens), or add what an existing one lacks; never committed

@@ -170,6 +170,7 @@ func run(ctx context.Context) error {
 	extraEnv := flag.String("env", "", "extra environment for the services of every build, comma-separated KEY=VALUE (for trying a setting; the report records it)")
 	relayOnly := flag.Bool("relay", false, "run the relay-only benchmark instead (bench/relay.go): Watermill's Forwarder at its defaults and tuned, this relay with 1, 2 and 3 replicas; writes bench-relay-report.json (BENCH_RELAY_REPORT)")
 	faults := flag.Bool("faults", false, "run the faults benchmark instead (bench/faults.go): the relay at a steady rate on a 3-node Apache Kafka cluster while a broker is SIGKILLed and its partitions' leaders change; writes bench-faults-report.json (BENCH_FAULTS_REPORT)")
+	soak := flag.Duration("soak", 0, "run the soak instead (bench/soak.go): an inbox retiring rows by DELETE beside one dropping partitions, at a steady rate (-rate, default 200/s) for this long, with a transaction held open in the middle third; writes bench-soak-report.json (BENCH_SOAK_REPORT); 20m for the goal")
 	history := flag.Int("history", 0, "add the history build: the project build on tables that already hold this many rows each (both services' inbox and outbox; history.go), beside the empty-table figures; 10000000 for the goal")
 	kafkaFlag := flag.String("kafka", "", "brokers to run the service builds on, comma-separated: kfake, apache (one node). Default: both, or kfake alone (said so in the report) where Apache Kafka cannot run; with REQUIRE_APACHE_KAFKA set, that is an error")
 	flag.Parse()
@@ -208,6 +209,13 @@ func run(ctx context.Context) error {
 	}
 	if *faults {
 		return runFaultBench(ctx, *smoke, *rounds, say)
+	}
+	if *soak > 0 {
+		sample := 15 * time.Second
+		if *smoke {
+			sample = 2 * time.Second
+		}
+		return runSoak(ctx, *soak, cmp.Or(*rate, 200), sample, say)
 	}
 	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
 	brokers, skipped, err := chooseBrokers(ctx, *kafkaFlag, say)

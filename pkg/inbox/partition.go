@@ -457,7 +457,7 @@ func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []s
 		if !clear {
 			continue
 		}
-		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name)
+		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name, clearedSlack(in.cfg.Retention))
 		if err != nil {
 			return dropped, err
 		}
@@ -494,14 +494,16 @@ func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) 
 // clearedSlack is how long before the earliest clearance every row of a
 // partition must have been written for the partition to be dropped: a row
 // written after a consumer cleared the partition has a processed_at from
-// its transaction's start, and an inbox transaction lasts far less.
-const clearedSlack = time.Hour
+// its transaction's start, and an inbox transaction lasts far less (its
+// TxTimeout, which Validate keeps below it). An hour, or half of Retention
+// when that is shorter (a test's, a soak's).
+func clearedSlack(retention time.Duration) time.Duration { return min(time.Hour, retention/2) }
 
 // dropPartition drops the partition when every consumer with rows in it has
 // cleared it and no row in it was written since, and reports whether it
 // did. It holds off writes to the partition while it checks (SHARE), and
 // waits at most LockTimeout for the table's lock to drop it.
-func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name string) (bool, error) {
+func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name string, slack time.Duration) (bool, error) {
 	table := pgx.Identifier{name}.Sanitize()
 	var dropped bool
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -524,7 +526,7 @@ func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 			)
 			SELECT NOT EXISTS (SELECT 1 FROM clearances WHERE cleared_at IS NULL)
 				AND coalesce((SELECT max(processed_at) FROM `+table+`) < (SELECT min(cleared_at) FROM clearances) - $2::interval, true)`,
-			name, clearedSlack).Scan(&ok)
+			name, slack).Scan(&ok)
 		if err != nil || !ok {
 			return err
 		}

@@ -1,0 +1,409 @@
+package main
+
+// The soak (-soak D): the inbox's two ways of retiring rows, side by side in
+// one run on one Postgres, for D (20 minutes for issue #29's goal):
+//
+//   - delete: the plain inbox_messages, Inbox.Sweep deleting the rows past
+//     retention in batches;
+//   - partitions: the table partitioned by id time (inbox.PartitionByIDTime,
+//     Config.Partitions), Sweep dropping whole partitions.
+//
+// Each build is one pkg/inbox consumer on a database of its own, run as the
+// services run theirs (Inbox.Handler, batches of up to 64, Inbox.Run), with
+// a handler that inserts one domain row per message. Both are fed the same
+// steady rate by soakWorkers goroutines, each handing over one message at a
+// time as a Kafka partition does; one delivery in a hundred is a copy of an
+// earlier message, which the inbox suppresses. Kafka is not in this loop:
+// the subject is the table, and the hop through Kafka is what the other
+// benchmarks measure.
+//
+// Retention is scaled down so that rows are retired all through the run:
+// rows are kept for soakRetention, partitions span soakInterval, and the
+// sweep runs every soakSweepEvery. In the middle third of the run a
+// transaction is held open in each database (REPEATABLE READ, one read of
+// another table), as a report or a forgotten session would: vacuum cannot
+// remove what it could otherwise see is dead.
+//
+// Every soakSample it records, per build: messages applied per second,
+// delivery latency p50/p99 (from handing a message to the inbox to the
+// commit of its batch), the inbox table's size with its indexes, and its
+// live and dead tuples (pg_stat_user_tables, summed over the partitions).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+)
+
+const (
+	soakRetention  = 2 * time.Minute
+	soakInterval   = time.Minute
+	soakSweepEvery = 10 * time.Second
+	soakWorkers    = 16
+)
+
+// SoakSample is one build's figures over one sample interval.
+type SoakSample struct {
+	AtS        float64 `json:"at_s"`
+	Phase      string  `json:"phase"` // before, long_tx (the transaction is open), after
+	AppliedPS  float64 `json:"applied_per_s"`
+	P50Ms      float64 `json:"p50_ms"`
+	P99Ms      float64 `json:"p99_ms"`
+	TableMB    float64 `json:"table_and_indexes_mb"`
+	LiveTuples int64   `json:"live_tuples"`
+	DeadTuples int64   `json:"dead_tuples"`
+	Partitions int     `json:"partitions,omitempty"`
+}
+
+// SoakBuild is one build's run.
+type SoakBuild struct {
+	Name    string       `json:"name"`
+	Offered float64      `json:"offered_per_s"`
+	Applied int64        `json:"applied"`
+	Errors  int64        `json:"errors"`
+	Swept   int64        `json:"rows_deleted_by_sweep"`
+	Samples []SoakSample `json:"samples"`
+	// Per phase: medians of the samples' throughput and p99, and the
+	// largest dead-tuple count.
+	Phases map[string]SoakPhase `json:"phases"`
+}
+
+// SoakPhase sums up a build's samples in one phase.
+type SoakPhase struct {
+	AppliedPS float64 `json:"applied_per_s_median"`
+	P99Ms     float64 `json:"p99_ms_median"`
+	MaxDead   int64   `json:"dead_tuples_max"`
+	MaxMB     float64 `json:"table_and_indexes_mb_max"`
+}
+
+// SoakReport is what -soak writes (BENCH_SOAK_REPORT, default
+// bench-soak-report.json).
+type SoakReport struct {
+	When      string            `json:"when"`
+	Machine   map[string]string `json:"machine"`
+	Duration  float64           `json:"duration_s"`
+	Rate      float64           `json:"rate_per_s"`
+	Retention float64           `json:"retention_s"`
+	Interval  float64           `json:"partition_interval_s"`
+	LongTx    [2]float64        `json:"long_tx_s"` // from, to
+	Builds    []SoakBuild       `json:"builds"`
+}
+
+// soakBuild is one build as it runs.
+type soakBuild struct {
+	name string
+	pool *pgxpool.Pool
+	in   *inbox.Inbox
+
+	mu        sync.Mutex
+	latencies []time.Duration // this sample interval's
+	applied   int64           // this sample interval's
+	errors    int64
+	swept     int64
+}
+
+func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Duration, say func(string, ...any)) error {
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Stop() //nolint:errcheck
+	builds := []*soakBuild{{name: "delete"}, {name: "partitions"}}
+	for _, b := range builds {
+		if b.pool, err = soakDatabase(ctx, pg, b.name); err != nil {
+			return err
+		}
+		defer b.pool.Close()
+		cfg := inbox.Config{
+			Pool: b.pool, Consumer: "soak", BatchSize: 64, BatchWorkers: 1, BatchLinger: time.Millisecond,
+			Retention: soakRetention, RedeliveryHorizon: soakRetention, RetentionInterval: time.Hour, // swept below, so it is counted
+		}
+		if b.name == "partitions" {
+			p := inbox.Partitioning{Interval: soakInterval, Ahead: 3}
+			if err := inbox.PartitionByIDTime(ctx, b.pool, p, time.Now().Add(-soakInterval)); err != nil {
+				return err
+			}
+			cfg.Partitions = &p
+		}
+		if b.in, err = inbox.New(cfg); err != nil {
+			return err
+		}
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	for _, b := range builds {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = b.in.Run(runCtx) }()
+	}
+	for _, b := range builds {
+		for !b.in.Running() {
+			time.Sleep(10 * time.Millisecond) // Run starts its batch workers
+		}
+		wg.Add(2)
+		go func() { defer wg.Done(); b.sweep(runCtx, say) }()
+		go func() { defer wg.Done(); b.feed(runCtx, rate) }()
+	}
+
+	start := time.Now()
+	longFrom, longTo := d/3, 2*d/3
+	say("soak: %s at %.0f messages/s into each build (delete, partitions); rows kept %s, partitions of %s; a transaction held open from %s to %s",
+		d, rate, soakRetention, soakInterval, longFrom, longTo)
+	report := SoakReport{When: start.UTC().Format(time.RFC3339), Machine: machine(), Duration: d.Seconds(), Rate: rate,
+		Retention: soakRetention.Seconds(), Interval: soakInterval.Seconds(), LongTx: [2]float64{longFrom.Seconds(), longTo.Seconds()}}
+	samples := make([][]SoakSample, len(builds))
+	var longTxs []pgx.Tx
+	tick := time.NewTicker(sample)
+	defer tick.Stop()
+	for elapsed := time.Duration(0); elapsed < d; {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		elapsed = time.Since(start)
+		phase := "before"
+		switch {
+		case elapsed >= longTo:
+			phase = "after"
+			for _, tx := range longTxs {
+				_ = tx.Rollback(ctx)
+			}
+			longTxs = nil
+		case elapsed >= longFrom:
+			phase = "long_tx"
+			if longTxs == nil {
+				for _, b := range builds {
+					tx, err := openLongTx(ctx, b.pool)
+					if err != nil {
+						return err
+					}
+					longTxs = append(longTxs, tx)
+				}
+				say("soak: a transaction is open in each database")
+			}
+		}
+		for i, b := range builds {
+			s, err := b.take(ctx, elapsed, sample, phase)
+			if err != nil {
+				return err
+			}
+			samples[i] = append(samples[i], s)
+			say("soak %-10s %4.0fs %-7s %6.1f/s  p50 %6.1f ms  p99 %6.1f ms  %7.1f MB  live %8d  dead %8d%s",
+				b.name, s.AtS, s.Phase, s.AppliedPS, s.P50Ms, s.P99Ms, s.TableMB, s.LiveTuples, s.DeadTuples,
+				map[bool]string{true: fmt.Sprintf("  partitions %d", s.Partitions)}[s.Partitions > 0])
+		}
+	}
+	for _, tx := range longTxs {
+		_ = tx.Rollback(ctx)
+	}
+	stop()
+	wg.Wait()
+
+	for i, b := range builds {
+		var total int64
+		for _, s := range samples[i] {
+			total += int64(s.AppliedPS * sample.Seconds())
+		}
+		report.Builds = append(report.Builds, SoakBuild{Name: b.name, Offered: rate, Applied: total, Errors: b.errors,
+			Swept: b.swept, Samples: samples[i], Phases: soakPhases(samples[i])})
+	}
+	for _, b := range report.Builds {
+		say("soak %s: %d applied, %d errors; by phase: %+v", b.Name, b.Applied, b.Errors, b.Phases)
+	}
+	if err := writeReport(report, "BENCH_SOAK_REPORT", "bench-soak-report.json", say); err != nil {
+		return err
+	}
+	for _, b := range report.Builds {
+		if b.Errors > 0 || b.Applied == 0 {
+			return fmt.Errorf("soak: the %s build applied %d messages with %d failed deliveries", b.Name, b.Applied, b.Errors)
+		}
+	}
+	return nil
+}
+
+// soakDatabase returns a pool on a new database holding the inbox's tables
+// and the handler's domain table.
+func soakDatabase(ctx context.Context, pg *pgtest.Server, name string) (*pgxpool.Pool, error) {
+	url, err := pg.CreateDatabase(ctx, "soak_"+name)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := inbox.Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	_, err = pool.Exec(ctx, `CREATE TABLE soak_applied (message_id text NOT NULL, at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE soak_report (n int)`)
+	return pool, err
+}
+
+// openLongTx opens a transaction that holds a snapshot, and nothing else.
+func openLongTx(ctx context.Context, pool *pgxpool.Pool) (pgx.Tx, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, err
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM soak_report`).Scan(&n); err != nil {
+		return nil, errors.Join(err, tx.Rollback(ctx))
+	}
+	return tx, nil
+}
+
+// feed hands messages to the build's inbox at rate per second from
+// soakWorkers goroutines, each one at a time.
+func (b *soakBuild) feed(ctx context.Context, rate float64) {
+	handle := b.in.Handler(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			ids[i] = m.UUID
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO soak_applied (message_id) SELECT unnest($1::text[])`, ids)
+		return err
+	})
+	tokens := make(chan struct{}, soakWorkers)
+	go func() {
+		every := time.Duration(float64(time.Second) / rate)
+		next := time.Now()
+		for ctx.Err() == nil {
+			next = next.Add(every)
+			time.Sleep(time.Until(next)) // paced by the clock, not by the workers
+			select {
+			case tokens <- struct{}{}:
+			default: // the workers are behind: the offered rate is not met, which the figures show
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range soakWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			var recent []string
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tokens:
+				}
+				id := uuid.Must(uuid.NewV7()).String()
+				if len(recent) > 0 && rng.IntN(100) == 0 {
+					id = recent[rng.IntN(len(recent))] // a copy: suppressed
+				} else {
+					recent = append(recent, id)
+					if len(recent) > 1000 {
+						recent = recent[500:]
+					}
+				}
+				msg := message.NewMessage(id, []byte(`{"v":1}`))
+				msg.SetContext(ctx)
+				t0 := time.Now()
+				err := handle(msg)
+				took := time.Since(t0)
+				b.mu.Lock()
+				if err != nil {
+					if ctx.Err() == nil {
+						b.errors++
+					}
+				} else {
+					b.applied++
+					b.latencies = append(b.latencies, took)
+				}
+				b.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// sweep runs the inbox's retention every soakSweepEvery, as Inbox.Run
+// would, counting what it deleted.
+func (b *soakBuild) sweep(ctx context.Context, say func(string, ...any)) {
+	t := time.NewTicker(soakSweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := b.in.Sweep(ctx)
+		if err != nil && ctx.Err() == nil {
+			say("soak %s: sweep: %v", b.name, err)
+		}
+		b.mu.Lock()
+		b.swept += n
+		b.mu.Unlock()
+	}
+}
+
+// take closes the build's sample interval.
+func (b *soakBuild) take(ctx context.Context, elapsed, sample time.Duration, phase string) (SoakSample, error) {
+	b.mu.Lock()
+	lat, applied := b.latencies, b.applied
+	b.latencies, b.applied = nil, 0
+	b.mu.Unlock()
+	slices.Sort(lat)
+	s := SoakSample{AtS: elapsed.Round(time.Second).Seconds(), Phase: phase, AppliedPS: float64(applied) / sample.Seconds(),
+		P50Ms: ms(quantile(lat, 0.50)), P99Ms: ms(quantile(lat, 0.99))}
+	var bytes int64
+	err := b.pool.QueryRow(ctx, `
+		SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint,
+			coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
+			count(*) FILTER (WHERE c.relname LIKE 'inbox_messages_p%')::int
+		FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+		WHERE c.relkind = 'r' AND (c.relname = 'inbox_messages' OR c.relname LIKE 'inbox_messages\_%')`).
+		Scan(&bytes, &s.LiveTuples, &s.DeadTuples, &s.Partitions)
+	s.TableMB = float64(bytes) / (1 << 20)
+	return s, err
+}
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// soakPhases sums up samples by phase.
+func soakPhases(samples []SoakSample) map[string]SoakPhase {
+	out := map[string]SoakPhase{}
+	for _, phase := range []string{"before", "long_tx", "after"} {
+		var tput, p99 []float64
+		var sp SoakPhase
+		for _, s := range samples {
+			if s.Phase != phase {
+				continue
+			}
+			tput, p99 = append(tput, s.AppliedPS), append(p99, s.P99Ms)
+			sp.MaxDead = max(sp.MaxDead, s.DeadTuples)
+			sp.MaxMB = max(sp.MaxMB, s.TableMB)
+		}
+		if len(tput) == 0 {
+			continue
+		}
+		sp.AppliedPS, sp.P99Ms = median(tput), median(p99)
+		out[phase] = sp
+	}
+	return out
+}
