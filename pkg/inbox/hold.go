@@ -403,7 +403,7 @@ func (h holdKey) applyParked(p *delivery, a applier) (herr, err error) {
 func (h holdKey) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status string) (ok bool, err error) {
 	in := h.in
 	tag, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = $3, processed_at = now()
-		WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, in.cfg.Consumer, p.id, status)
+		WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`+in.rowTime(p.id, 4), in.rowArgs(p.id, in.cfg.Consumer, p.id, status)...)
 	if err != nil {
 		return false, fmt.Errorf("inbox: unparking: %w", err)
 	}

@@ -37,12 +37,20 @@ type holdBundle struct {
 // setupHold returns a holdBundle whose inbox has policy; batch puts the
 // handler behind Inbox.Handler with BatchSize 8 instead of Middleware.
 func setupHold(t *testing.T, policy inbox.DeadLetterPolicy, batch bool) *holdBundle {
+	return setupHoldOn(t, policy, batch, nil)
+}
+
+// setupHoldOn is setupHold on an inbox partitioned by p, when p is set.
+func setupHoldOn(t *testing.T, policy inbox.DeadLetterPolicy, batch bool, p *inbox.Partitioning) *holdBundle {
 	t.Helper()
-	cfg := inbox.Config{OnDeadLetter: policy, MaxAttempts: 2, RetryBackoff: time.Millisecond}
+	cfg := inbox.Config{OnDeadLetter: policy, MaxAttempts: 2, RetryBackoff: time.Millisecond, Partitions: p}
 	if batch {
 		cfg.BatchSize = 8
 	}
 	in, b := setup(t, cfg)
+	if p != nil {
+		require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, *p, time.Now().Add(-p.Interval)))
+	}
 	h := &holdBundle{testBundle: b, in: in, topic: "hold-" + watermill.NewShortUUID(), fixed: map[string]bool{}}
 	b.handler.hook = func(msg *message.Message, _ int) error {
 		h.mu.Lock()
@@ -226,9 +234,21 @@ func TestHoldKey(t *testing.T) {
 func TestHoldKeyRelease(t *testing.T) {
 	t.Parallel()
 
-	t.Run("DiscardReleasesInOrder", func(t *testing.T) {
-		t.Parallel()
-		h := setupHold(t, inbox.HoldKey, false)
+	for _, p := range []*inbox.Partitioning{nil, {Interval: time.Hour}} {
+		name := "DiscardReleasesInOrder"
+		if p != nil {
+			name += "Partitioned" // the release finds the parked rows in their partitions
+		}
+		t.Run(name, func(t *testing.T) { discardReleasesInOrder(t, p) })
+	}
+
+	t.Run("ReleasedMessageFailsHoldsAgain", releasedMessageFailsHoldsAgain)
+}
+
+func discardReleasesInOrder(t *testing.T, p *inbox.Partitioning) {
+	t.Parallel()
+	{
+		h := setupHoldOn(t, inbox.HoldKey, false, p)
 		k1 := h.publish(t, "K", "poison 1")
 		h.await(t, "dead_lettered", k1)
 		k2, k3 := h.publish(t, "K", "2"), h.publish(t, "K", "3")
@@ -247,10 +267,16 @@ func TestHoldKeyRelease(t *testing.T) {
 		require.Equal(t, "1", scalar[string](t, h.testBundle, `SELECT count(*)::text FROM outbox_messages
 			WHERE topic = $1 AND message_id = $2 AND metadata->>$3 = $4`, h.topic, k2, inbox.ReleaseOfMetadata, strconv.FormatInt(qid, 10)))
 		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone")
-	})
+		if p != nil {
+			require.Zero(t, scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_messages WHERE tableoid::regclass::text NOT LIKE 'inbox_messages_p%'`),
+				"every row in an hour's partition")
+		}
+	}
+}
 
-	t.Run("ReleasedMessageFailsHoldsAgain", func(t *testing.T) {
-		t.Parallel()
+func releasedMessageFailsHoldsAgain(t *testing.T) {
+	t.Parallel()
+	{
 		h := setupHold(t, inbox.HoldKey, false)
 		k1 := h.publish(t, "K", "poison 1")
 		h.await(t, "dead_lettered", k1)
@@ -289,7 +315,7 @@ func TestHoldKeyRelease(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, held, 1)
 		require.Equal(t, k5, held[0].Holder)
-	})
+	}
 }
 
 // TestHoldKeyParking: a parked message's redelivery is suppressed like any
