@@ -98,6 +98,21 @@
 //     later than Retention after the first (RedeliveryHorizon bounds that),
 //     and copies on another partition (the row is then swept by age alone).
 //
+// # A partitioned inbox
+//
+// An inbox that keeps weeks of rows can be partitioned by the time in each
+// message's id (Config.Partitions; PartitionByIDTime converts the table in
+// place, the table as it was becoming the first partition). Every copy of
+// a message carries the same id and so goes to the same partition, where
+// it meets the first copy's row; an id that carries no time (UUIDv7Time
+// reads pkg/outbox's ids) is quarantined. The sweep then drops a whole
+// partition once every consumer with rows in it would have swept them all,
+// by the same conditions as above, instead of deleting rows: no dead tuples
+// for vacuum, which a long transaction elsewhere would hold back. Every
+// consumer of the table must run with Config.Partitions before the
+// conversion's cut-over passes. docs/partitioning.md has the design and
+// what was checked on Postgres.
+//
 // # Holding a poisoned key
 //
 // By default a dead letter skips its key: the partition goes on, so the
