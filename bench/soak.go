@@ -24,10 +24,18 @@ package main
 // another table), as a report or a forgotten session would: vacuum cannot
 // remove what it could otherwise see is dead.
 //
-// Every soakSample it records, per build: messages applied per second,
-// delivery latency p50/p99 (from handing a message to the inbox to the
-// commit of its batch), the inbox table's size with its indexes, and its
-// live and dead tuples (pg_stat_user_tables, summed over the partitions).
+// Every soakSample it records, per build: messages handled per second
+// (applied, or suppressed as copies), delivery latency p50/p99 (from when
+// the message was due to the commit of its batch, so waiting for a free
+// worker counts; offers no worker was free for are counted as dropped),
+// the inbox table's size with its indexes, and its live and dead tuples
+// (pg_stat_user_tables, summed over the partitions). A sample is labelled
+// by what held during its whole interval. At the end it checks that no
+// message was applied twice or quarantined and no sweep failed.
+//
+// Both builds share one Postgres and one process: a cost one of them puts
+// on the machine (its vacuum, its WAL) lands on the other's latency too, so
+// the soak compares what the tables keep, not the two builds' tails.
 
 import (
 	"context"
@@ -75,6 +83,8 @@ type SoakBuild struct {
 	Errors  int64        `json:"errors"`
 	Swept   int64        `json:"rows_deleted_by_sweep"`
 	Samples []SoakSample `json:"samples"`
+	Dropped int64        `json:"offers_dropped"` // the workers were behind: offered late or not at all
+	Sweeps  int64        `json:"sweep_errors"`
 	// Per phase: medians of the samples' throughput and p99, and the
 	// largest dead-tuple count.
 	Phases map[string]SoakPhase `json:"phases"`
@@ -97,8 +107,11 @@ type SoakReport struct {
 	Rate      float64           `json:"rate_per_s"`
 	Retention float64           `json:"retention_s"`
 	Interval  float64           `json:"partition_interval_s"`
-	LongTx    [2]float64        `json:"long_tx_s"` // from, to
-	Builds    []SoakBuild       `json:"builds"`
+	LongTx    [2]float64        `json:"long_tx_s"` // when it was opened and closed
+	// What the databases hold at the end (domain rows, distinct ones,
+	// quarantined messages), so that a failure does not hide in averages.
+	Checks map[string]int64 `json:"checks"`
+	Builds []SoakBuild      `json:"builds"`
 }
 
 // soakBuild is one build as it runs.
@@ -110,11 +123,18 @@ type soakBuild struct {
 	mu        sync.Mutex
 	latencies []time.Duration // this sample interval's
 	applied   int64           // this sample interval's
+	total     int64
 	errors    int64
 	swept     int64
+	sweepErrs int64
+	dropped   int64
+	runErr    error
 }
 
 func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Duration, say func(string, ...any)) error {
+	if rate <= 0 {
+		return fmt.Errorf("soak: -rate must be positive, not %g", rate)
+	}
 	pg, err := pgtest.Start(ctx)
 	if err != nil {
 		return err
@@ -147,10 +167,23 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 	var wg sync.WaitGroup
 	for _, b := range builds {
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = b.in.Run(runCtx) }()
+		go func() {
+			defer wg.Done()
+			if err := b.in.Run(runCtx); err != nil {
+				b.mu.Lock()
+				b.runErr = err
+				b.mu.Unlock()
+			}
+		}()
 	}
 	for _, b := range builds {
 		for !b.in.Running() {
+			b.mu.Lock()
+			err := b.runErr
+			b.mu.Unlock()
+			if err != nil {
+				return fmt.Errorf("soak %s: %w", b.name, err)
+			}
 			time.Sleep(10 * time.Millisecond) // Run starts its batch workers
 		}
 		wg.Add(2)
@@ -163,11 +196,15 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 	say("soak: %s at %.0f messages/s into each build (delete, partitions); rows kept %s, partitions of %s; a transaction held open from %s to %s",
 		d, rate, soakRetention, soakInterval, longFrom, longTo)
 	report := SoakReport{When: start.UTC().Format(time.RFC3339), Machine: machine(), Duration: d.Seconds(), Rate: rate,
-		Retention: soakRetention.Seconds(), Interval: soakInterval.Seconds(), LongTx: [2]float64{longFrom.Seconds(), longTo.Seconds()}}
+		Retention: soakRetention.Seconds(), Interval: soakInterval.Seconds()}
 	samples := make([][]SoakSample, len(builds))
 	var longTxs []pgx.Tx
 	tick := time.NewTicker(sample)
 	defer tick.Stop()
+	// A sample is labelled by what held during its interval: the
+	// transaction opens and closes right after the tick that ends the last
+	// interval before, so each interval is wholly before, in, or after it.
+	phase := "before"
 	for elapsed := time.Duration(0); elapsed < d; {
 		select {
 		case <-ctx.Done():
@@ -175,27 +212,6 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		case <-tick.C:
 		}
 		elapsed = time.Since(start)
-		phase := "before"
-		switch {
-		case elapsed >= longTo:
-			phase = "after"
-			for _, tx := range longTxs {
-				_ = tx.Rollback(ctx)
-			}
-			longTxs = nil
-		case elapsed >= longFrom:
-			phase = "long_tx"
-			if longTxs == nil {
-				for _, b := range builds {
-					tx, err := openLongTx(ctx, b.pool)
-					if err != nil {
-						return err
-					}
-					longTxs = append(longTxs, tx)
-				}
-				say("soak: a transaction is open in each database")
-			}
-		}
 		for i, b := range builds {
 			s, err := b.take(ctx, elapsed, sample, phase)
 			if err != nil {
@@ -206,6 +222,26 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 				b.name, s.AtS, s.Phase, s.AppliedPS, s.P50Ms, s.P99Ms, s.TableMB, s.LiveTuples, s.DeadTuples,
 				map[bool]string{true: fmt.Sprintf("  partitions %d", s.Partitions)}[s.Partitions > 0])
 		}
+		switch {
+		case phase == "long_tx" && elapsed+sample/2 >= longTo:
+			for _, tx := range longTxs {
+				_ = tx.Rollback(ctx)
+			}
+			longTxs, phase = nil, "after"
+			report.LongTx[1] = time.Since(start).Seconds()
+			say("soak: the transactions are closed")
+		case phase == "before" && elapsed+sample/2 >= longFrom:
+			for _, b := range builds {
+				tx, err := openLongTx(ctx, b.pool)
+				if err != nil {
+					return err
+				}
+				longTxs = append(longTxs, tx)
+			}
+			phase = "long_tx"
+			report.LongTx[0] = time.Since(start).Seconds()
+			say("soak: a transaction is open in each database")
+		}
 	}
 	for _, tx := range longTxs {
 		_ = tx.Rollback(ctx)
@@ -213,13 +249,20 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 	stop()
 	wg.Wait()
 
+	report.Checks = map[string]int64{}
 	for i, b := range builds {
-		var total int64
-		for _, s := range samples[i] {
-			total += int64(s.AppliedPS * sample.Seconds())
+		report.Builds = append(report.Builds, SoakBuild{Name: b.name, Offered: rate, Applied: b.total, Errors: b.errors,
+			Swept: b.swept, Dropped: b.dropped, Sweeps: b.sweepErrs, Samples: samples[i], Phases: soakPhases(samples[i])})
+		// Every handled message is a domain row or a suppressed copy, and
+		// none was quarantined or dead-lettered.
+		var rows, distinct, quarantined int64
+		if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM soak_applied), (SELECT count(DISTINCT message_id) FROM soak_applied),
+			(SELECT count(*) FROM inbox_quarantine)`).Scan(&rows, &distinct, &quarantined); err != nil {
+			return err
 		}
-		report.Builds = append(report.Builds, SoakBuild{Name: b.name, Offered: rate, Applied: total, Errors: b.errors,
-			Swept: b.swept, Samples: samples[i], Phases: soakPhases(samples[i])})
+		report.Checks[b.name+"_domain_rows"] = rows
+		report.Checks[b.name+"_domain_rows_distinct"] = distinct
+		report.Checks[b.name+"_quarantined"] = quarantined
 	}
 	for _, b := range report.Builds {
 		say("soak %s: %d applied, %d errors; by phase: %+v", b.Name, b.Applied, b.Errors, b.Phases)
@@ -228,8 +271,14 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		return err
 	}
 	for _, b := range report.Builds {
-		if b.Errors > 0 || b.Applied == 0 {
-			return fmt.Errorf("soak: the %s build applied %d messages with %d failed deliveries", b.Name, b.Applied, b.Errors)
+		c := func(k string) int64 { return report.Checks[b.Name+"_"+k] }
+		switch {
+		case b.Errors > 0 || b.Applied == 0 || b.Sweeps > 0:
+			return fmt.Errorf("soak: the %s build handled %d messages with %d failed deliveries and %d failed sweeps", b.Name, b.Applied, b.Errors, b.Sweeps)
+		case c("quarantined") > 0:
+			return fmt.Errorf("soak: the %s build quarantined %d messages", b.Name, c("quarantined"))
+		case c("domain_rows") != c("domain_rows_distinct"):
+			return fmt.Errorf("soak: the %s build applied %d messages twice", b.Name, c("domain_rows")-c("domain_rows_distinct"))
 		}
 	}
 	return nil
@@ -242,7 +291,12 @@ func soakDatabase(ctx context.Context, pg *pgtest.Server, name string) (*pgxpool
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 8 // the batch worker, the sweep, the long transaction, the samples, with room
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +332,9 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 		_, err := tx.Exec(ctx, `INSERT INTO soak_applied (message_id) SELECT unnest($1::text[])`, ids)
 		return err
 	})
-	tokens := make(chan struct{}, soakWorkers)
+	// Each offer carries when it was due: a delivery's latency runs from
+	// then, so time spent waiting for a free worker counts.
+	tokens := make(chan time.Time, soakWorkers)
 	go func() {
 		every := time.Duration(float64(time.Second) / rate)
 		next := time.Now()
@@ -286,8 +342,11 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 			next = next.Add(every)
 			time.Sleep(time.Until(next)) // paced by the clock, not by the workers
 			select {
-			case tokens <- struct{}{}:
-			default: // the workers are behind: the offered rate is not met, which the figures show
+			case tokens <- next:
+			default: // the workers are behind: counted, and the rate applied shows it
+				b.mu.Lock()
+				b.dropped++
+				b.mu.Unlock()
 			}
 		}
 	}()
@@ -299,10 +358,11 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			var recent []string
 			for {
+				var due time.Time
 				select {
 				case <-ctx.Done():
 					return
-				case <-tokens:
+				case due = <-tokens:
 				}
 				id := uuid.Must(uuid.NewV7()).String()
 				if len(recent) > 0 && rng.IntN(100) == 0 {
@@ -315,9 +375,8 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 				}
 				msg := message.NewMessage(id, []byte(`{"v":1}`))
 				msg.SetContext(ctx)
-				t0 := time.Now()
 				err := handle(msg)
-				took := time.Since(t0)
+				took := time.Since(due)
 				b.mu.Lock()
 				if err != nil {
 					if ctx.Err() == nil {
@@ -325,6 +384,7 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 					}
 				} else {
 					b.applied++
+					b.total++
 					b.latencies = append(b.latencies, took)
 				}
 				b.mu.Unlock()
@@ -346,11 +406,15 @@ func (b *soakBuild) sweep(ctx context.Context, say func(string, ...any)) {
 		case <-t.C:
 		}
 		n, err := b.in.Sweep(ctx)
-		if err != nil && ctx.Err() == nil {
+		failed := err != nil && ctx.Err() == nil
+		if failed {
 			say("soak %s: sweep: %v", b.name, err)
 		}
 		b.mu.Lock()
 		b.swept += n
+		if failed {
+			b.sweepErrs++
+		}
 		b.mu.Unlock()
 	}
 }

@@ -245,11 +245,12 @@ func (c Config) Validate() error {
 		return errors.New("inbox: Config.OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
 	case c.LogStart != nil && c.Position == nil:
 		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
-	case c.Partitions != nil && c.Partitions.validate() != nil:
-		return c.Partitions.validate()
-	case c.Partitions != nil && c.TxTimeout >= clearedSlack(c.Retention):
+	case c.Partitions != nil && c.Partitions.withDefaults().validate() != nil:
+		return c.Partitions.withDefaults().validate()
+	case c.Partitions != nil && cmp.Or(c.TxTimeout, DefaultTxTimeout) >= clearedSlack(cmp.Or(c.Retention, DefaultRetention)):
 		return fmt.Errorf("inbox: Config.TxTimeout (%s) must be shorter than %s with Config.Partitions: "+
-			"a partition is dropped only when no row in it was written that long before it was cleared", c.TxTimeout, clearedSlack(c.Retention))
+			"a partition is dropped only when no row in it was written that long before it was cleared",
+			cmp.Or(c.TxTimeout, DefaultTxTimeout), clearedSlack(cmp.Or(c.Retention, DefaultRetention)))
 	case c.Retention < c.RedeliveryHorizon:
 		return fmt.Errorf("inbox: Config.Retention (%s) is shorter than Config.RedeliveryHorizon (%s): "+
 			"a message redelivered after its inbox row was swept would be applied twice", c.Retention, c.RedeliveryHorizon)

@@ -71,6 +71,11 @@ func (p *Partitioning) setDefaults() {
 	}
 }
 
+func (p Partitioning) withDefaults() Partitioning {
+	p.setDefaults()
+	return p
+}
+
 func (p Partitioning) validate() error {
 	switch {
 	case p.Interval < time.Minute || p.Interval%time.Minute != 0:
@@ -258,6 +263,7 @@ func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) er
 				partition  text        NOT NULL,
 				consumer   text        NOT NULL,
 				cleared_at timestamptz NOT NULL DEFAULT now(),
+				slack      interval    NOT NULL, -- the consumer's clearedSlack
 				PRIMARY KEY (partition, consumer))`,
 		}
 		for _, s := range cut {
@@ -457,7 +463,7 @@ func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []s
 		if !clear {
 			continue
 		}
-		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name, clearedSlack(in.cfg.Retention))
+		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name)
 		if err != nil {
 			return dropped, err
 		}
@@ -483,8 +489,9 @@ func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) 
 		return false, err
 	}
 	_, err = in.cfg.Pool.Exec(ctx, `
-		INSERT INTO inbox_partitions_cleared (partition, consumer) VALUES ($1, $2)
-		ON CONFLICT (partition, consumer) DO UPDATE SET cleared_at = now()`, name, in.cfg.Consumer)
+		INSERT INTO inbox_partitions_cleared (partition, consumer, slack) VALUES ($1, $2, $3)
+		ON CONFLICT (partition, consumer) DO UPDATE SET cleared_at = now(), slack = excluded.slack`,
+		name, in.cfg.Consumer, clearedSlack(in.cfg.Retention))
 	if err != nil {
 		return false, fmt.Errorf("inbox: clearing partition %s: %w", name, err)
 	}
@@ -496,14 +503,16 @@ func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) 
 // written after a consumer cleared the partition has a processed_at from
 // its transaction's start, and an inbox transaction lasts far less (its
 // TxTimeout, which Validate keeps below it). An hour, or half of Retention
-// when that is shorter (a test's, a soak's).
+// when that is shorter (a test's, a soak's). Each consumer records its own
+// with its clearance, and a drop keeps the longest of those whose rows are
+// in the partition.
 func clearedSlack(retention time.Duration) time.Duration { return min(time.Hour, retention/2) }
 
 // dropPartition drops the partition when every consumer with rows in it has
 // cleared it and no row in it was written since, and reports whether it
 // did. It holds off writes to the partition while it checks (SHARE), and
 // waits at most LockTimeout for the table's lock to drop it.
-func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name string, slack time.Duration) (bool, error) {
+func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name string) (bool, error) {
 	table := pgx.Identifier{name}.Sanitize()
 	var dropped bool
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -520,13 +529,13 @@ func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 				UNION ALL
 				SELECT (SELECT min(consumer) FROM `+table+` WHERE consumer > consumers.c) FROM consumers WHERE c IS NOT NULL
 			), clearances AS (
-				SELECT k.c, pc.cleared_at FROM consumers k
+				SELECT k.c, pc.cleared_at, pc.slack FROM consumers k
 				LEFT JOIN inbox_partitions_cleared pc ON pc.partition = $1 AND pc.consumer = k.c
 				WHERE k.c IS NOT NULL
 			)
 			SELECT NOT EXISTS (SELECT 1 FROM clearances WHERE cleared_at IS NULL)
-				AND coalesce((SELECT max(processed_at) FROM `+table+`) < (SELECT min(cleared_at) FROM clearances) - $2::interval, true)`,
-			name, slack).Scan(&ok)
+				AND coalesce((SELECT max(processed_at) FROM `+table+`) < (SELECT min(cleared_at) - max(slack) FROM clearances), true)`,
+			name).Scan(&ok)
 		if err != nil || !ok {
 			return err
 		}

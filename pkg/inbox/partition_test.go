@@ -328,3 +328,37 @@ func TestPartitionByIDTimeDuringTheRollout(t *testing.T) {
 	require.Equal(t, []inbox.Outcome{inbox.Duplicate}, b.events.outcomes(id))
 	require.Equal(t, 1, appliedRows(t, b, consumer, id))
 }
+
+// TestPartitionDropKeepsTheLongestSlack: a row written after its consumer
+// cleared the partition, by a transaction that began before (its
+// processed_at is that start), keeps the partition for the slack of the
+// consumer that wrote it, whichever consumer's sweep tries the drop: here
+// billing's (an hour, its Retention being a day) and not shipping's (a
+// minute, its Retention two).
+func TestPartitionDropKeepsTheLongestSlack(t *testing.T) {
+	day := 24 * time.Hour
+	p := inbox.Partitioning{Interval: day, Ahead: 1}
+	_, b := setup(t, inbox.Config{})
+	now := time.Now().UTC()
+	require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, p, now.Add(-10*day)))
+	_, err := inbox.MakePartitionsAt(b.ctx, b.pool, p, now.Add(-6*day))
+	require.NoError(t, err)
+	billing := b.newInbox(t, inbox.Config{Partitions: &p, Retention: day, RedeliveryHorizon: day})
+	shipping := b.newInbox(t, inbox.Config{Consumer: "shipping", Partitions: &p, Retention: 2 * time.Minute,
+		RedeliveryHorizon: 2 * time.Minute, TxTimeout: 10 * time.Second})
+	at := now.Truncate(day).Add(-6*day + time.Hour)
+	require.NoError(t, deliver(b.ctx, billing.Middleware(b.handler.handle), idAt(at), []byte("x")))
+	require.NoError(t, deliver(b.ctx, shipping.Middleware(b.handler.handle), idAt(at), []byte("x")))
+	_, err = b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '3 days'`)
+	require.NoError(t, err)
+	_, err = billing.Sweep(b.ctx) // billing clears it; shipping has not
+	require.NoError(t, err)
+	late := idAt(at.Add(time.Minute)) // billing's, begun 30 minutes ago, committed after its clearance
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO inbox_messages (consumer, message_id, payload_sha256, msg_time, processed_at)
+		VALUES ($1, $2, '\x00', $3, now() - interval '30 minutes')`, consumer, late, at.Add(time.Minute))
+	require.NoError(t, err)
+	_, err = shipping.Sweep(b.ctx) // shipping clears it, and tries the drop
+	require.NoError(t, err)
+	require.True(t, scalar[bool](t, b, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE message_id = $1)`, late),
+		"a row written 30 minutes before the drop, within billing's hour")
+}
