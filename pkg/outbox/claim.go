@@ -63,28 +63,36 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]pending, error) {
 // uncorrelated subquery is evaluated once, before any row is read), makes
 // replicas take turns, so rows leave in id order and one key's messages keep
 // their order. A replica that is not the leader claims nothing.
-const claimSQL = `
-	UPDATE outbox_messages SET published_at = now()
-	WHERE id = ANY(ARRAY(
+var claimSQL = claimOf(`
 		SELECT id FROM outbox_messages m
 		WHERE ` + sendable + ` AND (SELECT pg_try_advisory_xact_lock($2, hashtext(current_schema())))
 		ORDER BY id
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED))
-	RETURNING id, message_id, topic, partition_key, payload, metadata`
+		FOR UPDATE SKIP LOCKED`)
 
 // claimParallelSQL is claimSQL without the lock, for RelayConfig.Parallel:
 // every replica claims, skipping the rows the others have locked.
-
-const claimParallelSQL = `
-	UPDATE outbox_messages SET published_at = now()
-	WHERE id = ANY(ARRAY(
+var claimParallelSQL = claimOf(`
 		SELECT id FROM outbox_messages m
 		WHERE ` + sendable + `
 		ORDER BY id
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED))
+		FOR UPDATE SKIP LOCKED`)
+
+// claimOf is the statement that marks the rows whose ids the query ids
+// locks, and returns them. The query runs once (a materialized CTE). The
+// bounds of its ids let a partitioned outbox (partition.go) look for them
+// in the partitions that hold them only (Postgres prunes the others when
+// the statement runs); on a plain table they are two more bounds of the
+// same index scan.
+func claimOf(ids string) string {
+	return `
+	WITH claimed AS MATERIALIZED (` + ids + `)
+	UPDATE outbox_messages SET published_at = now()
+	WHERE id = ANY(ARRAY(SELECT id FROM claimed))
+	  AND id BETWEEN (SELECT min(id) FROM claimed) AND (SELECT max(id) FROM claimed)
 	RETURNING id, message_id, topic, partition_key, payload, metadata`
+}
 
 // planEachTime, passed before a statement's arguments, has Postgres plan the
 // statement for its actual arguments every time (pgx's one-round-trip

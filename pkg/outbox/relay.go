@@ -89,6 +89,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
+	if err := r.checkPartitioned(ctx); err != nil {
+		return err
+	}
 	if r.cfg.Shards > 1 {
 		// A first round before the first batch, then every LeaseTTL/3; when
 		// ctx ends the leases are given back, each once the batch in flight

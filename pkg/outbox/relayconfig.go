@@ -98,6 +98,13 @@ type RelayConfig struct {
 	// DefaultRetentionBatch.
 	RetentionBatch int
 
+	// Partitions, when set, says outbox_messages is partitioned into blocks
+	// of ids, one per interval of time (PartitionByTime converts the
+	// table), and the retention job drops whole partitions whose rows are
+	// all published and past Retention, instead of deleting rows. The relay
+	// refuses to run on an unpartitioned table with it.
+	Partitions *Partitioning
+
 	// Logger receives what goes wrong (and, at Info, what an operator
 	// wants to know, like a shard moving). Defaults to discarding it.
 	Logger *slog.Logger
@@ -136,6 +143,10 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.IsPermanent == nil {
 		c.IsPermanent = IsPermanent
+	}
+	if c.Partitions != nil {
+		p := c.Partitions.withDefaults() // the caller's value stays as it was
+		c.Partitions = &p
 	}
 	c.log = watermill.NopLogger{}
 	if c.Logger != nil {
@@ -176,6 +187,8 @@ func (c RelayConfig) Validate() error {
 		return fmt.Errorf("outbox: RelayConfig.Shards must be between 0 and %d", maxShards)
 	case c.Shards > 1 && c.Parallel:
 		return errors.New("outbox: RelayConfig.Shards and RelayConfig.Parallel exclude each other: shards keep each key's order, Parallel gives it up")
+	case c.Partitions != nil && c.Partitions.withDefaults().validate() != nil:
+		return c.Partitions.withDefaults().validate()
 	case c.LeaseTTL < 0 || c.LeaseTTL > 0 && c.LeaseTTL < 30*time.Millisecond:
 		return errors.New("outbox: RelayConfig.LeaseTTL must be at least 30ms (0: the default)")
 	}

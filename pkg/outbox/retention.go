@@ -4,19 +4,39 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
 )
 
 // Retention: published rows are deleted Retention after they were
-// published, in batches.
+// published, in batches; in a partitioned outbox (RelayConfig.Partitions),
+// whole partitions are dropped instead (partition.go).
 
-// retain deletes published rows older than Retention, in batches.
+// retain runs the retention round every RetentionInterval, and a
+// partitioned outbox's once at the start, so that its partitions ahead are
+// made before the relay's first interval ends.
 func (r *Relay) retain(ctx context.Context) {
-	ctxtime.Every(ctx, r.cfg.RetentionInterval, func() {
-		if _, err := r.DeletePublished(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.log.Error("Outbox retention failed", err, nil)
+	round := func() {
+		if r.cfg.Partitions == nil {
+			if _, err := r.DeletePublished(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.log.Error("Outbox retention failed", err, nil)
+			}
+			return
 		}
-	})
+		dropped, err := r.RetirePartitions(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.cfg.log.Error("Outbox partition retention failed", err, nil)
+		}
+		for _, name := range dropped {
+			r.cfg.log.Info("Outbox partition dropped: every row in it published and past retention",
+				watermill.LogFields{"partition": name})
+		}
+	}
+	if r.cfg.Partitions != nil {
+		round()
+	}
+	ctxtime.Every(ctx, r.cfg.RetentionInterval, round)
 }
 
 // DeletePublished removes rows published more than Retention ago, at most

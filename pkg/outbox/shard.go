@@ -46,16 +46,13 @@ const leasedSQL = `ARRAY(
 // it never runs beside an unsharded relay's batch (which takes it
 // exclusive), while sharded relays do not exclude each other.
 func claimShardsSQL(n int) string {
-	return `
-	UPDATE outbox_messages SET published_at = now()
-	WHERE id = ANY(ARRAY(
+	return claimOf(`
 		SELECT id FROM outbox_messages m
 		WHERE ` + sendable + ` AND ` + shardSQL(n) + ` = ANY(` + leasedSQL + `)
 		  AND (SELECT pg_try_advisory_xact_lock_shared($2, hashtext(current_schema())))
 		ORDER BY id
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED))
-	RETURNING id, message_id, topic, partition_key, payload, metadata`
+		FOR UPDATE SKIP LOCKED`)
 }
 
 // pendingShardsSQL reports whether a row of the given shards ($1) waits.

@@ -1,0 +1,285 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// partitionsOf lists outbox_messages's partitions in id order.
+func partitionsOf(t testing.TB, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'outbox_messages'::regclass
+		ORDER BY substring(pg_get_expr(c.relpartbound, c.oid) from 'TO \(''(-?[0-9]+)''\)')::bigint`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+func partitionName(start time.Time) string {
+	return "outbox_messages_p" + start.UTC().Format("20060102t1504")
+}
+
+// firstHour is the start of the interval of the first partition after
+// the first: the hour PartitionByTime ran in.
+func firstHour(t testing.TB, pool *pgxpool.Pool) time.Time {
+	t.Helper()
+	parts := partitionsOf(t, pool)
+	require.GreaterOrEqual(t, len(parts), 2)
+	start, err := time.Parse("outbox_messages_p20060102t1504", parts[1])
+	require.NoError(t, err)
+	return start
+}
+
+// idOf returns the outbox id of msg's row.
+func idOf(t testing.TB, pool *pgxpool.Pool, msg *message.Message) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT id FROM outbox_messages WHERE message_id = $1`, msg.UUID).Scan(&id))
+	return id
+}
+
+// TestPartitionByTimeKeepsEveryRowAndItsOrder: a table with published,
+// pending and parked rows is converted while producers write to it; the
+// relay then publishes every pending row once, each key's rows in the
+// order they were written across the conversion, and the row behind a
+// parked one only after it.
+func TestPartitionByTimeKeepsEveryRowAndItsOrder(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+
+	// Old published rows, to be kept in the first partition as they are.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
+		SELECT gen_random_uuid(), $1, '\x00', now() - interval '2 hours' FROM generate_series(1, 5000)`, bundle.topic)
+	require.NoError(t, err)
+	// A parked row, and one of its key behind it.
+	parked := outbox.NewMessage("held", []byte("parked"))
+	insertRow(t, pool, bundle.topic, parked)
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'test' WHERE message_id = $1`, parked.UUID)
+	require.NoError(t, err)
+	behind := outbox.NewMessage("held", []byte("behind"))
+	publishCommitted(t, pool, bundle.topic, behind)
+
+	// Producers write, key by key, before, during and after the conversion.
+	keys := []string{"a", "b", "c", "d"}
+	var mu sync.Mutex
+	var written []*message.Message
+	write := func(k string) error {
+		msg := outbox.NewMessage(k, []byte(k))
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.PublishTx(ctx, tx, bundle.topic, msg) })
+		if err == nil {
+			mu.Lock()
+			written = append(written, msg)
+			mu.Unlock()
+		}
+		return err
+	}
+	for _, k := range keys {
+		require.NoError(t, write(k))
+	}
+	stop := make(chan struct{})
+	producers := make(chan error, len(keys))
+	for _, k := range keys {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					producers <- nil
+					return
+				default:
+				}
+				if err := write(k); err != nil {
+					producers <- fmt.Errorf("writing during the conversion: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	p := outbox.Partitioning{Interval: time.Hour}
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p))
+	time.Sleep(50 * time.Millisecond)
+	close(stop)
+	for range keys {
+		require.NoError(t, <-producers)
+	}
+	for _, k := range keys {
+		require.NoError(t, write(k))
+	}
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p), "a second conversion is not a no-op")
+
+	hour := firstHour(t, pool)
+	require.Equal(t, []string{"outbox_messages_before_cut", partitionName(hour), partitionName(hour.Add(time.Hour)),
+		partitionName(hour.Add(2 * time.Hour)), partitionName(hour.Add(3 * time.Hour))}, partitionsOf(t, pool))
+	require.Less(t, idOf(t, pool, written[0]), int64(outbox.PartitionIDs), "a row from before the conversion moved")
+	require.GreaterOrEqual(t, idOf(t, pool, written[len(written)-1]), int64(outbox.PartitionIDs),
+		"a row written after the conversion is not in the current partition's block")
+
+	relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub, Partitions: &p})
+	startRelay(t, relay)
+	bundle.sink.WaitFor(t, ids(written))
+	require.NoError(t, outbox.RetryParked(ctx, pool, idOf(t, pool, parked)))
+	bundle.sink.WaitFor(t, []string{parked.UUID, behind.UUID})
+
+	// Every message once, each key's in the order written.
+	counts := bundle.sink.Counts()
+	order := map[string][]string{}
+	for _, r := range bundle.sink.Records() {
+		order[string(r.Key)] = append(order[string(r.Key)], messageID(r))
+	}
+	for _, m := range append(written, parked, behind) {
+		require.Equal(t, 1, counts[m.UUID], "message %s published %d times", m.UUID, counts[m.UUID])
+	}
+	want := map[string][]string{"held": {parked.UUID, behind.UUID}}
+	for _, m := range written {
+		k := m.Metadata.Get(outbox.KeyMetadata)
+		want[k] = append(want[k], m.UUID)
+	}
+	require.Equal(t, want, order)
+	require.Equal(t, 5000, countRows(t, pool, "published_at < now() - interval '1 hour'"), "an old row was lost")
+}
+
+// TestPartitionRetentionDropsWhatIsRetired: the relay's round moves the ids
+// to the current interval's partition, forward only, and drops a partition
+// only once the ids have left it and every row in it is published and past
+// Retention: not one with a pending, parked or recently published row, nor
+// the current one.
+func TestPartitionRetentionDropsWhatIsRetired(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	p := outbox.Partitioning{Interval: time.Hour, Ahead: 2}
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p))
+	relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub, Partitions: &p, Retention: time.Hour})
+
+	t0 := firstHour(t, pool)
+	at := func(h int) time.Time { return t0.Add(time.Duration(h)*time.Hour + time.Minute) }
+	// write returns a committed row's id, published ago (or pending: -1).
+	write := func(key string, ago time.Duration) int64 {
+		msg := outbox.NewMessage(key, nil)
+		publishCommitted(t, pool, bundle.topic, msg)
+		if ago >= 0 {
+			_, err := pool.Exec(ctx, `UPDATE outbox_messages SET published_at = now() - $2::interval WHERE message_id = $1`, msg.UUID, ago)
+			require.NoError(t, err)
+		}
+		return idOf(t, pool, msg)
+	}
+	round := func(h int) []string {
+		dropped, err := relay.RetirePartitionsAt(ctx, at(h))
+		require.NoError(t, err)
+		return dropped
+	}
+
+	// Hour 0: the current partition, all published long ago, is kept: the
+	// ids are still in it. The first goes: the ids have left it, and the
+	// table was empty.
+	id0 := write("h0", 2*time.Hour)
+	require.Equal(t, []string{"outbox_messages_before_cut"}, round(0))
+	require.Equal(t, int64(outbox.PartitionIDs), id0/outbox.PartitionIDs*outbox.PartitionIDs)
+
+	// Hour 1: the ids move on, and hour 0's partition goes.
+	require.Equal(t, []string{partitionName(t0)}, round(1))
+	id1 := write("h1-pending", -1)
+	require.Equal(t, id0/outbox.PartitionIDs+1, id1/outbox.PartitionIDs, "the ids did not move to hour 1's block")
+	write("h1", 2*time.Hour)
+
+	// Hour 2: hour 1's partition holds a pending row: kept.
+	require.Empty(t, round(2))
+	id2 := write("h2", 30*time.Minute) // within Retention
+	write("h2-parked", -1)
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'test' WHERE partition_key = 'h2-parked'`)
+	require.NoError(t, err)
+
+	// Hour 3: hour 2's has a recent row and a parked one: kept.
+	require.Empty(t, round(3))
+	require.Contains(t, partitionsOf(t, pool), partitionName(t0.Add(time.Hour)))
+	// A round from an earlier hour (a relay behind the others) moves no id back.
+	round(1)
+	id3 := write("h3", 2*time.Hour)
+	require.Greater(t, id3, id2)
+	require.Equal(t, id2/outbox.PartitionIDs+1, id3/outbox.PartitionIDs, "the ids moved back")
+
+	// Published, past Retention, not parked: the two go.
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET published_at = now() - interval '2 hours', parked_at = NULL
+		WHERE partition_key IN ('h1-pending', 'h2', 'h2-parked')`)
+	require.NoError(t, err)
+	require.Equal(t, []string{partitionName(t0.Add(time.Hour)), partitionName(t0.Add(2 * time.Hour))}, round(3))
+	// The current one stays, all published as it is; the next ones are made.
+	require.Equal(t, []string{partitionName(t0.Add(3 * time.Hour)), partitionName(t0.Add(4 * time.Hour)),
+		partitionName(t0.Add(5 * time.Hour))}, partitionsOf(t, pool))
+	require.Equal(t, 1, countRows(t, pool, "true"))
+}
+
+// TestPartitionDropWaitsForAnOpenWriter: a transaction that wrote a row
+// into a partition before the ids left it, and has not committed, is not
+// seen by the round's first look; the drop must wait for it and look again,
+// and keep the partition with its row.
+func TestPartitionDropWaitsForAnOpenWriter(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	// A pending row keeps the first partition, so the round's first look
+	// at the next one is what meets the open writer.
+	early := outbox.NewMessage("early", nil)
+	publishCommitted(t, pool, bundle.topic, early)
+	p := outbox.Partitioning{Interval: time.Hour, LockTimeout: 10 * time.Second}
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p))
+	relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub, Partitions: &p, Retention: time.Hour})
+	t0 := firstHour(t, pool)
+
+	late := outbox.NewMessage("late", nil)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	require.NoError(t, outbox.PublishTx(ctx, tx, bundle.topic, late))
+
+	type result struct {
+		dropped []string
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		dropped, err := relay.RetirePartitionsAt(ctx, t0.Add(time.Hour+time.Minute))
+		done <- result{dropped, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the round did not wait for the open writer: dropped %v, err %v", r.dropped, r.err)
+	case <-time.After(time.Second):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Empty(t, r.dropped, "the open writer's partition was dropped")
+	require.Contains(t, partitionsOf(t, pool), partitionName(t0))
+
+	startRelay(t, relay)
+	bundle.sink.WaitFor(t, []string{early.UUID, late.UUID})
+}
+
+// TestRelayRefusesAnUnpartitionedTable: Partitions on a plain table is
+// refused at Run, before anything is published.
+func TestRelayRefusesAnUnpartitionedTable(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	relay := newRelay(t, outbox.RelayConfig{Pool: bundle.pool, Publisher: bundle.pub, Partitions: &outbox.Partitioning{}})
+	err := relay.Run(ctx)
+	require.ErrorContains(t, err, "run PartitionByTime")
+	require.False(t, errors.Is(err, outbox.ErrRunning))
+}
