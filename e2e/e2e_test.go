@@ -156,12 +156,14 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 // TestCrashAfterCommitBeforeAckPartitioned is the same run with both
 // services' inboxes partitioned by id time (INBOX_PARTITION_INTERVAL), the
 // tables converted before the services start with a cut-over already past:
-// every row, and every redelivery, goes to an hour's partition.
+// every row, and every redelivery, goes to an hour's partition. Their
+// outboxes are partitioned too (OUTBOX_PARTITION_INTERVAL: the services
+// convert them at start), and every outbox row is in an hour's block.
 func TestCrashAfterCommitBeforeAckPartitioned(t *testing.T) {
 	t.Parallel()
 	p := inbox.Partitioning{Interval: time.Hour}
 	report, kills, inventory := crashAfterCommitWith(t, false, false, func(o *system.Options) {
-		o.Env = append(o.Env, "INBOX_PARTITION_INTERVAL=1h")
+		o.Env = append(o.Env, "INBOX_PARTITION_INTERVAL=1h", "OUTBOX_PARTITION_INTERVAL=1h")
 		o.Prepare = func(ctx context.Context, pools map[string]*pgxpool.Pool) error {
 			for _, name := range system.Services {
 				if err := inbox.Migrate(ctx, pools[name]); err != nil {
@@ -184,6 +186,10 @@ func TestCrashAfterCommitBeforeAckPartitioned(t *testing.T) {
 		FROM inbox_messages`).Scan(&rows, &inHours))
 	require.Positive(t, rows)
 	require.Equal(t, rows, inHours, "every inbox row in an hour's partition")
+	require.NoError(t, inventory.QueryRow(t.Context(), `SELECT count(*), count(*) FILTER (WHERE tableoid::regclass::text LIKE 'outbox_messages_p%')
+		FROM outbox_messages`).Scan(&rows, &inHours))
+	require.Positive(t, rows)
+	require.Equal(t, rows, inHours, "every outbox row in an hour's partition")
 }
 
 // TestCrashAfterCommitBeforeAckWithoutInbox is the first control: the same

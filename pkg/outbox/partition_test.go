@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -282,4 +283,32 @@ func TestRelayRefusesAnUnpartitionedTable(t *testing.T) {
 	err := relay.Run(ctx)
 	require.ErrorContains(t, err, "run PartitionByTime")
 	require.False(t, errors.Is(err, outbox.ErrRunning))
+}
+
+// TestPartitionClaimLooksInTheClaimedPartitionsOnly: the claim's update
+// finds its rows by id in the partitions that hold them; the others, the
+// first partition with every row it kept among them, are pruned when the
+// statement runs.
+func TestPartitionClaimLooksInTheClaimedPartitionsOnly(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
+		SELECT gen_random_uuid(), $1, '\x00', now() FROM generate_series(1, 2000)`, bundle.topic)
+	require.NoError(t, err)
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, outbox.Partitioning{Interval: time.Hour}))
+	for range 3 {
+		publishCommitted(t, pool, bundle.topic, outbox.NewMessage("k", nil))
+	}
+	plan, err := outbox.ExplainClaim(ctx, pool, 10)
+	require.NoError(t, err)
+	require.Contains(t, plan, "rows=3 loops=1", "the claim found no rows:\n%s", plan)
+	for _, line := range strings.Split(plan, "\n") {
+		if strings.Contains(line, "on outbox_messages_before_cut outbox_messages_1 (") { // the update's look-up
+			require.Contains(t, line, "never executed", "the claim looked in the first partition:\n%s", plan)
+			return
+		}
+	}
+	t.Fatalf("the claim's plan has no look-up by id in the first partition:\n%s", plan)
 }

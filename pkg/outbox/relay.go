@@ -89,7 +89,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
-	if err := r.checkPartitioned(ctx); err != nil {
+	if err := r.checkPartitioned(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
 	if r.cfg.Shards > 1 {

@@ -102,6 +102,12 @@ type Config struct {
 	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"0"`     // 0: outbox.DefaultBatchSize
 	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"0s"` // 0: outbox.DefaultPollInterval
 	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"0s"`     // 0: outbox.DefaultRetention
+	// When set, outbox_messages is partitioned into blocks of ids, one
+	// partition per this span (pkg/outbox RelayConfig.Partitions): at start
+	// the service converts the table in place if it is not
+	// (outbox.PartitionByTime), and retention drops whole partitions. 0: one
+	// table, rows deleted.
+	OutboxPartitionInterval time.Duration `env:"OUTBOX_PARTITION_INTERVAL" default:"0s"`
 	// RelayShards > 1 lets the replicas' relays share the outbox in shards
 	// (pkg/outbox "Sharded relays"), each relay named by Instance; every
 	// replica must use the same count.

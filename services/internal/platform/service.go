@@ -138,6 +138,13 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 			return fmt.Errorf("INBOX_PARTITION_INTERVAL: %w", err)
 		}
 	}
+	var outboxPartitions *outbox.Partitioning
+	if cfg.OutboxPartitionInterval > 0 {
+		outboxPartitions = &outbox.Partitioning{Interval: cfg.OutboxPartitionInterval}
+		if err := outbox.PartitionByTime(ctx, pool, *outboxPartitions); err != nil {
+			return fmt.Errorf("OUTBOX_PARTITION_INTERVAL: %w", err)
+		}
+	}
 	if svc.Effects != nil {
 		if err := effect.Migrate(ctx, pool); err != nil {
 			return fmt.Errorf("migrating effects: %w", err)
@@ -185,6 +192,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
 		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
+		Partitions: outboxPartitions,
 	})
 	if err != nil {
 		return err
