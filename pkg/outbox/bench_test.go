@@ -47,35 +47,62 @@ func BenchmarkPublishTx(b *testing.B) {
 }
 
 // BenchmarkRelay measures the relay draining committed rows to Kafka with
-// RelayOnce: claim, publish (one acknowledged produce per message), mark.
+// RelayOnce: claim, publish (one acknowledged produce per message), mark;
+// on a plain table and on a partitioned one (RelayConfig.Partitions), side
+// by side, each with the same 20,000 published rows of history (in the
+// partitioned table's first partition).
 func BenchmarkRelay(b *testing.B) {
 	for _, batchSize := range []int{100, 500} {
-		b.Run(fmt.Sprint("BatchSize=", batchSize), func(b *testing.B) {
-			const rows = 1000
-			ctx := context.Background()
-			pool := newPool(b)
-			topic := newTopic(b)
-			relay := newRelay(b, outbox.RelayConfig{Pool: pool, Publisher: newPublisher(b), BatchSize: batchSize})
-			var iterations int
-			for b.Loop() {
-				b.StopTimer()
-				msgs := make([]*message.Message, rows)
-				for i := range msgs {
-					msgs[i] = outbox.NewMessage(fmt.Sprint("key-", i%16), []byte(`{"n":1}`))
-				}
-				publishCommitted(b, pool, topic, msgs...)
-				b.StartTimer()
-
-				for left := rows; left > 0; {
-					n, err := relay.RelayOnce(ctx)
-					if err != nil {
-						b.Fatal(err)
-					}
-					left -= n
-				}
-				iterations++
+		for _, partitioned := range []bool{false, true} {
+			name := fmt.Sprint("BatchSize=", batchSize)
+			if partitioned {
+				name += "/Partitioned"
 			}
-			b.ReportMetric(float64(rows*iterations)/b.Elapsed().Seconds(), "rows/s")
-		})
+			b.Run(name, func(b *testing.B) { benchmarkRelay(b, batchSize, partitioned) })
+		}
 	}
+}
+
+func benchmarkRelay(b *testing.B, batchSize int, partitioned bool) {
+	const rows = 1000
+	ctx := context.Background()
+	pool := newPool(b)
+	topic := newTopic(b)
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
+		SELECT gen_random_uuid(), $1, '\x00', now() FROM generate_series(1, 20000)`, topic)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := outbox.RelayConfig{Pool: pool, Publisher: newPublisher(b), BatchSize: batchSize}
+	if partitioned {
+		cfg.Partitions = &outbox.Partitioning{}
+		if err := outbox.PartitionByTime(ctx, pool, *cfg.Partitions); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE outbox_messages`); err != nil {
+		b.Fatal(err)
+	}
+	relay := newRelay(b, cfg)
+	var iterations int
+	for b.Loop() {
+		b.StopTimer()
+		msgs := make([]*message.Message, rows)
+		for i := range msgs {
+			msgs[i] = outbox.NewMessage(fmt.Sprint("key-", i%16), []byte(`{"n":1}`))
+		}
+		publishCommitted(b, pool, topic, msgs...)
+		b.StartTimer()
+
+		for left := rows; left > 0; {
+			n, err := relay.RelayOnce(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			left -= n
+		}
+		iterations++
+	}
+	b.ReportMetric(float64(rows*iterations)/b.Elapsed().Seconds(), "rows/s")
 }
