@@ -23,7 +23,7 @@ func ExplainClaim(ctx context.Context, pool *pgxpool.Pool, n int) (string, error
 	if err != nil {
 		return "", err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
+	defer tx.Rollback(ctx)                                                       //nolint:errcheck // nothing to keep
 	if _, err := tx.Exec(ctx, `SET LOCAL enable_bitmapscan = off`); err != nil { // as the relay's transaction
 		return "", err
 	}
