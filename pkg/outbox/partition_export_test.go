@@ -23,8 +23,9 @@ func ExplainClaim(ctx context.Context, pool *pgxpool.Pool, n int) (string, error
 	if err != nil {
 		return "", err
 	}
-	defer tx.Rollback(ctx)                                                       //nolint:errcheck // nothing to keep
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_bitmapscan = off`); err != nil { // as the relay's transaction
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
+	// Bitmap scans off, as in the relay's transaction (txOptions).
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_bitmapscan = off`); err != nil {
 		return "", err
 	}
 	rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) `+claimSQL, n, relayLockSpace)
