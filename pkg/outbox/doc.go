@@ -182,8 +182,9 @@
 // the table in place, and producers change nothing) holds one block of
 // PartitionIDs ids per interval of time. The relay's retention round makes
 // the partitions ahead, moves the id sequence forward to the current
-// interval's block when that starts, and drops a whole partition once the
-// ids have left it and every row in it is published and past Retention:
-// no DELETE, no dead tuples for vacuum. Ids keep growing, so the id order
-// and each key's order are those of a plain table (docs/partitioning.md).
+// interval's block at its first round in it, and drops a whole partition
+// once the ids have left it and every row in it is published and past
+// Retention: no DELETE, no dead tuples for vacuum. Ids keep growing, so
+// the id order and each key's order are those of a plain table
+// (docs/partitioning.md).
 package outbox

@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -84,8 +85,9 @@ func (p Partitioning) validate() error {
 		return fmt.Errorf("outbox: Partitioning.Interval %s is not a whole number of minutes", p.Interval)
 	case p.Ahead < 1:
 		return errors.New("outbox: Partitioning.Ahead must be at least 1 (0: the default)")
-	case p.LockTimeout < 0:
-		return errors.New("outbox: Partitioning.LockTimeout must not be negative (0: the default)")
+	case p.LockTimeout < time.Millisecond:
+		// Postgres takes lock_timeout in milliseconds, and 0 as no timeout.
+		return errors.New("outbox: Partitioning.LockTimeout must be at least 1ms (0: the default)")
 	}
 	return nil
 }
@@ -129,12 +131,16 @@ func floorTo(t time.Time, interval time.Duration) time.Time {
 // the next block. Run Migrate first. A table already partitioned is left as
 // it is (the partitions ahead are made, as the relay makes them).
 //
-// Producers need no change and may write meanwhile: the conversion takes
-// the table's lock for one short transaction, after a check of the first
-// partition's range that does not block writes. Relays of the table must
-// run with RelayConfig.Partitions afterwards: a relay without it retires
-// rows by DELETE and never makes the next partitions (the ids stay in the
-// last block made, so nothing fails), and says so in its log.
+// Producers need no change and may write meanwhile. The conversion takes
+// the table's lock twice, each for a moment: to add a constraint on the
+// first partition's range (checking it, the scan, does not block writes),
+// and for the one transaction that swaps the tables.
+// Each waits LockTimeout at most, producers queueing behind it, and is
+// tried again until it has the lock, for a minute at most. The table's
+// grants are carried over. Relays of the table must run with
+// RelayConfig.Partitions afterwards: a relay without it retires rows by
+// DELETE and moves the ids to no new block (they stay in the block they
+// are in, so nothing fails), and says so in its log.
 func PartitionByTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning) error {
 	p.setDefaults()
 	if err := p.validate(); err != nil {
@@ -210,7 +216,7 @@ func isPartitioned(ctx context.Context, q db) (bool, error) {
 
 // convert runs PartitionByTime's steps on an unpartitioned table.
 func convert(ctx context.Context, conn db, p Partitioning, now time.Time) error {
-	lockTimeout := fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(p.LockTimeout, 5*time.Second).Milliseconds())
+	lockTimeout := fmt.Sprintf(`SET LOCAL lock_timeout = %d`, p.LockTimeout.Milliseconds())
 	// The first block starts past every id given so far: ids given until
 	// the lock below are far below it (a block is 10^12 ids).
 	next, err := nextID(ctx, conn)
@@ -222,23 +228,52 @@ func convert(ctx context.Context, conn db, p Partitioning, now time.Time) error 
 		first += PartitionIDs // too close to the next block to be sure no id reaches it before the lock
 	}
 	// Attaching checks every row is in the partition's range unless a
-	// validated constraint says so; validating does not block writes.
+	// validated constraint says so. Adding it takes the table's lock for a
+	// moment; validating it does not block writes.
 	for _, s := range []string{
-		`ALTER TABLE outbox_messages DROP CONSTRAINT IF EXISTS ` + partitionBeforeCut,
-		fmt.Sprintf(`ALTER TABLE outbox_messages ADD CONSTRAINT %s CHECK (id < %d) NOT VALID`, partitionBeforeCut, first),
+		fmt.Sprintf(`ALTER TABLE outbox_messages DROP CONSTRAINT IF EXISTS %[1]s, ADD CONSTRAINT %[1]s CHECK (id < %[2]d) NOT VALID`,
+			partitionBeforeCut, first),
 		`ALTER TABLE outbox_messages VALIDATE CONSTRAINT ` + partitionBeforeCut,
 	} {
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, lockTimeout); err != nil {
+		err := retryLocked(ctx, func() error {
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, lockTimeout); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, s)
 				return err
-			}
-			_, err := tx.Exec(ctx, s)
-			return err
+			})
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", firstLine(s), err)
 		}
 	}
+	return retryLocked(ctx, func() error { return cutOver(ctx, conn, lockTimeout, first, partitionName(floorTo(now, p.Interval))) })
+}
+
+// retryLocked runs fn until it does not fail for want of a lock: each try
+// waits LockTimeout at most for the table's lock, producers queueing behind
+// it meanwhile, so a long transaction holding the table makes the
+// conversion wait in short steps rather than stall every writer. It gives
+// up after a minute of tries.
+func retryLocked(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(time.Minute)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		err := fn()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+// cutOver is the conversion's one transaction under the table's lock.
+func cutOver(ctx context.Context, conn db, lockTimeout string, first int64, current string) error {
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		cut := []string{
 			lockTimeout,
@@ -265,9 +300,29 @@ func convert(ctx context.Context, conn db, p Partitioning, now time.Time) error 
 				return fmt.Errorf("%s: %w", firstLine(s), err)
 			}
 		}
+		// The grants on the table, to the roles producers and relays log in
+		// as, go to the new one (access through it is checked there only).
+		rows, err := tx.Query(ctx, `
+			SELECT format('GRANT %s ON outbox_messages TO %s%s', a.privilege_type,
+				CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+				CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
+			FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+			WHERE c.oid = '`+partitionBeforeCut+`'::regclass`)
+		if err != nil {
+			return err
+		}
+		grants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, g := range grants {
+			if _, err := tx.Exec(ctx, g); err != nil {
+				return fmt.Errorf("%s: %w", g, err)
+			}
+		}
 		// The block the new ids start in, made in the same transaction: no
 		// row is written before it is there.
-		return makePartition(ctx, tx, partitionName(floorTo(now, p.Interval)), first)
+		return makePartition(ctx, tx, current, first)
 	})
 }
 
@@ -331,6 +386,9 @@ func makePartitions(ctx context.Context, q db, p Partitioning, parts []partition
 		if !start.After(last.start) {
 			continue
 		}
+		if last.hi > math.MaxInt64-PartitionIDs {
+			return parts, fmt.Errorf("outbox: no block of ids is left after %s's", last.name)
+		}
 		name := partitionName(start)
 		err := pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, p.LockTimeout.Milliseconds())); err != nil {
@@ -379,12 +437,15 @@ func (r *Relay) retirePartitionsAt(ctx context.Context, now time.Time) (dropped 
 		if err != nil {
 			return err
 		}
-		if parts, err = makePartitions(ctx, conn, p, parts, now); err != nil {
-			return err
+		// A partition that cannot be made now (its lock not had) stops
+		// neither the move nor the drops: they need only those made.
+		parts, makeErr := makePartitions(ctx, conn, p, parts, now)
+		if len(parts) == 0 {
+			return makeErr
 		}
 		next, err := moveIDs(ctx, conn, parts, now)
 		if err != nil {
-			return err
+			return errors.Join(makeErr, err)
 		}
 		for _, part := range parts {
 			if part.hi > next {
@@ -392,13 +453,13 @@ func (r *Relay) retirePartitionsAt(ctx context.Context, now time.Time) (dropped 
 			}
 			ok, err := r.dropPartition(ctx, conn, part.name)
 			if err != nil {
-				return err
+				return errors.Join(makeErr, err)
 			}
 			if ok {
 				dropped = append(dropped, part.name)
 			}
 		}
-		return nil
+		return makeErr
 	})
 	return dropped, err
 }
@@ -486,7 +547,10 @@ func (r *Relay) dropPartition(ctx context.Context, conn db, name string) (bool, 
 func (r *Relay) checkPartitioned(ctx context.Context) error {
 	partitioned, err := isPartitioned(ctx, r.cfg.Pool)
 	if err != nil {
-		return err
+		// Postgres not answering at start is the relay's usual trouble:
+		// its batches retry it. Only a table of the wrong shape stops Run.
+		r.cfg.log.Error("Outbox table's shape not checked", err, nil)
+		return nil
 	}
 	switch {
 	case r.cfg.Partitions != nil && !partitioned:

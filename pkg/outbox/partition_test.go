@@ -112,10 +112,17 @@ func TestPartitionByTimeKeepsEveryRowAndItsOrder(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(written) }
+	for n := count(); count() < n+20; {
+		time.Sleep(time.Millisecond) // the producers are under way
+	}
 	p := outbox.Partitioning{Interval: time.Hour}
+	before := count()
 	require.NoError(t, outbox.PartitionByTime(ctx, pool, p))
-	time.Sleep(50 * time.Millisecond)
+	require.Greater(t, count(), before, "no producer wrote while the table was converted")
+	for n := count(); count() < n+20; {
+		time.Sleep(time.Millisecond)
+	}
 	close(stop)
 	for range keys {
 		require.NoError(t, <-producers)
@@ -123,11 +130,17 @@ func TestPartitionByTimeKeepsEveryRowAndItsOrder(t *testing.T) {
 	for _, k := range keys {
 		require.NoError(t, write(k))
 	}
-	require.NoError(t, outbox.PartitionByTime(ctx, pool, p), "a second conversion is not a no-op")
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p), "converting a partitioned table again failed")
 
+	// The first partition, then consecutive hours from the conversion's:
+	// four, or five when an hour turned during the test.
 	hour := firstHour(t, pool)
-	require.Equal(t, []string{"outbox_messages_before_cut", partitionName(hour), partitionName(hour.Add(time.Hour)),
-		partitionName(hour.Add(2 * time.Hour)), partitionName(hour.Add(3 * time.Hour))}, partitionsOf(t, pool))
+	parts := partitionsOf(t, pool)
+	require.Equal(t, "outbox_messages_before_cut", parts[0])
+	require.Contains(t, []int{5, 6}, len(parts), "partitions: %v", parts)
+	for i, name := range parts[1:] {
+		require.Equal(t, partitionName(hour.Add(time.Duration(i)*time.Hour)), name)
+	}
 	require.Less(t, idOf(t, pool, written[0]), int64(outbox.PartitionIDs), "a row from before the conversion moved")
 	require.GreaterOrEqual(t, idOf(t, pool, written[len(written)-1]), int64(outbox.PartitionIDs),
 		"a row written after the conversion is not in the current partition's block")
@@ -159,8 +172,9 @@ func TestPartitionByTimeKeepsEveryRowAndItsOrder(t *testing.T) {
 // TestPartitionRetentionDropsWhatIsRetired: the relay's round moves the ids
 // to the current interval's partition, forward only, and drops a partition
 // only once the ids have left it and every row in it is published and past
-// Retention: not one with a pending, parked or recently published row, nor
-// the current one.
+// Retention: not one with a pending row, a recently published row or a
+// parked row (each alone in its partition, so each guard is seen by
+// itself), nor the current one.
 func TestPartitionRetentionDropsWhatIsRetired(t *testing.T) {
 	t.Parallel()
 	ctx, bundle := setupRelay(t)
@@ -170,7 +184,7 @@ func TestPartitionRetentionDropsWhatIsRetired(t *testing.T) {
 	relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub, Partitions: &p, Retention: time.Hour})
 
 	t0 := firstHour(t, pool)
-	at := func(h int) time.Time { return t0.Add(time.Duration(h)*time.Hour + time.Minute) }
+	hour := func(h int) string { return partitionName(t0.Add(time.Duration(h) * time.Hour)) }
 	// write returns a committed row's id, published ago (or pending: -1).
 	write := func(key string, ago time.Duration) int64 {
 		msg := outbox.NewMessage(key, nil)
@@ -182,7 +196,7 @@ func TestPartitionRetentionDropsWhatIsRetired(t *testing.T) {
 		return idOf(t, pool, msg)
 	}
 	round := func(h int) []string {
-		dropped, err := relay.RetirePartitionsAt(ctx, at(h))
+		dropped, err := relay.RetirePartitionsAt(ctx, t0.Add(time.Duration(h)*time.Hour+time.Minute))
 		require.NoError(t, err)
 		return dropped
 	}
@@ -195,35 +209,43 @@ func TestPartitionRetentionDropsWhatIsRetired(t *testing.T) {
 	require.Equal(t, int64(outbox.PartitionIDs), id0/outbox.PartitionIDs*outbox.PartitionIDs)
 
 	// Hour 1: the ids move on, and hour 0's partition goes.
-	require.Equal(t, []string{partitionName(t0)}, round(1))
+	require.Equal(t, []string{hour(0)}, round(1))
 	id1 := write("h1-pending", -1)
 	require.Equal(t, id0/outbox.PartitionIDs+1, id1/outbox.PartitionIDs, "the ids did not move to hour 1's block")
 	write("h1", 2*time.Hour)
 
 	// Hour 2: hour 1's partition holds a pending row: kept.
 	require.Empty(t, round(2))
-	id2 := write("h2", 30*time.Minute) // within Retention
-	write("h2-parked", -1)
-	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'test' WHERE partition_key = 'h2-parked'`)
-	require.NoError(t, err)
+	write("h2-recent", 30*time.Minute) // within Retention
+	write("h2", 2*time.Hour)
 
-	// Hour 3: hour 2's has a recent row and a parked one: kept.
+	// Hour 3: hour 2's holds a row published within Retention: kept.
 	require.Empty(t, round(3))
-	require.Contains(t, partitionsOf(t, pool), partitionName(t0.Add(time.Hour)))
-	// A round from an earlier hour (a relay behind the others) moves no id back.
-	round(1)
-	id3 := write("h3", 2*time.Hour)
-	require.Greater(t, id3, id2)
-	require.Equal(t, id2/outbox.PartitionIDs+1, id3/outbox.PartitionIDs, "the ids moved back")
-
-	// Published, past Retention, not parked: the two go.
-	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET published_at = now() - interval '2 hours', parked_at = NULL
-		WHERE partition_key IN ('h1-pending', 'h2', 'h2-parked')`)
+	id3 := write("h3-parked", -1)
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'test' WHERE partition_key = 'h3-parked'`)
 	require.NoError(t, err)
-	require.Equal(t, []string{partitionName(t0.Add(time.Hour)), partitionName(t0.Add(2 * time.Hour))}, round(3))
-	// The current one stays, all published as it is; the next ones are made.
-	require.Equal(t, []string{partitionName(t0.Add(3 * time.Hour)), partitionName(t0.Add(4 * time.Hour)),
-		partitionName(t0.Add(5 * time.Hour))}, partitionsOf(t, pool))
+	write("h3", 2*time.Hour)
+
+	// Hour 4: hour 3's holds a parked row: kept, as are 1's and 2's.
+	require.Empty(t, round(4))
+	require.Equal(t, []string{hour(1), hour(2), hour(3), hour(4), hour(5), hour(6)}, partitionsOf(t, pool))
+	// A round from an earlier hour (a relay behind the others) moves no id back.
+	require.Empty(t, round(1))
+	id4 := write("h4", 2*time.Hour)
+	require.Equal(t, id3/outbox.PartitionIDs+1, id4/outbox.PartitionIDs, "the ids moved back")
+
+	// Published past Retention: hours 1 and 2 go; the parked row keeps 3.
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET published_at = now() - interval '2 hours'
+		WHERE partition_key IN ('h1-pending', 'h2-recent')`)
+	require.NoError(t, err)
+	require.Equal(t, []string{hour(1), hour(2)}, round(4))
+	// Retried and published: 3 goes. The current one stays, all published
+	// as it is.
+	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET published_at = now() - interval '2 hours', parked_at = NULL
+		WHERE partition_key = 'h3-parked'`)
+	require.NoError(t, err)
+	require.Equal(t, []string{hour(3)}, round(4))
+	require.Equal(t, []string{hour(4), hour(5), hour(6)}, partitionsOf(t, pool))
 	require.Equal(t, 1, countRows(t, pool, "true"))
 }
 
@@ -311,4 +333,41 @@ func TestPartitionClaimLooksInTheClaimedPartitionsOnly(t *testing.T) {
 		}
 	}
 	t.Fatalf("the claim's plan has no look-up by id in the first partition:\n%s", plan)
+}
+
+// TestPartitionByTimeKeepsTheGrants: a role producers log in as, granted
+// INSERT on the table, still writes after the conversion (the new table
+// has the old one's grants; access through it is checked there only).
+func TestPartitionByTimeKeepsTheGrants(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	role := "outbox_writer_" + randomSuffix()
+	_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT ON outbox_messages TO `+role)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+		require.NoError(t, err)
+	})
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, outbox.Partitioning{Interval: time.Hour}))
+
+	msg := outbox.NewMessage("k", nil)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+role); err != nil {
+			return err
+		}
+		return outbox.PublishTx(ctx, tx, bundle.topic, msg)
+	})
+	require.NoError(t, err, "the role lost its grant in the conversion")
+	require.Equal(t, 1, countRows(t, pool, "true"))
+}
+
+// TestPartitioningNeedsALockTimeout: Postgres takes lock_timeout in
+// milliseconds and 0 as none, so a LockTimeout under a millisecond would
+// let a drop wait for the longest transaction, every producer behind it.
+func TestPartitioningNeedsALockTimeout(t *testing.T) {
+	t.Parallel()
+	_, err := outbox.NewRelay(outbox.RelayConfig{Pool: &pgxpool.Pool{}, Publisher: countingPublisher{},
+		Partitions: &outbox.Partitioning{LockTimeout: time.Microsecond}})
+	require.ErrorContains(t, err, "LockTimeout must be at least 1ms")
 }
