@@ -150,7 +150,7 @@ bench-faults: ## Throughput under faults: the relay at 500 rows/s on a 3-node Ap
 	BENCH_FAULTS_REPORT=$${BENCH_FAULTS_REPORT:-bench-faults-report.json} $(GO) run ./bench -faults -rounds 3
 
 .PHONY: bench-soak
-bench-soak: ## Retention under a steady load: an inbox deleting rows beside one dropping partitions, 200 messages/s each for 20 minutes, a transaction held open in the middle third: bench-soak-report.json
+bench-soak: ## Retention under a steady load: an inbox and an outbox deleting rows beside a pair dropping partitions, 200 messages/s each for 20 minutes, a transaction held open in the middle third: bench-soak-report.json
 	BENCH_SOAK_REPORT=$${BENCH_SOAK_REPORT:-bench-soak-report.json} $(GO) run ./bench -soak 20m -rate 200
 
 .PHONY: bench-smoke

@@ -1,16 +1,22 @@
 package main
 
-// The soak (-soak D): the inbox's two ways of retiring rows, side by side in
-// one run on one Postgres, for D (20 minutes for issue #29's goal):
+// The soak (-soak D): the two ways of retiring inbox and outbox rows, side
+// by side in one run on one Postgres, for D (20 minutes for issue #29's
+// goal):
 //
-//   - delete: the plain inbox_messages, Inbox.Sweep deleting the rows past
-//     retention in batches;
-//   - partitions: the table partitioned by id time (inbox.PartitionByIDTime,
-//     Config.Partitions), Sweep dropping whole partitions.
+//   - delete: the plain inbox_messages and outbox_messages, Inbox.Sweep and
+//     the relay's retention deleting the rows past retention in batches;
+//   - partitions: inbox_messages partitioned by id time
+//     (inbox.PartitionByIDTime, Config.Partitions) and outbox_messages by
+//     blocks of ids (outbox.PartitionByTime, RelayConfig.Partitions), both
+//     retired by dropping whole partitions.
 //
 // Each build is one pkg/inbox consumer on a database of its own, run as the
 // services run theirs (Inbox.Handler, batches of up to 64, Inbox.Run), with
-// a handler that inserts one domain row per message. Both are fed the same
+// a handler that inserts one domain row and writes one outbox message
+// (outbox.PublishTx, one of 256 keys) per message, and one pkg/outbox relay
+// publishing them to a publisher that acknowledges at once (Kafka is not
+// what is measured here). Both are fed the same
 // steady rate by soakWorkers goroutines, each handing over one message at a
 // time as a Kafka partition does; one delivery in a hundred is a copy of an
 // earlier message, which the inbox suppresses. Kafka is not in this loop:
@@ -28,10 +34,11 @@ package main
 // (applied, or suppressed as copies), delivery latency p50/p99 (from when
 // the message was due to the commit of its batch, so waiting for a free
 // worker counts; offers no worker was free for are counted as dropped),
-// the inbox table's size with its indexes, and its live and dead tuples
+// each table's size with its indexes, and its live and dead tuples
 // (pg_stat_user_tables, summed over the partitions). A sample is labelled
 // by what held during its whole interval. At the end it checks that no
-// message was applied twice or quarantined and no sweep failed.
+// message was applied twice or quarantined, no sweep failed and the relay
+// published without an error.
 //
 // Both builds share one Postgres and one process: a cost one of them puts
 // on the machine (its vacuum, its WAL) lands on the other's latency too, so
@@ -52,6 +59,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
@@ -73,6 +81,11 @@ type SoakSample struct {
 	LiveTuples int64   `json:"live_tuples"`
 	DeadTuples int64   `json:"dead_tuples"`
 	Partitions int     `json:"partitions,omitempty"`
+	// The outbox's table, the same figures.
+	OutboxMB         float64 `json:"outbox_table_and_indexes_mb"`
+	OutboxLive       int64   `json:"outbox_live_tuples"`
+	OutboxDead       int64   `json:"outbox_dead_tuples"`
+	OutboxPartitions int     `json:"outbox_partitions,omitempty"`
 }
 
 // SoakBuild is one build's run.
@@ -85,6 +98,10 @@ type SoakBuild struct {
 	Samples []SoakSample `json:"samples"`
 	Dropped int64        `json:"offers_dropped"` // the workers were behind: offered late or not at all
 	Sweeps  int64        `json:"sweep_errors"`
+	// The relay: messages published, failed batches, rows it deleted.
+	Published    int64 `json:"outbox_published"`
+	RelayErrors  int64 `json:"relay_errors"`
+	RelayDeleted int64 `json:"outbox_rows_deleted"`
 	// Per phase: medians of the samples' throughput and p99, and the
 	// largest dead-tuple count.
 	Phases map[string]SoakPhase `json:"phases"`
@@ -96,6 +113,9 @@ type SoakPhase struct {
 	P99Ms     float64 `json:"p99_ms_median"`
 	MaxDead   int64   `json:"dead_tuples_max"`
 	MaxMB     float64 `json:"table_and_indexes_mb_max"`
+	// The outbox's.
+	OutboxMaxDead int64   `json:"outbox_dead_tuples_max"`
+	OutboxMaxMB   float64 `json:"outbox_table_and_indexes_mb_max"`
 }
 
 // SoakReport is what -soak writes (BENCH_SOAK_REPORT, default
@@ -116,9 +136,10 @@ type SoakReport struct {
 
 // soakBuild is one build as it runs.
 type soakBuild struct {
-	name string
-	pool *pgxpool.Pool
-	in   *inbox.Inbox
+	name  string
+	pool  *pgxpool.Pool
+	in    *inbox.Inbox
+	relay *outbox.Relay
 
 	mu        sync.Mutex
 	latencies []time.Duration // this sample interval's
@@ -160,6 +181,17 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		if b.in, err = inbox.New(cfg); err != nil {
 			return err
 		}
+		rcfg := outbox.RelayConfig{Pool: b.pool, Publisher: soakPublisher{}, Retention: soakRetention, RetentionInterval: soakSweepEvery}
+		if b.name == "partitions" {
+			p := outbox.Partitioning{Interval: soakInterval, Ahead: 3}
+			if err := outbox.PartitionByTime(ctx, b.pool, p); err != nil {
+				return err
+			}
+			rcfg.Partitions = &p
+		}
+		if b.relay, err = outbox.NewRelay(rcfg); err != nil {
+			return err
+		}
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -172,6 +204,15 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 			if err := b.in.Run(runCtx); err != nil {
 				b.mu.Lock()
 				b.runErr = err
+				b.mu.Unlock()
+			}
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.relay.Run(runCtx); err != nil {
+				b.mu.Lock()
+				b.runErr = errors.Join(b.runErr, fmt.Errorf("relay: %w", err))
 				b.mu.Unlock()
 			}
 		}()
@@ -218,9 +259,11 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 				return err
 			}
 			samples[i] = append(samples[i], s)
-			say("soak %-10s %4.0fs %-7s %6.1f/s  p50 %6.1f ms  p99 %6.1f ms  %7.1f MB  live %8d  dead %8d%s",
+			say("soak %-10s %4.0fs %-7s %6.1f/s  p50 %6.1f ms  p99 %6.1f ms  inbox %6.1f MB live %7d dead %7d%s  outbox %6.1f MB live %7d dead %7d%s",
 				b.name, s.AtS, s.Phase, s.AppliedPS, s.P50Ms, s.P99Ms, s.TableMB, s.LiveTuples, s.DeadTuples,
-				map[bool]string{true: fmt.Sprintf("  partitions %d", s.Partitions)}[s.Partitions > 0])
+				map[bool]string{true: fmt.Sprintf(" (%d partitions)", s.Partitions)}[s.Partitions > 0],
+				s.OutboxMB, s.OutboxLive, s.OutboxDead,
+				map[bool]string{true: fmt.Sprintf(" (%d partitions)", s.OutboxPartitions)}[s.OutboxPartitions > 0])
 		}
 		switch {
 		case phase == "long_tx" && elapsed+sample/2 >= longTo:
@@ -251,8 +294,10 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 
 	report.Checks = map[string]int64{}
 	for i, b := range builds {
+		rs := b.relay.Stats()
 		report.Builds = append(report.Builds, SoakBuild{Name: b.name, Offered: rate, Applied: b.total, Errors: b.errors,
-			Swept: b.swept, Dropped: b.dropped, Sweeps: b.sweepErrs, Samples: samples[i], Phases: soakPhases(samples[i])})
+			Swept: b.swept, Dropped: b.dropped, Sweeps: b.sweepErrs, Samples: samples[i], Phases: soakPhases(samples[i]),
+			Published: rs.Published, RelayErrors: rs.Errors, RelayDeleted: rs.Deleted})
 		// Every handled message is a domain row or a suppressed copy, and
 		// none was quarantined or dead-lettered.
 		var rows, distinct, quarantined int64
@@ -275,6 +320,8 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		switch {
 		case b.Errors > 0 || b.Applied == 0 || b.Sweeps > 0:
 			return fmt.Errorf("soak: the %s build handled %d messages with %d failed deliveries and %d failed sweeps", b.Name, b.Applied, b.Errors, b.Sweeps)
+		case b.RelayErrors > 0 || b.Published == 0:
+			return fmt.Errorf("soak: the %s build's relay published %d messages with %d failed batches", b.Name, b.Published, b.RelayErrors)
 		case c("quarantined") > 0:
 			return fmt.Errorf("soak: the %s build quarantined %d messages", b.Name, c("quarantined"))
 		case c("domain_rows") != c("domain_rows_distinct"):
@@ -303,6 +350,9 @@ func soakDatabase(ctx context.Context, pg *pgtest.Server, name string) (*pgxpool
 	if err := inbox.Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
 	_, err = pool.Exec(ctx, `CREATE TABLE soak_applied (message_id text NOT NULL, at timestamptz NOT NULL DEFAULT now());
 		CREATE TABLE soak_report (n int)`)
 	return pool, err
@@ -329,8 +379,14 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 		for i, m := range msgs {
 			ids[i] = m.UUID
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO soak_applied (message_id) SELECT unnest($1::text[])`, ids)
-		return err
+		if _, err := tx.Exec(ctx, `INSERT INTO soak_applied (message_id) SELECT unnest($1::text[])`, ids); err != nil {
+			return err
+		}
+		out := make([]*message.Message, len(msgs))
+		for i, m := range msgs {
+			out[i] = outbox.NewMessage(fmt.Sprint("key-", m.UUID[len(m.UUID)-2:]), []byte(`{"v":1}`))
+		}
+		return outbox.PublishTx(ctx, tx, "soak", out...)
 	})
 	// Each offer carries when it was due: a delivery's latency runs from
 	// then, so time spent waiting for a free worker counts.
@@ -428,17 +484,28 @@ func (b *soakBuild) take(ctx context.Context, elapsed, sample time.Duration, pha
 	slices.Sort(lat)
 	s := SoakSample{AtS: elapsed.Round(time.Second).Seconds(), Phase: phase, AppliedPS: float64(applied) / sample.Seconds(),
 		P50Ms: ms(quantile(lat, 0.50)), P99Ms: ms(quantile(lat, 0.99))}
-	var bytes int64
-	err := b.pool.QueryRow(ctx, `
+	var bytes, outboxBytes int64
+	const table = `
 		SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint,
 			coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
-			count(*) FILTER (WHERE c.relname LIKE 'inbox_messages_p%')::int
+			count(*) FILTER (WHERE c.relname LIKE $1 || '\_p%')::int
 		FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-		WHERE c.relkind = 'r' AND (c.relname = 'inbox_messages' OR c.relname LIKE 'inbox_messages\_%')`).
-		Scan(&bytes, &s.LiveTuples, &s.DeadTuples, &s.Partitions)
+		WHERE c.relkind = 'r' AND (c.relname = $1 OR c.relname LIKE $1 || '\_%')`
+	err := b.pool.QueryRow(ctx, table, "inbox_messages").Scan(&bytes, &s.LiveTuples, &s.DeadTuples, &s.Partitions)
+	if err == nil {
+		err = b.pool.QueryRow(ctx, table, "outbox_messages").Scan(&outboxBytes, &s.OutboxLive, &s.OutboxDead, &s.OutboxPartitions)
+	}
 	s.TableMB = float64(bytes) / (1 << 20)
+	s.OutboxMB = float64(outboxBytes) / (1 << 20)
 	return s, err
 }
+
+// soakPublisher is the relay's publisher in the soak: it acknowledges
+// every message at once.
+type soakPublisher struct{}
+
+func (soakPublisher) Publish(string, ...*message.Message) error { return nil }
+func (soakPublisher) Close() error                              { return nil }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
@@ -462,6 +529,8 @@ func soakPhases(samples []SoakSample) map[string]SoakPhase {
 			tput, p99 = append(tput, s.AppliedPS), append(p99, s.P99Ms)
 			sp.MaxDead = max(sp.MaxDead, s.DeadTuples)
 			sp.MaxMB = max(sp.MaxMB, s.TableMB)
+			sp.OutboxMaxDead = max(sp.OutboxMaxDead, s.OutboxDead)
+			sp.OutboxMaxMB = max(sp.OutboxMaxMB, s.OutboxMB)
 		}
 		if len(tput) == 0 {
 			continue
