@@ -31,6 +31,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 )
 
 // Partitioning is Config.Partitions: inbox_messages partitioned by the time
@@ -269,6 +271,13 @@ func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) er
 		for _, s := range cut {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return fmt.Errorf("%s: %w", firstLine(s), err)
+			}
+		}
+		// The roles consumers log in as keep their access, to the new table
+		// and to the clearances their sweeps write.
+		for _, to := range []string{"inbox_messages", "inbox_partitions_cleared"} {
+			if err := pgtable.CopyGrants(ctx, tx, partitionBeforeCut, to); err != nil {
+				return err
 			}
 		}
 		return nil

@@ -2,6 +2,8 @@ package inbox_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -361,4 +363,25 @@ func TestPartitionDropKeepsTheLongestSlack(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, scalar[bool](t, b, `SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE message_id = $1)`, late),
 		"a row written 30 minutes before the drop, within billing's hour")
+}
+
+// TestPartitionByIDTimeKeepsTheGrants: a role consumers log in as keeps,
+// after the conversion, what it was granted on the table, on the new table
+// and on the clearances its sweeps write.
+func TestPartitionByIDTimeKeepsTheGrants(t *testing.T) {
+	_, b := setup(t, inbox.Config{})
+	role := fmt.Sprintf("inbox_consumer_%d_%d", os.Getpid(), time.Now().UnixNano())
+	_, err := b.pool.Exec(b.ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_messages TO `+role)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := b.pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+		require.NoError(t, err)
+	})
+	require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, inbox.Partitioning{}, time.Time{}))
+	for _, table := range []string{"inbox_messages", "inbox_partitions_cleared"} {
+		for _, priv := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
+			require.True(t, scalar[bool](t, b, `SELECT has_table_privilege($1, $2, $3)`, role, table, priv),
+				"the role lost %s on %s in the conversion", priv, table)
+		}
+	}
 }

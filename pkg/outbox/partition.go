@@ -36,6 +36,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 )
 
 // Partitioning is RelayConfig.Partitions: outbox_messages partitioned into
@@ -300,25 +302,8 @@ func cutOver(ctx context.Context, conn db, lockTimeout string, first int64, curr
 				return fmt.Errorf("%s: %w", firstLine(s), err)
 			}
 		}
-		// The grants on the table, to the roles producers and relays log in
-		// as, go to the new one (access through it is checked there only).
-		rows, err := tx.Query(ctx, `
-			SELECT format('GRANT %s ON outbox_messages TO %s%s', a.privilege_type,
-				CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
-				CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)
-			FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
-			WHERE c.oid = '`+partitionBeforeCut+`'::regclass`)
-		if err != nil {
+		if err := pgtable.CopyGrants(ctx, tx, partitionBeforeCut, "outbox_messages"); err != nil {
 			return err
-		}
-		grants, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		for _, g := range grants {
-			if _, err := tx.Exec(ctx, g); err != nil {
-				return fmt.Errorf("%s: %w", g, err)
-			}
 		}
 		// The block the new ids start in, made in the same transaction: no
 		// row is written before it is there.
