@@ -181,7 +181,8 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		if b.in, err = inbox.New(cfg); err != nil {
 			return err
 		}
-		rcfg := outbox.RelayConfig{Pool: b.pool, Publisher: soakPublisher{}, Retention: soakRetention, RetentionInterval: soakSweepEvery}
+		rcfg := outbox.RelayConfig{Pool: b.pool, Publisher: soakPublisher{}, Retention: soakRetention,
+			RetentionInterval: time.Hour} // retained in sweep below, so that a failure counts
 		if b.name == "partitions" {
 			p := outbox.Partitioning{Interval: soakInterval, Ahead: 3}
 			if err := outbox.PartitionByTime(ctx, b.pool, p); err != nil {
@@ -195,15 +196,16 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
 	var wg sync.WaitGroup
+	defer wg.Wait() // after stop, on every return
+	defer stop()
 	for _, b := range builds {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := b.in.Run(runCtx); err != nil {
 				b.mu.Lock()
-				b.runErr = err
+				b.runErr = errors.Join(b.runErr, err)
 				b.mu.Unlock()
 			}
 		}()
@@ -218,14 +220,14 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		}()
 	}
 	for _, b := range builds {
-		for !b.in.Running() {
+		for !b.in.Running() || !b.relay.Running() {
 			b.mu.Lock()
 			err := b.runErr
 			b.mu.Unlock()
 			if err != nil {
 				return fmt.Errorf("soak %s: %w", b.name, err)
 			}
-			time.Sleep(10 * time.Millisecond) // Run starts its batch workers
+			time.Sleep(10 * time.Millisecond) // the Runs start their workers
 		}
 		wg.Add(2)
 		go func() { defer wg.Done(); b.sweep(runCtx, say) }()
@@ -240,6 +242,11 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 		Retention: soakRetention.Seconds(), Interval: soakInterval.Seconds()}
 	samples := make([][]SoakSample, len(builds))
 	var longTxs []pgx.Tx
+	defer func() { // on an early return; after the run, there are none
+		for _, tx := range longTxs {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
 	tick := time.NewTicker(sample)
 	defer tick.Stop()
 	// A sample is labelled by what held during its interval: the
@@ -289,8 +296,14 @@ func runSoak(ctx context.Context, d time.Duration, rate float64, sample time.Dur
 	for _, tx := range longTxs {
 		_ = tx.Rollback(ctx)
 	}
+	longTxs = nil
 	stop()
 	wg.Wait()
+	for _, b := range builds {
+		if b.runErr != nil {
+			return fmt.Errorf("soak %s: %w", b.name, b.runErr)
+		}
+	}
 
 	report.Checks = map[string]int64{}
 	for i, b := range builds {
@@ -450,8 +463,8 @@ func (b *soakBuild) feed(ctx context.Context, rate float64) {
 	wg.Wait()
 }
 
-// sweep runs the inbox's retention every soakSweepEvery, as Inbox.Run
-// would, counting what it deleted.
+// sweep runs the inbox's retention and the relay's every soakSweepEvery,
+// as their Runs would, counting what the inbox deleted and what failed.
 func (b *soakBuild) sweep(ctx context.Context, say func(string, ...any)) {
 	t := time.NewTicker(soakSweepEvery)
 	defer t.Stop()
@@ -462,6 +475,13 @@ func (b *soakBuild) sweep(ctx context.Context, say func(string, ...any)) {
 		case <-t.C:
 		}
 		n, err := b.in.Sweep(ctx)
+		if b.name == "partitions" {
+			_, rerr := b.relay.RetirePartitions(ctx)
+			err = errors.Join(err, rerr)
+		} else {
+			_, rerr := b.relay.DeletePublished(ctx)
+			err = errors.Join(err, rerr)
+		}
 		failed := err != nil && ctx.Err() == nil
 		if failed {
 			say("soak %s: sweep: %v", b.name, err)
@@ -488,9 +508,9 @@ func (b *soakBuild) take(ctx context.Context, elapsed, sample time.Duration, pha
 	const table = `
 		SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint,
 			coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
-			count(*) FILTER (WHERE c.relname LIKE $1 || '\_p%')::int
+			count(*) FILTER (WHERE c.relname LIKE replace($1, '_', '\_') || '\_p%')::int
 		FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-		WHERE c.relkind = 'r' AND (c.relname = $1 OR c.relname LIKE $1 || '\_%')`
+		WHERE c.relkind = 'r' AND (c.relname = $1 OR c.relname LIKE replace($1, '_', '\_') || '\_%')`
 	err := b.pool.QueryRow(ctx, table, "inbox_messages").Scan(&bytes, &s.LiveTuples, &s.DeadTuples, &s.Partitions)
 	if err == nil {
 		err = b.pool.QueryRow(ctx, table, "outbox_messages").Scan(&outboxBytes, &s.OutboxLive, &s.OutboxDead, &s.OutboxPartitions)

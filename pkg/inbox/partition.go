@@ -84,8 +84,9 @@ func (p Partitioning) validate() error {
 		return fmt.Errorf("inbox: Partitioning.Interval %s is not a whole number of minutes", p.Interval)
 	case p.Ahead < 1:
 		return errors.New("inbox: Partitioning.Ahead must be at least 1 (0: the default)")
-	case p.LockTimeout < 0:
-		return errors.New("inbox: Partitioning.LockTimeout must not be negative (0: the default)")
+	case p.LockTimeout < time.Millisecond:
+		// Postgres takes lock_timeout in milliseconds, and 0 as no timeout.
+		return errors.New("inbox: Partitioning.LockTimeout must be at least 1ms (0: the default)")
 	}
 	return nil
 }

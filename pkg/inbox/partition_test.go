@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
@@ -384,4 +385,13 @@ func TestPartitionByIDTimeKeepsTheGrants(t *testing.T) {
 				"the role lost %s on %s in the conversion", priv, table)
 		}
 	}
+}
+
+// TestPartitioningNeedsALockTimeout: Postgres takes lock_timeout in
+// milliseconds and 0 as none, so a LockTimeout under a millisecond would
+// let a drop wait for the longest transaction, every delivery behind it.
+func TestPartitioningNeedsALockTimeout(t *testing.T) {
+	_, err := inbox.New(inbox.Config{Pool: &pgxpool.Pool{}, Consumer: "c",
+		Partitions: &inbox.Partitioning{LockTimeout: time.Microsecond}})
+	require.ErrorContains(t, err, "LockTimeout must be at least 1ms")
 }

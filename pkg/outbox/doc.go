@@ -184,7 +184,8 @@
 // the partitions ahead, moves the id sequence forward to the current
 // interval's block at its first round in it, and drops a whole partition
 // once the ids have left it and every row in it is published and past
-// Retention: no DELETE, no dead tuples for vacuum. Ids keep growing, so
+// Retention: no DELETE, and a long transaction elsewhere keeps no more dead
+// tuples than the partitions not yet dropped hold. Ids keep growing, so
 // the id order and each key's order are those of a plain table
 // (docs/partitioning.md).
 package outbox
