@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -117,17 +116,6 @@ func partitionName(start time.Time) string {
 	return "inbox_messages_p" + start.UTC().Format("20060102t1504")
 }
 
-// floorTo returns the start of the interval t falls in.
-func floorTo(t time.Time, interval time.Duration) time.Time {
-	ms := t.UnixMilli()
-	iv := interval.Milliseconds()
-	start := ms - ms%iv
-	if ms < 0 && ms%iv != 0 {
-		start -= iv
-	}
-	return time.UnixMilli(start).UTC()
-}
-
 // PartitionByIDTime converts inbox_messages into a table partitioned by the
 // time in each message's id (Partitioning.Time), in place: the table as it
 // is becomes the partition of every id time before cutOver (rounded up to a
@@ -150,8 +138,8 @@ func PartitionByIDTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning, 
 		return err
 	}
 	if cutOver.IsZero() {
-		cutOver = floorTo(time.Now(), p.Interval).Add(2 * p.Interval)
-	} else if f := floorTo(cutOver, p.Interval); !f.Equal(cutOver) {
+		cutOver = pgtable.FloorTo(time.Now(), p.Interval).Add(2 * p.Interval)
+	} else if f := pgtable.FloorTo(cutOver, p.Interval); !f.Equal(cutOver) {
 		cutOver = f.Add(p.Interval)
 	}
 	if err := convertOnce(ctx, pool, p, cutOver); err != nil {
@@ -198,16 +186,7 @@ func convertOnce(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOve
 	return nil
 }
 
-// db is what the conversion runs its statements on: a pool, or one of its
-// connections.
-type db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-	QueryRow(context.Context, string, ...any) pgx.Row
-	Begin(context.Context) (pgx.Tx, error)
-}
-
-func isPartitioned(ctx context.Context, pool db) (bool, error) {
+func isPartitioned(ctx context.Context, pool pgtable.DB) (bool, error) {
 	var kind string
 	if err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'inbox_messages'::regclass`).Scan(&kind); err != nil {
 		return false, fmt.Errorf("inbox: reading inbox_messages's kind (has Migrate run?): %w", err)
@@ -216,7 +195,7 @@ func isPartitioned(ctx context.Context, pool db) (bool, error) {
 }
 
 // convert runs the steps of PartitionByIDTime on an unpartitioned table.
-func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) error {
+func convert(ctx context.Context, pool pgtable.DB, p Partitioning, cutOver time.Time) error {
 	steps := []string{
 		// Instant: a constant default rewrites nothing. Old rows, and rows a
 		// consumer without Config.Partitions writes, sort before any time.
@@ -245,7 +224,7 @@ func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) er
 			return err
 		}
 		if _, err := pool.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", firstLine(s), err)
+			return fmt.Errorf("%s: %w", pgtable.FirstLine(s), err)
 		}
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -271,7 +250,7 @@ func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) er
 		}
 		for _, s := range cut {
 			if _, err := tx.Exec(ctx, s); err != nil {
-				return fmt.Errorf("%s: %w", firstLine(s), err)
+				return fmt.Errorf("%s: %w", pgtable.FirstLine(s), err)
 			}
 		}
 		// The roles consumers log in as keep their access, to the new table
@@ -287,7 +266,7 @@ func convert(ctx context.Context, pool db, p Partitioning, cutOver time.Time) er
 
 // dropInvalidIndexes drops what a CREATE INDEX CONCURRENTLY that failed
 // left behind, so that the step runs again instead of finding it there.
-func dropInvalidIndexes(ctx context.Context, pool db) error {
+func dropInvalidIndexes(ctx context.Context, pool pgtable.DB) error {
 	rows, err := pool.Query(ctx, `
 		SELECT i.indexrelid::regclass::text FROM pg_index i
 		WHERE i.indrelid = 'inbox_messages'::regclass AND NOT i.indisvalid`)
@@ -319,9 +298,7 @@ func (p partition) isDefault() bool { return p.to.IsZero() }
 // bounds are read back from their text, which follows the session's
 // DateStyle and TimeZone: both are pinned for the read, so a zone
 // abbreviation that reads back as another zone cannot come in.
-func listPartitions(ctx context.Context, q interface {
-	Begin(context.Context) (pgx.Tx, error)
-}) ([]partition, error) {
+func listPartitions(ctx context.Context, q pgtable.DB) ([]partition, error) {
 	var parts []partition
 	err := pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
 		for _, set := range []string{`SET LOCAL DateStyle = 'ISO'`, `SET LOCAL TimeZone = 'UTC'`} {
@@ -369,7 +346,7 @@ func makePartitions(ctx context.Context, pool *pgxpool.Pool, p Partitioning, now
 	}
 	var made []string
 	for k := range p.Ahead + 1 {
-		start := floorTo(now, p.Interval).Add(time.Duration(k) * p.Interval)
+		start := pgtable.FloorTo(now, p.Interval).Add(time.Duration(k) * p.Interval)
 		if covered(parts, start) {
 			continue
 		}
@@ -432,7 +409,7 @@ func makePartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 				`DELETE FROM ` + partitionDefault + ` WHERE msg_time >= $1 AND msg_time < $2`,
 			} {
 				if _, err := tx.Exec(ctx, s, from, to); err != nil {
-					return fmt.Errorf("%s: %w", firstLine(s), err)
+					return fmt.Errorf("%s: %w", pgtable.FirstLine(s), err)
 				}
 			}
 		}
@@ -606,11 +583,3 @@ func (in *Inbox) checkPartitioned(ctx context.Context) error {
 }
 
 func quoteTime(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'" }
-
-func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
-	}
-	return s
-}

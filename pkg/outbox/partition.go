@@ -116,17 +116,6 @@ type partition struct {
 
 const noLo = -1 << 63
 
-// floorTo returns the start of the interval t falls in.
-func floorTo(t time.Time, interval time.Duration) time.Time {
-	ms := t.UnixMilli()
-	iv := interval.Milliseconds()
-	start := ms - ms%iv
-	if ms < 0 && ms%iv != 0 {
-		start -= iv
-	}
-	return time.UnixMilli(start).UTC()
-}
-
 // PartitionByTime converts outbox_messages into a table partitioned by
 // blocks of ids, one per Interval, in place: the table as it is becomes the
 // first partition, its rows not copied, and the ids of new rows start at
@@ -199,16 +188,7 @@ func withPartitionLock(ctx context.Context, pool *pgxpool.Pool, wait bool, fn fu
 	return fn(conn)
 }
 
-// db is what the partition statements run on: a pool, or one of its
-// connections.
-type db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-	QueryRow(context.Context, string, ...any) pgx.Row
-	Begin(context.Context) (pgx.Tx, error)
-}
-
-func isPartitioned(ctx context.Context, q db) (bool, error) {
+func isPartitioned(ctx context.Context, q pgtable.DB) (bool, error) {
 	var kind string
 	if err := q.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'outbox_messages'::regclass`).Scan(&kind); err != nil {
 		return false, fmt.Errorf("outbox: reading outbox_messages's kind (has Migrate run?): %w", err)
@@ -217,7 +197,7 @@ func isPartitioned(ctx context.Context, q db) (bool, error) {
 }
 
 // convert runs PartitionByTime's steps on an unpartitioned table.
-func convert(ctx context.Context, conn db, p Partitioning, now time.Time) error {
+func convert(ctx context.Context, conn pgtable.DB, p Partitioning, now time.Time) error {
 	lockTimeout := fmt.Sprintf(`SET LOCAL lock_timeout = %d`, p.LockTimeout.Milliseconds())
 	// The first block starts past every id given so far: ids given until
 	// the lock below are far below it (a block is 10^12 ids).
@@ -247,10 +227,12 @@ func convert(ctx context.Context, conn db, p Partitioning, now time.Time) error 
 			})
 		})
 		if err != nil {
-			return fmt.Errorf("%s: %w", firstLine(s), err)
+			return fmt.Errorf("%s: %w", pgtable.FirstLine(s), err)
 		}
 	}
-	return retryLocked(ctx, func() error { return cutOver(ctx, conn, lockTimeout, first, partitionName(floorTo(now, p.Interval))) })
+	return retryLocked(ctx, func() error {
+		return cutOver(ctx, conn, lockTimeout, first, partitionName(pgtable.FloorTo(now, p.Interval)))
+	})
 }
 
 // retryLocked runs fn until it does not fail for want of a lock: each try
@@ -275,7 +257,7 @@ func retryLocked(ctx context.Context, fn func() error) error {
 }
 
 // cutOver is the conversion's one transaction under the table's lock.
-func cutOver(ctx context.Context, conn db, lockTimeout string, first int64, current string) error {
+func cutOver(ctx context.Context, conn pgtable.DB, lockTimeout string, first int64, current string) error {
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		cut := []string{
 			lockTimeout,
@@ -299,7 +281,7 @@ func cutOver(ctx context.Context, conn db, lockTimeout string, first int64, curr
 		}
 		for _, s := range cut {
 			if _, err := tx.Exec(ctx, s); err != nil {
-				return fmt.Errorf("%s: %w", firstLine(s), err)
+				return fmt.Errorf("%s: %w", pgtable.FirstLine(s), err)
 			}
 		}
 		if err := pgtable.CopyGrants(ctx, tx, partitionBeforeCut, "outbox_messages"); err != nil {
@@ -317,7 +299,7 @@ func partitionName(start time.Time) string {
 
 // listPartitions reads outbox_messages's partitions from the catalog, in
 // id order.
-func listPartitions(ctx context.Context, q db) ([]partition, error) {
+func listPartitions(ctx context.Context, q pgtable.DB) ([]partition, error) {
 	rows, err := q.Query(ctx, `
 		SELECT c.relname::text,
 			substring(pg_get_expr(c.relpartbound, c.oid) from 'FROM \(''(-?[0-9]+)''\)')::bigint,
@@ -361,12 +343,12 @@ func listPartitions(ctx context.Context, q db) ([]partition, error) {
 // makePartitions makes the partitions of the current interval and Ahead
 // after it that start after the last one made, each with the block of ids
 // after the last one's, and returns the partitions as they are now.
-func makePartitions(ctx context.Context, q db, p Partitioning, parts []partition, now time.Time) ([]partition, error) {
+func makePartitions(ctx context.Context, q pgtable.DB, p Partitioning, parts []partition, now time.Time) ([]partition, error) {
 	if len(parts) == 0 {
 		return nil, errors.New("outbox: outbox_messages has no partition (not one PartitionByTime made)")
 	}
 	for k := range p.Ahead + 1 {
-		start := floorTo(now, p.Interval).Add(time.Duration(k) * p.Interval)
+		start := pgtable.FloorTo(now, p.Interval).Add(time.Duration(k) * p.Interval)
 		last := parts[len(parts)-1]
 		if !start.After(last.start) {
 			continue
@@ -452,7 +434,7 @@ func (r *Relay) retirePartitionsAt(ctx context.Context, now time.Time) (dropped 
 // moveIDs moves the id sequence forward to the block of the partition of
 // now's interval, if it is still before it, and returns the next id it
 // gives.
-func moveIDs(ctx context.Context, conn db, parts []partition, now time.Time) (int64, error) {
+func moveIDs(ctx context.Context, conn pgtable.DB, parts []partition, now time.Time) (int64, error) {
 	current := parts[0]
 	for _, p := range parts {
 		if !p.start.After(now) {
@@ -471,7 +453,7 @@ func moveIDs(ctx context.Context, conn db, parts []partition, now time.Time) (in
 
 // nextID returns the next id outbox_messages's sequence gives (or more,
 // after rows written with ids of their own).
-func nextID(ctx context.Context, conn db) (int64, error) {
+func nextID(ctx context.Context, conn pgtable.DB) (int64, error) {
 	var seq string
 	if err := conn.QueryRow(ctx, `SELECT pg_get_serial_sequence('outbox_messages', 'id')`).Scan(&seq); err != nil {
 		return 0, fmt.Errorf("outbox: finding outbox_messages's id sequence: %w", err)
@@ -490,7 +472,7 @@ func nextID(ctx context.Context, conn db) (int64, error) {
 // lock; then it takes the table's lock (waiting at most LockTimeout), under
 // which no row can be written or unpublished, and looks again before it
 // drops.
-func (r *Relay) dropPartition(ctx context.Context, conn db, name string) (bool, error) {
+func (r *Relay) dropPartition(ctx context.Context, conn pgtable.DB, name string) (bool, error) {
 	table := pgx.Identifier{name}.Sanitize()
 	retired := `SELECT NOT EXISTS (SELECT 1 FROM ` + table + ` WHERE published_at IS NULL)
 		AND coalesce((SELECT max(published_at) FROM ` + table + `) < now() - $1::interval, true)`
@@ -545,12 +527,4 @@ func (r *Relay) checkPartitioned(ctx context.Context) error {
 			"rows are retired by DELETE and no partition is made or dropped", nil, nil)
 	}
 	return nil
-}
-
-func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
-	}
-	return s
 }
