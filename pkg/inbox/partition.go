@@ -152,38 +152,17 @@ func PartitionByIDTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning, 
 // convertOnce converts the table unless it is partitioned, holding a lock
 // that makes replicas starting together convert it once.
 func convertOnce(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver time.Time) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	// Polled, not waited for: a session waiting for the lock inside a
-	// statement holds a snapshot, which the holder's CREATE INDEX
-	// CONCURRENTLY would wait for in turn (a deadlock).
-	const lock = `hashtext('inbox: PartitionByIDTime')`
-	for {
-		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+lock+`)`).Scan(&got); err != nil {
-			return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
+	const what = "inbox: partitioning inbox_messages"
+	return pgtable.WithSessionLock(ctx, pool, what, `hashtext('inbox: PartitionByIDTime')`, nil, true, func(conn *pgxpool.Conn) error {
+		partitioned, err := isPartitioned(ctx, conn)
+		if err != nil || partitioned {
+			return err
 		}
-		if got {
-			break
+		if err := convert(ctx, conn, p, cutOver); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("inbox: partitioning inbox_messages: waiting for another process's conversion: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond): // polling a lock another session holds
-		}
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(`+lock+`)`) //nolint:errcheck // a lost connection unlocks too
-	partitioned, err := isPartitioned(ctx, conn)
-	if err != nil || partitioned {
-		return err
-	}
-	if err := convert(ctx, conn, p, cutOver); err != nil {
-		return fmt.Errorf("inbox: partitioning inbox_messages: %w", err)
-	}
-	return nil
+		return nil
+	})
 }
 
 func isPartitioned(ctx context.Context, pool pgtable.DB) (bool, error) {

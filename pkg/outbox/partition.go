@@ -157,35 +157,15 @@ func PartitionByTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning) er
 }
 
 // withPartitionLock runs fn on a connection holding the schema's partition
-// lock. With wait, it polls the lock until it has it (a session waiting for
-// it inside a statement would hold a snapshot, and could hold up another's
-// work); without, fn is not run when another process holds it.
+// lock. With wait, it polls the lock until it has it; without, fn is not
+// run when another process holds it.
 func withPartitionLock(ctx context.Context, pool *pgxpool.Pool, wait bool, fn func(*pgxpool.Conn) error) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
+	err := pgtable.WithSessionLock(ctx, pool, "outbox: the partition lock", `$1::int, hashtext(current_schema())`,
+		[]any{partitionLockSpace}, wait, fn)
+	if errors.Is(err, pgtable.ErrLockHeld) {
+		return nil // another relay's round does the work
 	}
-	defer conn.Release()
-	const lock = `($1::int, hashtext(current_schema()))`
-	for {
-		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock`+lock, partitionLockSpace).Scan(&got); err != nil {
-			return fmt.Errorf("outbox: taking the partition lock: %w", err)
-		}
-		if got {
-			break
-		}
-		if !wait {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("outbox: waiting for another process's work on the partitions: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock`+lock, partitionLockSpace) //nolint:errcheck // a lost connection unlocks too
-	return fn(conn)
+	return err
 }
 
 func isPartitioned(ctx context.Context, q pgtable.DB) (bool, error) {

@@ -371,3 +371,30 @@ func TestPartitioningNeedsALockTimeout(t *testing.T) {
 		Partitions: &outbox.Partitioning{LockTimeout: time.Microsecond}})
 	require.ErrorContains(t, err, "LockTimeout must be at least 1ms")
 }
+
+// TestPartitionRoundsTakeTurns: while another session holds the schema's
+// partition lock (another relay's round, a conversion), a round does
+// nothing and says nothing went wrong; once it is free, the round works.
+func TestPartitionRoundsTakeTurns(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	p := outbox.Partitioning{Interval: time.Hour}
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p))
+	relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub, Partitions: &p})
+
+	other, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer other.Release()
+	_, err = other.Exec(ctx, `SELECT pg_advisory_lock(7412006, hashtext(current_schema()))`)
+	require.NoError(t, err)
+	dropped, err := relay.RetirePartitions(ctx)
+	require.NoError(t, err)
+	require.Empty(t, dropped, "a round ran while another held the lock")
+
+	_, err = other.Exec(ctx, `SELECT pg_advisory_unlock(7412006, hashtext(current_schema()))`)
+	require.NoError(t, err)
+	dropped, err = relay.RetirePartitions(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"outbox_messages_before_cut"}, dropped, "the empty first partition, which the ids have left")
+}
