@@ -68,12 +68,7 @@ func benchmarkRelay(b *testing.B, batchSize int, partitioned bool) {
 	ctx := context.Background()
 	pool := newPool(b)
 	topic := newTopic(b)
-	_, err := pool.Exec(ctx, `
-		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
-		SELECT gen_random_uuid(), $1, '\x00', now() FROM generate_series(1, 20000)`, topic)
-	if err != nil {
-		b.Fatal(err)
-	}
+	insertPublished(b, pool, topic, 20000, 0)
 	cfg := outbox.RelayConfig{Pool: pool, Publisher: newPublisher(b), BatchSize: batchSize}
 	if partitioned {
 		cfg.Partitions = &outbox.Partitioning{}

@@ -45,6 +45,16 @@ func firstHour(t testing.TB, pool *pgxpool.Pool) time.Time {
 	return start
 }
 
+// insertPublished writes n rows of history to topic, published ago, with
+// plain SQL.
+func insertPublished(t testing.TB, pool *pgxpool.Pool, topic string, n int, ago time.Duration) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
+		SELECT gen_random_uuid(), $1, '\x00', now() - $3::interval FROM generate_series(1, $2)`, topic, n, ago)
+	require.NoError(t, err)
+}
+
 // idOf returns the outbox id of msg's row.
 func idOf(t testing.TB, pool *pgxpool.Pool, msg *message.Message) int64 {
 	t.Helper()
@@ -65,14 +75,11 @@ func TestPartitionByTimeKeepsEveryRowAndItsOrder(t *testing.T) {
 	pool := bundle.pool
 
 	// Old published rows, to be kept in the first partition as they are.
-	_, err := pool.Exec(ctx, `
-		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
-		SELECT gen_random_uuid(), $1, '\x00', now() - interval '2 hours' FROM generate_series(1, 5000)`, bundle.topic)
-	require.NoError(t, err)
+	insertPublished(t, pool, bundle.topic, 5000, 2*time.Hour)
 	// A parked row, and one of its key behind it.
 	parked := outbox.NewMessage("held", []byte("parked"))
 	insertRow(t, pool, bundle.topic, parked)
-	_, err = pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'test' WHERE message_id = $1`, parked.UUID)
+	_, err := pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'test' WHERE message_id = $1`, parked.UUID)
 	require.NoError(t, err)
 	behind := outbox.NewMessage("held", []byte("behind"))
 	publishCommitted(t, pool, bundle.topic, behind)
@@ -315,10 +322,7 @@ func TestPartitionClaimLooksInTheClaimedPartitionsOnly(t *testing.T) {
 	t.Parallel()
 	ctx, bundle := setupRelay(t)
 	pool := bundle.pool
-	_, err := pool.Exec(ctx, `
-		INSERT INTO outbox_messages (message_id, topic, payload, published_at)
-		SELECT gen_random_uuid(), $1, '\x00', now() FROM generate_series(1, 2000)`, bundle.topic)
-	require.NoError(t, err)
+	insertPublished(t, pool, bundle.topic, 2000, 0)
 	require.NoError(t, outbox.PartitionByTime(ctx, pool, outbox.Partitioning{Interval: time.Hour}))
 	for range 3 {
 		publishCommitted(t, pool, bundle.topic, outbox.NewMessage("k", nil))
