@@ -19,11 +19,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -96,7 +96,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	if !report.Passed {
-		return errors.New("invariants violated (see the table above)")
+		return fmt.Errorf("invariants violated: %s (the table above has each one's detail)", failedBrief(report))
 	}
 	fmt.Println("PASS")
 	return nil
@@ -187,4 +187,19 @@ var profiles = map[string]profile{
 		RelayShards: 8},
 	"long": {Name: "long", Orders: 50_000, Rate: 70, MinPerWindow: 50, MinKills: 700, PGRestarts: 4,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 5 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 5 * time.Minute},
+}
+
+// failedBrief names each failed invariant with the start of its detail, so
+// the last line of a failed run says what failed even where only the tail
+// of its output is kept (a CI log).
+func failedBrief(r *Report) string {
+	var parts []string
+	for _, name := range strings.Split(r.Failed, ",") {
+		detail := []rune(r.Details[name])
+		if len(detail) > 300 {
+			detail = append(detail[:300], '…')
+		}
+		parts = append(parts, name+" ("+string(detail)+")")
+	}
+	return strings.Join(parts, "; ")
 }
