@@ -67,3 +67,25 @@ func TestArmWeighsWindowsByWhoCanMeetThem(t *testing.T) {
 		})
 	}
 }
+
+// TestArmCountsNoHostileKillAsAMeeting: an orders incarnation killed at
+// after-commit-before-ack on a hostile message has not met the window
+// attribution asks of it (a kill of orders' own messages), so the next
+// incarnation is armed there again, first.
+func TestArmCountsNoHostileKillAsAMeeting(t *testing.T) {
+	h := newHarness(profile{Name: "test"}, 7, true, true, true)
+	h.pids[100] = "orders"
+	h.hostile = map[string]bool{"forged-1": true}
+	h.countFired(judge.Log{Kills: []judge.Kill{{Window: failpoint.AfterCommitBeforeAck, Pid: 100, Subject: "forged-1"}}})
+	if n := h.fired[svcWindow{"orders", failpoint.AfterCommitBeforeAck}]; n != 0 {
+		t.Errorf("a kill on a hostile message counted as %d meeting(s) of orders' after-commit-before-ack", n)
+	}
+	// The log had no other kill: every window is unmet, and of those
+	// after-commit-before-ack comes first (it would come after every
+	// other unmet one had the hostile kill counted).
+	for range 10 {
+		if w := armedWindow(t, h, "orders"); w != failpoint.AfterCommitBeforeAck {
+			t.Fatalf("orders armed %s, want %s: it has not met it with a message of its own", w, failpoint.AfterCommitBeforeAck)
+		}
+	}
+}
