@@ -402,3 +402,45 @@ func TestPartitionRoundsTakeTurns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"outbox_messages_before_cut"}, dropped, "the empty first partition, which the ids have left")
 }
+
+// TestPartitionShardedRelaysAcrossTheCut: sharded relays on a partitioned
+// outbox publish the rows written before the conversion (in the first
+// partition) and after it (in the current one), every message, each key's
+// in commit order across the two partitions, each row marked once.
+func TestPartitionShardedRelaysAcrossTheCut(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	const producers, txs, msgs, keys = 4, 20, 4, 6
+	halfway, written := make(chan struct{}), make(chan []string, 1)
+	go func() { written <- writeKeyed(t, ctx, bundle, "", producers, txs, msgs, keys, halfway) }()
+	eventually(t, waitTimeout, func() bool { return countRows(t, pool, "true") == producers*txs*msgs/2 },
+		"the first half of the rows was never written")
+
+	p := outbox.Partitioning{Interval: time.Hour}
+	require.NoError(t, outbox.PartitionByTime(ctx, pool, p))
+	var relays []*outbox.Relay
+	for _, id := range []string{"a", "b"} {
+		cfg := shardedConfig(bundle, newPublisher(t), id)
+		cfg.Partitions = &p
+		relays = append(relays, newRelay(t, cfg))
+		startRelay(t, relays[len(relays)-1])
+	}
+	close(halfway)
+	want := <-written
+
+	bundle.sink.WaitFor(t, want)
+	eventually(t, waitTimeout, func() bool { return countRows(t, pool, "published_at IS NULL") == 0 },
+		"rows still unmarked after their messages reached Kafka")
+	var before, after int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE tableoid = 'outbox_messages_before_cut'::regclass),
+		       count(*) FILTER (WHERE tableoid <> 'outbox_messages_before_cut'::regclass)
+		FROM outbox_messages`).Scan(&before, &after))
+	require.Equal(t, []int{len(want) / 2, len(want) / 2}, []int{before, after},
+		"the rows are not half in the first partition, half after the cut")
+	eventually(t, waitTimeout, func() bool { return relays[0].Stats().Published+relays[1].Stats().Published >= int64(len(want)) },
+		"the relays' counts never reached the rows marked")
+	require.Equal(t, int64(len(want)), relays[0].Stats().Published+relays[1].Stats().Published, "a row was marked by two relays")
+	require.Len(t, requireKeyOrder(t, bundle.sink.Records()), producers*keys)
+}
