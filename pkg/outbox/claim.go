@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -144,4 +145,33 @@ type pending struct {
 	key     string
 	payload []byte
 	meta    message.Metadata
+}
+
+// ErrIDCache is returned by Run when outbox_messages's id sequence hands out
+// ids from a cache (CACHE above 1).
+var ErrIDCache = errors.New("outbox: outbox_messages's id sequence caches ids (CACHE above 1)")
+
+// checkIDSequence refuses an id sequence that caches ids. The relay sends
+// rows in id order, and a key's messages keep their commit order because
+// each producer takes its id while it holds the key's lock (PublishTx). A
+// cache hands each session a range of ids at its first insert, so a
+// producer that commits later can hold a lower id than one that committed
+// before it, and a key's messages would leave out of order. A DBA may set
+// it for the insert rate; the relay says so at start instead of reordering.
+// Postgres not answering is left to the batches to retry, as for the
+// table's shape.
+func (r *Relay) checkIDSequence(ctx context.Context) error {
+	var cache int64
+	err := r.cfg.Pool.QueryRow(ctx, `
+		SELECT coalesce((SELECT seqcache FROM pg_sequence
+		                 WHERE seqrelid = pg_get_serial_sequence('outbox_messages', 'id')::regclass), 1)`).Scan(&cache)
+	switch {
+	case err != nil:
+		r.cfg.log.Error("Outbox id sequence not checked", err, nil)
+		return nil
+	case cache > 1:
+		return fmt.Errorf("%w: CACHE %d; a key's messages would leave out of order: "+
+			"ALTER TABLE outbox_messages ALTER COLUMN id SET CACHE 1", ErrIDCache, cache)
+	}
+	return nil
 }

@@ -58,7 +58,10 @@
 //     before it writes, so writers of one key take turns and each row's id
 //     comes after every row of that key committed before it, whatever locks
 //     the producers take (Writer.Unordered skips it, for producers that
-//     serialize a key's transactions themselves);
+//     serialize a key's transactions themselves); the id sequence must
+//     not cache ids (CACHE 1, as Migrate makes it): with a cache, each
+//     session takes ids from a range of its own, a later commit can hold a
+//     lower id, and Run refuses to start (ErrIDCache);
 //   - the relay claims rows in id order and publishes them in that order,
 //     one Publish call per run of a topic, and outboxkafka.Publisher allows one
 //     request in flight per broker connection, so a retry cannot overtake;

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -103,4 +104,45 @@ func reversedCommits(t *testing.T, w outbox.Writer) (commits, got []int) {
 	mu.Lock()
 	defer mu.Unlock()
 	return commits, got
+}
+
+// TestRelayRefusesACachedIDSequence: with CACHE above 1 on the id sequence,
+// each session takes ids from a range of its own, so a key's second
+// message, committed after its first, can hold the lower id, and the relay
+// (which sends in id order) would send it first. Run refuses to start, and
+// publishes nothing.
+func TestRelayRefusesACachedIDSequence(t *testing.T) {
+	t.Parallel()
+	ctx, bundle := setupRelay(t)
+	pool := bundle.pool
+	_, err := pool.Exec(ctx, `ALTER TABLE outbox_messages ALTER COLUMN id SET CACHE 20`)
+	require.NoError(t, err)
+	a, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer a.Release()
+	b, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer b.Release()
+	publishOn := func(conn interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}, msg *message.Message) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, outbox.PublishTx(ctx, tx, bundle.topic, msg))
+		require.NoError(t, tx.Commit(ctx))
+	}
+	publishOn(b, newKeyedMessage("other-b", 0)) // b's session takes a range of ids first
+	publishOn(a, newKeyedMessage("other-a", 0)) // a's the next one
+	first, second := newKeyedMessage("k", 0), newKeyedMessage("k", 1)
+	publishOn(a, first)
+	publishOn(b, second) // committed after first, from the lower range
+	require.Less(t, idOf(t, pool, second), idOf(t, pool, first), "the cached ids followed commit order after all")
+
+	runCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub}).Run(runCtx)
+	require.ErrorIs(t, err, outbox.ErrIDCache)
+	require.ErrorContains(t, err, "CACHE 20")
+	require.Equal(t, 4, countRows(t, pool, "published_at IS NULL"), "the relay published before refusing")
 }

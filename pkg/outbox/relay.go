@@ -89,6 +89,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
+	if err := r.checkIDSequence(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
 	if err := r.checkPartitioned(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
