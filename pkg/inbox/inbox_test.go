@@ -187,3 +187,27 @@ func TestSchemasAreSeparateInboxes(t *testing.T) {
 	require.NoError(t, poolA.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables))
 	require.Zero(t, tables, "nothing was created outside the schemas")
 }
+
+// TestSweepGoesOnPastRowsThatStay: each batch of a Sweep starts where the
+// last one ended, so rows that may not go yet (parked, waiting for their
+// key's release) are passed over, not deleted, and every expired row after
+// them still goes in the same Sweep; ties on processed_at at a batch's end
+// are not skipped.
+func TestSweepGoesOnPastRowsThatStay(t *testing.T) {
+	t.Parallel()
+	const week = 7 * 24 * time.Hour
+	in, b := setup(t, inbox.Config{Consumer: "billing", RetentionBatch: 2, Retention: week})
+	// Nine expired rows, oldest first: m1..m9; m2 and m5 parked; m6 to m9
+	// processed at the same moment (a batch's transaction).
+	_, err := b.pool.Exec(b.ctx, `
+		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, status, processed_at)
+		SELECT 'billing', 'm' || n, '\x00', CASE WHEN n IN (2, 5) THEN 'parked' ELSE 'processed' END,
+		       now() - interval '8 days' + least(n, 6) * interval '1 s'
+		FROM generate_series(1, 9) AS n`)
+	require.NoError(t, err)
+	deleted, err := in.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), deleted)
+	left := scalar[[]string](t, b, `SELECT array_agg(message_id ORDER BY message_id) FROM inbox_messages WHERE consumer = 'billing'`)
+	require.Equal(t, []string{"m2", "m5"}, left)
+}

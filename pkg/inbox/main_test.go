@@ -79,7 +79,7 @@ const domainSchema = `CREATE TABLE applied (consumer text NOT NULL, message_id t
 // newTestDB returns a pool on a fresh database holding the inbox, the outbox
 // (dead letters go through it) and the domain table. The pool is closed when
 // the test ends.
-func newTestDB(t *testing.T, ctx context.Context) *pgxpool.Pool {
+func newTestDB(t testing.TB, ctx context.Context) *pgxpool.Pool {
 	t.Helper()
 	name, url, err := createDatabase(ctx)
 	require.NoError(t, err)

@@ -79,6 +79,23 @@ func TestRelayRetention(t *testing.T) {
 			require.Zero(t, deleted)
 		})
 
+		// A relay batch's rows share their published_at (the claim's
+		// now()), so a deletion batch can end inside such a run: the next
+		// one starts at that moment again, not after it.
+		t.Run("DeletePublishedThroughTies", func(t *testing.T) {
+			t.Parallel()
+			ctx, bundle := setupRelay(t)
+			relay := newRelay(t, outbox.RelayConfig{
+				Pool: bundle.pool, Publisher: bundle.pub, Retention: time.Hour, RetentionBatch: 2,
+			})
+			insertPublished(t, bundle.pool, bundle.topic, 7, 2*time.Hour) // one batch's rows, published at one moment
+			insertPublished(t, bundle.pool, bundle.topic, 2, time.Minute)
+			deleted, err := relay.DeletePublished(ctx)
+			require.NoError(t, err)
+			require.Equal(t, int64(7), deleted)
+			require.Equal(t, 2, countRows(t, bundle.pool, "true"))
+		})
+
 		t.Run("RunDeletes", func(t *testing.T) {
 			t.Parallel()
 			ctx, bundle := setupRelay(t)
