@@ -75,7 +75,7 @@ func TestArmWeighsWindowsByWhoCanMeetThem(t *testing.T) {
 func TestArmCountsNoHostileKillAsAMeeting(t *testing.T) {
 	h := newHarness(profile{Name: "test"}, 7, true, true, true)
 	h.pids[100] = "orders"
-	h.hostile = map[string]bool{"forged-1": true}
+	h.noteHostile(map[string]bool{"forged-1": true})
 	h.countFired(judge.Log{Kills: []judge.Kill{{Window: failpoint.AfterCommitBeforeAck, Pid: 100, Subject: "forged-1"}}})
 	if n := h.fired[svcWindow{"orders", failpoint.AfterCommitBeforeAck}]; n != 0 {
 		t.Errorf("a kill on a hostile message counted as %d meeting(s) of orders' after-commit-before-ack", n)

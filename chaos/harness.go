@@ -300,9 +300,6 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 
 	var paid atomic.Int64
 	hostile := newHostile(sys, h.seed, h.inbox)
-	h.mu.Lock()
-	h.hostile = hostile.ids()
-	h.mu.Unlock()
 	pgAt := restartPoints(h.p.Orders, h.p.PGRestarts)
 	clusterAt := restartPoints(h.p.Orders, h.p.ClusterRestarts)
 	for i := range clusterAt { // a third of the way between Postgres restarts, not on them
@@ -320,7 +317,12 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			if n == int64(h.p.Orders/10) && (h.inbox || h.guard) {
 				hostileOnce.Do(func() {
 					go func() {
-						if err := hostile.send(ctx); err != nil {
+						err := hostile.build(ctx)
+						if err == nil {
+							h.noteHostile(hostile.ids())
+							err = hostile.send(ctx)
+						}
+						if err != nil {
 							h.say("sending hostile messages: %v", err)
 						} else {
 							h.say("sent hostile messages: %s", hostile.summary())
@@ -506,6 +508,15 @@ func (h *harness) started(p *procs.Proc) {
 func (h *harness) readFired() map[failpoint.Name]int {
 	l, _ := judge.ReadLog(h.fpLog, false) // what could be read: a count for the progress line and arming
 	return h.countFired(l)
+}
+
+// noteHostile records the hostile messages' subjects, once they are made
+// and before the first is sent: from then on a kill on one is no meeting of
+// its window (countFired).
+func (h *harness) noteHostile(ids map[string]bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hostile = ids
 }
 
 // countFired counts the kills per window, and refreshes the per-service

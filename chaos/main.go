@@ -189,13 +189,13 @@ var profiles = map[string]profile{
 		GraceMin: 1500 * time.Millisecond, GraceMax: 5 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 5 * time.Minute},
 }
 
-// failedBrief names each failed invariant with the start of its detail, so
-// the last line of a failed run says what failed even where only the tail
+// failedBrief names each failed invariant with the start of its detail, on
+// one line, so the last line of a failed run says what failed even where only the tail
 // of its output is kept (a CI log).
 func failedBrief(r *Report) string {
 	var parts []string
 	for _, name := range strings.Split(r.Failed, ",") {
-		detail := []rune(r.Details[name])
+		detail := []rune(strings.ReplaceAll(r.Details[name], "\n", " "))
 		if len(detail) > 300 {
 			detail = append(detail[:300], '…')
 		}

@@ -19,7 +19,7 @@ import (
 // without a look at the heap, so a scan from the oldest row looks at every
 // row deleted before it again. Reported: rows deleted per second.
 //
-//	go test ./inbox -run '^$' -bench BenchmarkSweepBacklog -benchtime 3x
+//	go test ./inbox -run '^$' -bench BenchmarkSweepBacklog -benchtime 1x
 func BenchmarkSweepBacklog(b *testing.B) {
 	const rows, batch = 1_000_000, 5000
 	for _, held := range []bool{false, true} {

@@ -158,20 +158,20 @@ var ErrIDCache = errors.New("outbox: outbox_messages's id sequence caches ids (C
 // producer that commits later can hold a lower id than one that committed
 // before it, and a key's messages would leave out of order. A DBA may set
 // it for the insert rate; the relay says so at start instead of reordering.
-// Postgres not answering is left to the batches to retry, as for the
-// table's shape.
-func (r *Relay) checkIDSequence(ctx context.Context) error {
+// err is Postgres not answering.
+func (r *Relay) checkIDSequence(ctx context.Context) (refused, err error) {
+	var seq string
 	var cache int64
-	err := r.cfg.Pool.QueryRow(ctx, `
-		SELECT coalesce((SELECT seqcache FROM pg_sequence
-		                 WHERE seqrelid = pg_get_serial_sequence('outbox_messages', 'id')::regclass), 1)`).Scan(&cache)
+	err = r.cfg.Pool.QueryRow(ctx, `
+		SELECT coalesce(s.seqrelid::regclass::text, ''), coalesce(s.seqcache, 1)
+		FROM (SELECT pg_get_serial_sequence('outbox_messages', 'id')) AS n(name)
+		LEFT JOIN pg_sequence s ON s.seqrelid = n.name::regclass`).Scan(&seq, &cache)
 	switch {
 	case err != nil:
-		r.cfg.log.Error("Outbox id sequence not checked", err, nil)
-		return nil
+		return nil, fmt.Errorf("outbox: reading outbox_messages's id sequence: %w", err)
 	case cache > 1:
-		return fmt.Errorf("%w: CACHE %d; a key's messages would leave out of order: "+
-			"ALTER TABLE outbox_messages ALTER COLUMN id SET CACHE 1", ErrIDCache, cache)
+		return fmt.Errorf("%w: %s has CACHE %d; a key's messages would leave out of order: "+
+			"ALTER SEQUENCE %s CACHE 1", ErrIDCache, seq, cache, seq), nil
 	}
-	return nil
+	return nil, nil
 }

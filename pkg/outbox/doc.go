@@ -61,7 +61,8 @@
 //     serialize a key's transactions themselves); the id sequence must
 //     not cache ids (CACHE 1, as Migrate makes it): with a cache, each
 //     session takes ids from a range of its own, a later commit can hold a
-//     lower id, and Run refuses to start (ErrIDCache);
+//     lower id, and Run refuses to start (ErrIDCache; checked before the
+//     first batch, once Postgres answers);
 //   - the relay claims rows in id order and publishes them in that order,
 //     one Publish call per run of a topic, and outboxkafka.Publisher allows one
 //     request in flight per broker connection, so a retry cannot overtake;

@@ -3,12 +3,15 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -143,6 +146,29 @@ func TestRelayRefusesACachedIDSequence(t *testing.T) {
 	defer cancel()
 	err = newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub}).Run(runCtx)
 	require.ErrorIs(t, err, outbox.ErrIDCache)
-	require.ErrorContains(t, err, "CACHE 20")
+	require.ErrorContains(t, err, "has CACHE 20")
+	require.ErrorContains(t, err, "ALTER SEQUENCE outbox_messages_id_seq CACHE 1")
 	require.Equal(t, 4, countRows(t, pool, "published_at IS NULL"), "the relay published before refusing")
+
+	// A relay that starts while its database does not answer yet is
+	// checked once it does, and refused all the same.
+	var down atomic.Bool
+	down.Store(true)
+	cfg := pool.Config()
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		if down.Load() {
+			return errors.New("the database is not up yet")
+		}
+		return nil
+	}
+	late, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer late.Close()
+	done := make(chan error, 1)
+	go func() {
+		done <- newRelay(t, outbox.RelayConfig{Pool: late, Publisher: bundle.pub, ErrorBackoff: 20 * time.Millisecond}).Run(runCtx)
+	}()
+	time.Sleep(200 * time.Millisecond) // a few checks fail
+	down.Store(false)
+	require.ErrorIs(t, <-done, outbox.ErrIDCache, "the relay ran unchecked after its database came up")
 }

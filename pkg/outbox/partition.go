@@ -490,21 +490,18 @@ func (r *Relay) dropPartition(ctx context.Context, conn pgtable.DB, name string)
 
 // checkPartitioned refuses a relay with Partitions on an unpartitioned
 // table (it could neither make nor drop partitions), and reports the other
-// mismatch, which works, to the log.
-func (r *Relay) checkPartitioned(ctx context.Context) error {
+// mismatch, which works, to the log. err is Postgres not answering.
+func (r *Relay) checkPartitioned(ctx context.Context) (refused, err error) {
 	partitioned, err := isPartitioned(ctx, r.cfg.Pool)
 	if err != nil {
-		// Postgres not answering at start is the relay's usual trouble:
-		// its batches retry it. Only a table of the wrong shape stops Run.
-		r.cfg.log.Error("Outbox table's shape not checked", err, nil)
-		return nil
+		return nil, err
 	}
 	switch {
 	case r.cfg.Partitions != nil && !partitioned:
-		return errors.New("outbox: RelayConfig.Partitions is set but outbox_messages is not partitioned: run PartitionByTime")
+		return errors.New("outbox: RelayConfig.Partitions is set but outbox_messages is not partitioned: run PartitionByTime"), nil
 	case r.cfg.Partitions == nil && partitioned:
 		r.cfg.log.Error("Outbox table is partitioned but RelayConfig.Partitions is not set: "+
 			"rows are retired by DELETE and no partition is made or dropped", nil, nil)
 	}
-	return nil
+	return nil, nil
 }

@@ -412,8 +412,8 @@ func TestPartitionShardedRelaysAcrossTheCut(t *testing.T) {
 	ctx, bundle := setupRelay(t)
 	pool := bundle.pool
 	const producers, txs, msgs, keys = 4, 20, 4, 6
-	halfway, written := make(chan struct{}), make(chan []string, 1)
-	go func() { written <- writeKeyed(t, ctx, bundle, "", producers, txs, msgs, keys, halfway) }()
+	halfway := make(chan struct{})
+	written := writeKeyedAsync(t, ctx, bundle, "", producers, txs, msgs, keys, halfway)
 	eventually(t, waitTimeout, func() bool { return countRows(t, pool, "true") == producers*txs*msgs/2 },
 		"the first half of the rows was never written")
 

@@ -89,10 +89,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
-	if err := r.checkIDSequence(ctx); err != nil && ctx.Err() == nil {
-		return err
-	}
-	if err := r.checkPartitioned(ctx); err != nil && ctx.Err() == nil {
+	if err := r.checkTable(ctx); err != nil {
 		return err
 	}
 	if r.cfg.Shards > 1 {
@@ -165,6 +162,31 @@ func (r *Relay) Run(ctx context.Context) error {
 			polled = false
 		case <-poll.C:
 			polled = true
+		}
+	}
+}
+
+// checkTable refuses, before the first batch, a table the relay must not
+// run on: an id sequence that caches ids (checkIDSequence), Partitions on a
+// plain table (checkPartitioned). While Postgres does not answer it asks
+// again, with the batches' backoff, so a relay that starts before its
+// database is checked all the same. It returns nil when ctx ends.
+func (r *Relay) checkTable(ctx context.Context) error {
+	for failures := 1; ; failures++ {
+		refused, err := r.checkIDSequence(ctx)
+		if refused == nil && err == nil {
+			refused, err = r.checkPartitioned(ctx)
+		}
+		switch {
+		case refused != nil:
+			return refused
+		case err == nil || ctx.Err() != nil:
+			return nil
+		}
+		wait := r.backoff(failures)
+		r.cfg.log.Error("Outbox table not checked yet; asking again", err, watermill.LogFields{"retry_in": wait.String()})
+		if !ctxtime.Sleep(ctx, wait) {
+			return nil
 		}
 	}
 }

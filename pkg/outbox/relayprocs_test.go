@@ -147,8 +147,7 @@ func TestShardedRelayProcesses(t *testing.T) {
 	}
 	eventually(t, waitTimeout, func() bool { return len(owners()) == 3 }, "three relay processes did not share the shards")
 
-	written := make(chan []string, 1)
-	go func() { written <- writeKeyed(t, ctx, bundle, "", 6, 150, 4, 5, nil) }()
+	written := writeKeyedAsync(t, ctx, bundle, "", 6, 150, 4, 5, nil)
 
 	// While the producers write: SIGKILL a relay and start another, four
 	// times, and pause one past its lease, then wake it.

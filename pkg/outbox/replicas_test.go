@@ -232,6 +232,20 @@ func writeKeyed(t *testing.T, ctx context.Context, bundle *relayBundle, prefix s
 	return all
 }
 
+// writeKeyedAsync runs writeKeyed on a goroutine of its own and returns
+// what it wrote on the channel, nil if it failed: a test that waits for it
+// fails instead of hanging when a producer's transaction fails (the
+// failure stops that goroutine, not the test's).
+func writeKeyedAsync(t *testing.T, ctx context.Context, bundle *relayBundle, prefix string, producers, txs, msgs, keys int, halfway <-chan struct{}) <-chan []string {
+	written := make(chan []string, 1)
+	go func() {
+		var ids []string
+		defer func() { written <- ids }()
+		ids = writeKeyed(t, ctx, bundle, prefix, producers, txs, msgs, keys, halfway)
+	}()
+	return written
+}
+
 // requireKeyOrder checks that the first arrival of each key's messages in
 // records (newKeyedMessage's) follows their commit order: 0, 1, 2, ...,
 // repeats of a message already seen aside. It returns each key's last

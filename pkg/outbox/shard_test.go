@@ -56,8 +56,8 @@ func TestShardedRelays(t *testing.T) {
 		// Producers write half their rows; one relay stops (its shards
 		// move to the others) and a fourth starts (shards move to it); they
 		// write the other half, the same keys.
-		written, halfway := make(chan []string, 1), make(chan struct{})
-		go func() { written <- writeKeyed(t, ctx, bundle, "", 6, 40, 4, 6, halfway) }()
+		halfway := make(chan struct{})
+		written := writeKeyedAsync(t, ctx, bundle, "", 6, 40, 4, 6, halfway)
 		eventually(t, waitTimeout, func() bool { return bundle.sink.Len() >= 6*20*4/2 }, "the first rows never reached Kafka")
 		runs[0].Stop(t)
 		start("d")
