@@ -372,10 +372,14 @@ func TestPartitionDropKeepsTheLongestSlack(t *testing.T) {
 func TestPartitionByIDTimeKeepsTheGrants(t *testing.T) {
 	_, b := setup(t, inbox.Config{})
 	role := fmt.Sprintf("inbox_consumer_%d_%d", os.Getpid(), time.Now().UnixNano())
-	_, err := b.pool.Exec(b.ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_messages TO `+role)
+	// A role granted some columns only, one of them a column the
+	// clearances' table does not have.
+	watcher := role + "_watcher"
+	_, err := b.pool.Exec(b.ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_messages TO `+role+`;
+		CREATE ROLE `+watcher+`; GRANT SELECT (message_id, processed_at) ON inbox_messages TO `+watcher)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, err := b.pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+		_, err := b.pool.Exec(context.Background(), `DROP OWNED BY `+role+`, `+watcher+`; DROP ROLE `+role+`, `+watcher)
 		require.NoError(t, err)
 	})
 	require.NoError(t, inbox.PartitionByIDTime(b.ctx, b.pool, inbox.Partitioning{}, time.Time{}))
@@ -384,6 +388,10 @@ func TestPartitionByIDTimeKeepsTheGrants(t *testing.T) {
 			require.True(t, scalar[bool](t, b, `SELECT has_table_privilege($1, $2, $3)`, role, table, priv),
 				"the role lost %s on %s in the conversion", priv, table)
 		}
+	}
+	for column, want := range map[string]bool{"message_id": true, "processed_at": true, "consumer": false} {
+		require.Equal(t, want, scalar[bool](t, b, `SELECT has_column_privilege($1, 'inbox_messages', $2, 'SELECT')`, watcher, column),
+			"the column-only role's SELECT on %s after the conversion", column)
 	}
 }
 

@@ -347,13 +347,28 @@ func TestPartitionByTimeKeepsTheGrants(t *testing.T) {
 	ctx, bundle := setupRelay(t)
 	pool := bundle.pool
 	role := "outbox_writer_" + randomSuffix()
-	_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT ON outbox_messages TO `+role)
+	watcher := "outbox_watcher_" + randomSuffix() // may read some columns only: a dashboard's role
+	_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT ON outbox_messages TO `+role+`;
+		CREATE ROLE `+watcher+`; GRANT SELECT (id, published_at) ON outbox_messages TO `+watcher)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+		_, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`, `+watcher+`; DROP ROLE `+role+`, `+watcher)
 		require.NoError(t, err)
 	})
 	require.NoError(t, outbox.PartitionByTime(ctx, pool, outbox.Partitioning{Interval: time.Hour}))
+
+	asRole := func(name, sql string) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+name); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+	}
+	require.NoError(t, asRole(watcher, `SELECT id, published_at FROM outbox_messages`), "the column grants were lost in the conversion")
+	require.ErrorContains(t, asRole(watcher, `SELECT payload FROM outbox_messages`), "permission denied",
+		"a column grant became more than it was")
 
 	msg := outbox.NewMessage("k", nil)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
