@@ -12,10 +12,11 @@
 //     transaction; the offset is committed after it).
 //   - Effect keys: a call to another system is performed once, however often
 //     it is made, when that system honours an idempotency key: the intent is
-//     recorded with EnqueueTx in the domain's transaction, under a key derived
-//     from what asked for it (never a random one); a Runner calls with that
-//     key, retries with backoff, and records the outcome in a transaction of
-//     its own that ends the effect (Record).
+//     recorded with EnqueueTx (or EnqueueBatchTx, several in one statement)
+//     in the domain's transaction, under a key derived from what asked for
+//     it (never a random one); a Runner calls with that key, retries with
+//     backoff, and records the outcome in a transaction of its own that ends
+//     the effect (Record).
 //
 // The crash windows, named in pkg/failpoint and armed like the others:
 //

@@ -64,6 +64,47 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, kind, key string, payload []byte)
 	return tag.RowsAffected() == 1, nil
 }
 
+// Intent is one effect asked for by EnqueueBatchTx: its idempotency key
+// and what Do needs to perform it.
+type Intent struct {
+	Key     string
+	Payload []byte
+}
+
+// EnqueueBatchTx is EnqueueTx for several effects of one kind, in one
+// statement: a handler that applies a batch of messages asks for their
+// effects with one round trip instead of one each. It returns how many
+// were recorded; a key already recorded (or repeated in intents) records
+// nothing again.
+func EnqueueBatchTx(ctx context.Context, tx pgx.Tx, kind string, intents []Intent) (int, error) {
+	if kind == "" {
+		return 0, errors.New("effect: EnqueueBatchTx needs a kind")
+	}
+	if len(intents) == 0 {
+		return 0, nil
+	}
+	keys := make([]string, len(intents))
+	payloads := make([][]byte, len(intents))
+	for i, in := range intents {
+		if in.Key == "" {
+			return 0, fmt.Errorf("effect: EnqueueBatchTx: intent %d of %s has no key", i, kind)
+		}
+		keys[i], payloads[i] = in.Key, in.Payload
+		if payloads[i] == nil {
+			payloads[i] = []byte{} // payload is NOT NULL, as EnqueueTx's
+		}
+	}
+	// In the order given, so ids (and the claim's order among equals) follow it.
+	tag, err := tx.Exec(ctx, `INSERT INTO effects (kind, key, payload)
+		SELECT $1, u.key, u.payload FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS u(key, payload, n)
+		ORDER BY u.n
+		ON CONFLICT (kind, key) DO NOTHING`, kind, keys, payloads)
+	if err != nil {
+		return 0, fmt.Errorf("effect: recording %d effects of %s: %w", len(intents), kind, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // Permanent wraps err, returned by Do, to say that no retry can succeed (the
 // request is invalid, the key was used for another request): the Runner
 // stops calling and hands err to Record, which records the failure where a

@@ -231,6 +231,43 @@ func TestEnqueueOncePerKey(t *testing.T) {
 	require.Equal(t, 1, s.Pending)
 }
 
+// A batch records each key once, in the order given, whatever was recorded
+// before it or earlier in it, and nothing when its transaction rolls back.
+func TestEnqueueBatchOncePerKey(t *testing.T) {
+	pool := newPool(t)
+	ctx := context.Background()
+	batch := func(intents ...effect.Intent) (n int, err error) {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			n, err = effect.EnqueueBatchTx(ctx, tx, "charge", intents)
+			return err
+		})
+		return n, err
+	}
+	n, err := batch(effect.Intent{Key: "c", Payload: []byte("1")}, effect.Intent{Key: "a", Payload: []byte("2")},
+		effect.Intent{Key: "c", Payload: []byte("3")})
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "a key repeated in the batch is recorded once")
+	n, err = batch(effect.Intent{Key: "a", Payload: []byte("4")}, effect.Intent{Key: "b", Payload: []byte("5")})
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "a key recorded before is not recorded again")
+	n, err = batch()
+	require.NoError(t, err)
+	require.Zero(t, n)
+	_, err = batch(effect.Intent{Key: "d", Payload: []byte("6")}, effect.Intent{Payload: []byte("7")})
+	require.ErrorContains(t, err, "has no key")
+	require.Error(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := effect.EnqueueBatchTx(ctx, tx, "charge", []effect.Intent{{Key: "e", Payload: []byte("8")}}); err != nil {
+			return err
+		}
+		return errors.New("the domain change failed")
+	}))
+	rows, err := pool.Query(ctx, `SELECT key || '=' || convert_from(payload, 'UTF8') FROM effects ORDER BY id`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"c=1", "a=2", "b=5"}, got, "the first payload per key, in the order given")
+}
+
 // A permanent error ends the effect at once: one call, recorded as failed
 // with its reason, never retried.
 func TestPermanentEndsTheEffect(t *testing.T) {

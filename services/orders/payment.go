@@ -6,7 +6,7 @@ package main
 // provider, outside this database, so it cannot share the inbox's
 // transaction. Instead:
 //
-//  1. the intent is recorded (effect.EnqueueTx) in the transaction that
+//  1. the intent is recorded (effect.EnqueueBatchTx) in the transaction that
 //     applies InventoryReserved, so it exists if and only if the order is
 //     reserved;
 //  2. a pkg/effect Runner calls POST /v1/captures with the Idempotency-Key
@@ -58,18 +58,19 @@ type capture struct {
 	Card     string `json:"card"`
 }
 
-// enqueueCaptures records the captures reserved orders ask for, in tx.
+// enqueueCaptures records the captures reserved orders ask for, in tx, in
+// one statement.
 func enqueueCaptures(ctx context.Context, tx pgx.Tx, captures []capture) error {
-	for _, c := range captures {
+	intents := make([]effect.Intent, len(captures))
+	for i, c := range captures {
 		payload, err := json.Marshal(c)
 		if err != nil {
 			return err
 		}
-		if _, err := effect.EnqueueTx(ctx, tx, captureKind, events.CaptureKey(c.OrderID), payload); err != nil {
-			return err
-		}
+		intents[i] = effect.Intent{Key: events.CaptureKey(c.OrderID), Payload: payload}
 	}
-	return nil
+	_, err := effect.EnqueueBatchTx(ctx, tx, captureKind, intents)
+	return err
 }
 
 // errRetryRefused says why an order's capture cannot be retried.
