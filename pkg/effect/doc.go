@@ -16,7 +16,8 @@
 //     in the domain's transaction, under a key derived from what asked for
 //     it (never a random one); a Runner calls with that key, retries with
 //     backoff, and records the outcome in a transaction of its own that ends
-//     the effect (Record).
+//     the effect (Record; the outcomes of calls that returned together share
+//     one).
 //
 // The crash windows, named in pkg/failpoint and armed like the others:
 //

@@ -132,7 +132,10 @@ func record(ctx context.Context, tx pgx.Tx, e effect.Effect, result string, err 
 
 func start(t *testing.T, cfg effect.Config[string]) *effect.Runner[string] {
 	t.Helper()
-	cfg.Kind, cfg.Record = "charge", record
+	cfg.Kind = "charge"
+	if cfg.Record == nil {
+		cfg.Record = record
+	}
 	cfg.MinBackoff, cfg.MaxBackoff, cfg.PollInterval = 5*time.Millisecond, 20*time.Millisecond, 10*time.Millisecond
 	r, err := effect.NewRunner(cfg)
 	require.NoError(t, err)
@@ -384,6 +387,93 @@ func TestRecordFailureIsRetriedVisibly(t *testing.T) {
 	var lastErr string
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT last_error FROM effects`).Scan(&lastErr))
 	require.Contains(t, lastErr, "the order table is locked")
+}
+
+// together releases the first n calls at once: Do waits until n have
+// started.
+func together(n int) func(context.Context, effect.Effect) (string, error) {
+	var wg sync.WaitGroup
+	wg.Add(n)
+	return func(_ context.Context, e effect.Effect) (string, error) {
+		wg.Done()
+		wg.Wait()
+		return "charged " + e.Key, nil
+	}
+}
+
+// Calls that return together are recorded together: one transaction ends
+// several effects (each Record sees the same transaction id), not one
+// each.
+func TestOutcomesReturnedTogetherShareATransaction(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 8)
+	var mu sync.Mutex
+	txOf := map[string]int64{}
+	start(t, effect.Config[string]{Pool: pool, Workers: 8, Do: together(8),
+		Record: func(ctx context.Context, tx pgx.Tx, e effect.Effect, result string, err error) error {
+			var xid int64
+			if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
+				return err
+			}
+			mu.Lock()
+			txOf[e.Key] = xid
+			mu.Unlock()
+			return record(ctx, tx, e, result, err)
+		}})
+	got := waitEnded(t, pool)
+	require.Len(t, got, 8)
+	mu.Lock()
+	defer mu.Unlock()
+	txs := map[int64]bool{}
+	for _, xid := range txOf {
+		txs[xid] = true
+	}
+	require.Less(t, len(txs), 8, "8 calls returned together, recorded in %d transactions", len(txs))
+}
+
+// One outcome whose Record fails does not hold back those recorded with
+// it: they are recorded alone and end; it is retried.
+func TestAFailingRecordDoesNotHoldItsBatchBack(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 8)
+	var calls atomic.Int32
+	var mu sync.Mutex
+	callsOf := map[string]int{}
+	release := together(8)
+	start(t, effect.Config[string]{Pool: pool, Workers: 8, Lease: time.Minute,
+		Do: func(ctx context.Context, e effect.Effect) (string, error) {
+			mu.Lock()
+			callsOf[e.Key]++
+			mu.Unlock()
+			if calls.Add(1) <= 8 {
+				return release(ctx, e)
+			}
+			return "charged " + e.Key, nil
+		},
+		Record: func(ctx context.Context, tx pgx.Tx, e effect.Effect, result string, err error) error {
+			if e.Key == "k3" {
+				return errors.New("k3's order is locked")
+			}
+			return record(ctx, tx, e, result, err)
+		}})
+	require.Eventually(t, func() bool {
+		s, err := effect.ReadStats(context.Background(), pool, "charge")
+		return err == nil && s.Done == 7
+	}, 10*time.Second, 10*time.Millisecond, "the 7 good outcomes must be recorded")
+	s, err := effect.ReadStats(context.Background(), pool, "charge")
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Pending)
+	var key, lastErr string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT key, last_error FROM effects WHERE state = 'pending'`).Scan(&key, &lastErr))
+	require.Equal(t, "k3", key)
+	require.Contains(t, lastErr, "k3's order is locked")
+	mu.Lock()
+	defer mu.Unlock()
+	for k, n := range callsOf {
+		if k != "k3" {
+			require.Equal(t, 1, n, "%s was called again: its outcome waited for k3's", k)
+		}
+	}
 }
 
 // An effect older than MaxAge is not called again: the outside system may

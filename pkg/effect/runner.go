@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,7 +44,10 @@ type Config[R any] struct {
 	Do func(ctx context.Context, e Effect) (R, error)
 	// Record applies the outcome to the domain in tx, the transaction that
 	// marks the effect done (or failed, when err is Do's permanent error):
-	// the outcome is recorded once, with the effect's end. Required.
+	// the outcome is recorded once, with the effect's end. Outcomes whose
+	// calls returned together share tx, one Record call each; when one
+	// Record fails, each is recorded again in a transaction of its own, so
+	// Record must write only what its own effect changes. Required.
 	Record func(ctx context.Context, tx pgx.Tx, e Effect, result R, err error) error
 
 	// Workers is how many calls run at once. Defaults to DefaultWorkers.
@@ -146,10 +150,15 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 	defer r.running.Store(false)
 	slots := make(chan struct{}, r.cfg.Workers)
 	var wg sync.WaitGroup
-	defer wg.Wait()
 	// Calls in flight finish and record after ctx ends: a shutdown does
 	// not abandon a call the outside world may already have performed.
 	work := context.WithoutCancel(ctx)
+	// One recorder ends the effects whose calls returned, together: the
+	// outcomes that arrive while a record commits share the next one.
+	outcomes := make(chan outcome[R])
+	recorded := make(chan struct{})
+	go func() { defer close(recorded); r.recorder(work, outcomes) }()
+	defer func() { wg.Wait(); close(outcomes); <-recorded }()
 	wait := time.Duration(0)
 	failing := 0 // claims failed in a row
 	for {
@@ -196,7 +205,7 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer func() { <-slots; wg.Done() }()
-				r.perform(work, e)
+				r.perform(work, e, outcomes)
 			}()
 		}
 		wait = 0
@@ -231,9 +240,10 @@ func (r *Runner[R]) claim(ctx context.Context, n int) ([]Effect, error) {
 	return effects, nil
 }
 
-// perform calls the effect and records its outcome, or schedules a retry.
-// The two named crash windows sit on either side of the call.
-func (r *Runner[R]) perform(ctx context.Context, e Effect) {
+// perform calls the effect and has the recorder record its outcome, or
+// schedules a retry. The two named crash windows sit on either side of the
+// call.
+func (r *Runner[R]) perform(ctx context.Context, e Effect, outcomes chan<- outcome[R]) {
 	r.count(func(s *RunnerStats) { s.Calls++ })
 	fields := []any{"kind", e.Kind, "key", e.Key, "attempt", e.Attempt}
 	var result R
@@ -253,9 +263,10 @@ func (r *Runner[R]) perform(ctx context.Context, e Effect) {
 			failpoint.Hit(failpoint.AfterEffectBeforeRecord, e.Key) // performed, outcome not recorded
 		}
 	}
-	recordCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
-	defer cancel()
-	recorded, rerr := r.record(recordCtx, e, result, err)
+	o := outcome[R]{e: e, result: result, err: err, done: make(chan recordedAs, 1)}
+	outcomes <- o
+	as := <-o.done
+	recorded, rerr := as.recorded, as.err
 	switch {
 	case rerr != nil:
 		// The effect stays pending and is called again after the backoff;
@@ -274,30 +285,115 @@ func (r *Runner[R]) perform(ctx context.Context, e Effect) {
 	}
 }
 
-// record ends the effect and applies its outcome in one transaction. It
-// reports false when the effect had already ended (another runner, whose
-// claim followed an expired lease of this one, recorded it first).
-func (r *Runner[R]) record(ctx context.Context, e Effect, result R, callErr error) (bool, error) {
-	state, lastErr := "done", (*string)(nil)
-	if callErr != nil {
-		state = "failed"
-		msg := callErr.Error()
-		lastErr = &msg
+// outcome is a call's result on its way to the recorder, which answers on
+// done.
+type outcome[R any] struct {
+	e      Effect
+	result R
+	err    error // Do's permanent error, or nil
+	done   chan recordedAs
+}
+
+// recordedAs is what became of an outcome: recorded, or not because
+// another runner ended the effect first, or err.
+type recordedAs struct {
+	recorded bool
+	err      error
+}
+
+// recorder records the outcomes sent to it until the channel closes. It
+// takes every outcome already waiting (up to Workers, the calls that can
+// be in flight) into one transaction: under load the calls that returned
+// while the last record committed share the next, one BEGIN, one UPDATE of
+// the effects and one COMMIT for all of them.
+func (r *Runner[R]) recorder(ctx context.Context, outcomes <-chan outcome[R]) {
+	for first := range outcomes {
+		batch := []outcome[R]{first}
+	waiting:
+		for len(batch) < r.cfg.Workers {
+			select {
+			case o, ok := <-outcomes:
+				if !ok {
+					break waiting
+				}
+				batch = append(batch, o)
+			default:
+				break waiting
+			}
+		}
+		// In id order, so two runners' batches (after an expired lease)
+		// take the rows' locks in one order.
+		slices.SortFunc(batch, func(a, b outcome[R]) int { return cmp.Compare(a.e.ID, b.e.ID) })
+		r.recordBatch(ctx, batch)
 	}
-	recorded := false
+}
+
+// recordBatch records batch in one transaction and answers each outcome.
+// When it fails and holds more than one, each is recorded alone: one
+// outcome whose Record fails does not hold the others back.
+func (r *Runner[R]) recordBatch(ctx context.Context, batch []outcome[R]) {
+	recordCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	recorded, err := r.record(recordCtx, batch)
+	cancel()
+	if err != nil && len(batch) > 1 {
+		for _, o := range batch {
+			r.recordBatch(ctx, []outcome[R]{o})
+		}
+		return
+	}
+	for i, o := range batch {
+		o.done <- recordedAs{recorded: recorded[i], err: err}
+	}
+}
+
+// record ends the batch's effects and applies their outcomes in one
+// transaction. An effect already ended (another runner, whose claim
+// followed an expired lease of this one, recorded it first) is not
+// recorded: its entry in the result is false.
+func (r *Runner[R]) record(ctx context.Context, batch []outcome[R]) ([]bool, error) {
+	ids := make([]int64, len(batch))
+	states := make([]string, len(batch))
+	lastErrs := make([]*string, len(batch))
+	for i, o := range batch {
+		ids[i], states[i] = o.e.ID, "done"
+		if o.err != nil {
+			msg := o.err.Error()
+			states[i], lastErrs[i] = "failed", &msg
+		}
+	}
+	recorded := make([]bool, len(batch))
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE effects SET state = $2, last_error = $3, done_at = now()
-			WHERE id = $1 AND state = 'pending'`, e.ID, state, lastErr)
-		if err != nil || tag.RowsAffected() == 0 {
+		rows, err := tx.Query(ctx, `UPDATE effects e SET state = u.state, last_error = u.last_error, done_at = now()
+			FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(id, state, last_error)
+			WHERE e.id = u.id AND e.state = 'pending'
+			RETURNING e.id`, ids, states, lastErrs)
+		if err != nil {
 			return err
 		}
-		if err := r.cfg.Record(ctx, tx, e, result, callErr); err != nil {
-			return fmt.Errorf("record: %w", err)
+		ended, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
 		}
-		recorded = true
+		ours := make(map[int64]bool, len(ended))
+		for _, id := range ended {
+			ours[id] = true
+		}
+		for i, o := range batch {
+			if !ours[o.e.ID] {
+				continue
+			}
+			delete(ours, o.e.ID) // an effect twice in a batch records once
+			if err := r.cfg.Record(ctx, tx, o.e, o.result, o.err); err != nil {
+				return fmt.Errorf("record: %w", err)
+			}
+			recorded[i] = true
+		}
 		return nil
 	})
-	return recorded && err == nil, err
+	if err != nil {
+		return make([]bool, len(batch)), err
+	}
+	return recorded, nil
 }
 
 // retryLater makes the effect due again after the backoff for its attempt,
