@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,11 +131,14 @@ func record(ctx context.Context, tx pgx.Tx, e effect.Effect, result string, err 
 	return xerr
 }
 
-func start(t *testing.T, cfg effect.Config[string]) *effect.Runner[string] {
+func start(t *testing.T, cfg effect.Config[string], adjust ...func(*effect.Config[string])) *effect.Runner[string] {
 	t.Helper()
 	cfg.Kind = "charge"
 	if cfg.Record == nil {
 		cfg.Record = record
+	}
+	for _, f := range adjust {
+		f(&cfg)
 	}
 	cfg.MinBackoff, cfg.MaxBackoff, cfg.PollInterval = 5*time.Millisecond, 20*time.Millisecond, 10*time.Millisecond
 	r, err := effect.NewRunner(cfg)
@@ -390,14 +394,28 @@ func TestRecordFailureIsRetriedVisibly(t *testing.T) {
 }
 
 // together releases the first n calls at once: Do waits until n have
-// started.
-func together(n int) func(context.Context, effect.Effect) (string, error) {
+// started. The calls of the keys named late return 10 ms after the others.
+func together(n int, late ...string) func(context.Context, effect.Effect) (string, error) {
 	var wg sync.WaitGroup
 	wg.Add(n)
 	return func(_ context.Context, e effect.Effect) (string, error) {
 		wg.Done()
 		wg.Wait()
+		if slices.Contains(late, e.Key) {
+			time.Sleep(10 * time.Millisecond)
+		}
 		return "charged " + e.Key, nil
+	}
+}
+
+// slowFirst makes the first call of f take 50 ms longer: the outcomes that
+// return meanwhile wait for the next transaction, together.
+func slowFirst() func() {
+	var first atomic.Bool
+	return func() {
+		if first.CompareAndSwap(false, true) {
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 }
 
@@ -439,7 +457,7 @@ func TestAFailingRecordDoesNotHoldItsBatchBack(t *testing.T) {
 	var calls atomic.Int32
 	var mu sync.Mutex
 	callsOf := map[string]int{}
-	release := together(8)
+	release, pause := together(8, "k3"), slowFirst() // k3 is recorded in company
 	start(t, effect.Config[string]{Pool: pool, Workers: 8, Lease: time.Minute,
 		Do: func(ctx context.Context, e effect.Effect) (string, error) {
 			mu.Lock()
@@ -451,6 +469,7 @@ func TestAFailingRecordDoesNotHoldItsBatchBack(t *testing.T) {
 			return "charged " + e.Key, nil
 		},
 		Record: func(ctx context.Context, tx pgx.Tx, e effect.Effect, result string, err error) error {
+			pause()
 			if e.Key == "k3" {
 				return errors.New("k3's order is locked")
 			}
@@ -473,6 +492,64 @@ func TestAFailingRecordDoesNotHoldItsBatchBack(t *testing.T) {
 		if k != "k3" {
 			require.Equal(t, 1, n, "%s was called again: its outcome waited for k3's", k)
 		}
+	}
+}
+
+// RecordBatch gets the outcomes that share a transaction in one call, each
+// once, in id order; a failing call is repeated with each outcome alone. A
+// Runner takes exactly one of Record and RecordBatch.
+func TestRecordBatch(t *testing.T) {
+	pool := newPool(t)
+	enqueue(t, pool, 8)
+	var mu sync.Mutex
+	var sizes []int
+	var calls atomic.Int32
+	release, pause := together(8, "k5"), slowFirst() // k5 is recorded in company
+	start(t, effect.Config[string]{Pool: pool, Workers: 8, Lease: time.Minute,
+		Do: func(ctx context.Context, e effect.Effect) (string, error) {
+			if calls.Add(1) <= 8 {
+				return release(ctx, e)
+			}
+			return "charged " + e.Key, nil
+		},
+	}, func(cfg *effect.Config[string]) {
+		cfg.Record = nil
+		cfg.RecordBatch = func(ctx context.Context, tx pgx.Tx, outcomes []effect.Outcome[string]) error {
+			pause()
+			mu.Lock()
+			sizes = append(sizes, len(outcomes))
+			mu.Unlock()
+			for i, o := range outcomes {
+				if i > 0 && o.Effect.ID <= outcomes[i-1].Effect.ID {
+					return fmt.Errorf("outcomes out of id order: %d after %d", o.Effect.ID, outcomes[i-1].Effect.ID)
+				}
+				if o.Effect.Key == "k5" && len(outcomes) > 1 {
+					return errors.New("k5 fails in company")
+				}
+				if err := record(ctx, tx, o.Effect, o.Result, o.Err); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	})
+	got := waitEnded(t, pool)
+	require.Len(t, got, 8)
+	for k, v := range got {
+		require.Len(t, v, 1, "%s recorded %d times", k, len(v))
+	}
+	require.Equal(t, int32(8), calls.Load(), "an outcome was called again: a failed batch must be recorded one by one")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, slices.Max(sizes), 1, "8 calls returned together, RecordBatch got them one at a time: %v", sizes)
+
+	for _, cfg := range []effect.Config[string]{
+		{Pool: pool, Kind: "charge", Do: together(1)},
+		{Pool: pool, Kind: "charge", Do: together(1), Record: record,
+			RecordBatch: func(context.Context, pgx.Tx, []effect.Outcome[string]) error { return nil }},
+	} {
+		_, err := effect.NewRunner(cfg)
+		require.ErrorContains(t, err, "one of Config.Record and Config.RecordBatch")
 	}
 }
 

@@ -47,8 +47,15 @@ type Config[R any] struct {
 	// the outcome is recorded once, with the effect's end. Outcomes whose
 	// calls returned together share tx, one Record call each; when one
 	// Record fails, each is recorded again in a transaction of its own, so
-	// Record must write only what its own effect changes. Required.
+	// Record must write only what its own effect changes. Record or
+	// RecordBatch is required.
 	Record func(ctx context.Context, tx pgx.Tx, e Effect, result R, err error) error
+	// RecordBatch, instead of Record, applies the outcomes that share tx
+	// in one call, so that it can write them set-based (one UPDATE for all,
+	// one outbox.PublishTx): it gets the outcomes of the effects tx ends,
+	// in id order. When it fails, it is called again with each outcome
+	// alone, in a transaction of its own.
+	RecordBatch func(ctx context.Context, tx pgx.Tx, outcomes []Outcome[R]) error
 
 	// Workers is how many calls run at once. Defaults to DefaultWorkers.
 	Workers int
@@ -113,8 +120,8 @@ func NewRunner[R any](cfg Config[R]) (*Runner[R], error) {
 		return nil, errors.New("effect: Config.Pool is required")
 	case cfg.Kind == "":
 		return nil, errors.New("effect: Config.Kind is required")
-	case cfg.Do == nil || cfg.Record == nil:
-		return nil, errors.New("effect: Config.Do and Config.Record are required")
+	case cfg.Do == nil || (cfg.Record == nil) == (cfg.RecordBatch == nil):
+		return nil, errors.New("effect: Config.Do and one of Config.Record and Config.RecordBatch are required")
 	case cfg.Workers < 0 || cfg.Lease < 0 || cfg.PollInterval < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 || cfg.MaxAge < 0:
 		return nil, errors.New("effect: Config's counts and durations must not be negative")
 	}
@@ -285,6 +292,14 @@ func (r *Runner[R]) perform(ctx context.Context, e Effect, outcomes chan<- outco
 	}
 }
 
+// Outcome is one call's result as RecordBatch gets it: Err is Do's
+// permanent error (the effect ends failed), or nil.
+type Outcome[R any] struct {
+	Effect Effect
+	Result R
+	Err    error
+}
+
 // outcome is a call's result on its way to the recorder, which answers on
 // done.
 type outcome[R any] struct {
@@ -378,15 +393,23 @@ func (r *Runner[R]) record(ctx context.Context, batch []outcome[R]) ([]bool, err
 		for _, id := range ended {
 			ours[id] = true
 		}
+		var all []Outcome[R]
 		for i, o := range batch {
 			if !ours[o.e.ID] {
 				continue
 			}
 			delete(ours, o.e.ID) // an effect twice in a batch records once
-			if err := r.cfg.Record(ctx, tx, o.e, o.result, o.err); err != nil {
+			recorded[i] = true
+			if r.cfg.RecordBatch != nil {
+				all = append(all, Outcome[R]{Effect: o.e, Result: o.result, Err: o.err})
+			} else if err := r.cfg.Record(ctx, tx, o.e, o.result, o.err); err != nil {
 				return fmt.Errorf("record: %w", err)
 			}
-			recorded[i] = true
+		}
+		if len(all) > 0 {
+			if err := r.cfg.RecordBatch(ctx, tx, all); err != nil {
+				return fmt.Errorf("record: %w", err)
+			}
 		}
 		return nil
 	})

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -149,7 +150,7 @@ func captures(pool *pgxpool.Pool, cfg platform.Config, log *slog.Logger) (platfo
 	}
 	c := &captureClient{url: strings.TrimSuffix(cfg.ProviderURL, "/") + "/v1/captures", keys: !cfg.EffectKeysDisabled, token: cfg.ProviderToken, log: log}
 	r, err := effect.NewRunner(effect.Config[captured]{
-		Pool: pool, Kind: captureKind, Do: c.do, Record: recordCapture, Logger: log,
+		Pool: pool, Kind: captureKind, Do: c.do, RecordBatch: recordCaptures, Logger: log,
 		Workers: cfg.EffectWorkers, Lease: cfg.EffectLease, MinBackoff: cfg.EffectMinBackoff, MaxBackoff: cfg.EffectMaxBackoff,
 		// The provider remembers a key for 24 hours; a capture still
 		// pending after 23 is handed to a person, never called again.
@@ -247,41 +248,69 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 	return out, nil
 }
 
-// recordCapture records the capture's outcome on its order, in the
-// transaction that ends the effect.
-func recordCapture(ctx context.Context, tx pgx.Tx, e effect.Effect, c captured, callErr error) error {
-	var intent capture
-	if err := json.Unmarshal(e.Payload, &intent); err != nil {
-		if callErr != nil {
-			return nil // do refused it for the same reason: the effect ends failed, its last_error says why
+// recordCaptures records the captures' outcomes on their orders, in the
+// transaction that ends their effects: one UPDATE of the orders, and one
+// outbox insert of the OrderCaptured events.
+func recordCaptures(ctx context.Context, tx pgx.Tx, outcomes []effect.Outcome[captured]) error {
+	var ids, states []string
+	var captureIDs, reasons []*string
+	var attempts []int
+	for _, o := range outcomes {
+		var intent capture
+		if err := json.Unmarshal(o.Effect.Payload, &intent); err != nil {
+			if o.Err != nil {
+				continue // do refused it for the same reason: the effect ends failed, its last_error says why
+			}
+			return fmt.Errorf("decoding the capture intent of %s: %w", o.Effect.Key, err)
 		}
-		return fmt.Errorf("decoding the capture intent: %w", err)
+		state, captureID, reason := "captured", &o.Result.ID, (*string)(nil) // a decline has an id too
+		switch {
+		case o.Err != nil:
+			state, captureID = "failed", nil
+			msg := o.Err.Error()
+			reason = &msg
+		case o.Result.Status == "declined":
+			state = "declined"
+			msg := "the provider declined the card: " + o.Result.DeclineCode
+			reason = &msg
+		}
+		ids, states = append(ids, intent.OrderID), append(states, state)
+		captureIDs, reasons = append(captureIDs, captureID), append(reasons, reason)
+		attempts = append(attempts, events.CaptureAttempt(o.Effect.Key)) // only the order's current attempt records: its key names it
 	}
-	state, captureID, reason := "captured", &c.ID, (*string)(nil) // a decline has an id too
-	switch {
-	case callErr != nil:
-		state, captureID = "failed", nil
-		msg := callErr.Error()
-		reason = &msg
-	case c.Status == "declined":
-		state = "declined"
-		msg := "the provider declined the card: " + c.DeclineCode
-		reason = &msg
+	if len(ids) == 0 {
+		return nil
 	}
-	// Only the order's current attempt records: its key names it.
-	tag, err := tx.Exec(ctx, `UPDATE orders SET payment = $2, capture_id = $3, payment_error = $4, payment_at = $5
-		WHERE id = $1 AND payment = 'capturing' AND capture_attempt = $6`,
-		intent.OrderID, state, captureID, reason, time.Now(), events.CaptureAttempt(e.Key))
-	if err != nil || state != "captured" || tag.RowsAffected() == 0 {
-		return err
-	}
-	// Captured, the order has ended: inventory is told, in the same
-	// transaction, so that its reserved units become sold ones.
-	payload, err := events.Encode(events.OrderCaptured{
-		Envelope: events.NewEnvelope(events.TypeOrderCaptured, intent.OrderID), CaptureID: c.ID,
-	})
+	rows, err := tx.Query(ctx, `
+		UPDATE orders o SET payment = u.state, capture_id = u.capture_id, payment_error = u.reason, payment_at = $5
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $6::int[]) AS u(id, state, capture_id, reason, attempt)
+		WHERE o.id = u.id AND o.payment = 'capturing' AND o.capture_attempt = u.attempt
+		RETURNING o.id::text, u.state, coalesce(u.capture_id, '')`,
+		ids, states, captureIDs, reasons, time.Now(), attempts)
 	if err != nil {
-		return err
+		return fmt.Errorf("recording %d captures: %w", len(ids), err)
 	}
-	return outbox.PublishTx(ctx, tx, events.TopicOrders, outbox.NewMessage(intent.OrderID, payload))
+	// Captured, an order has ended: inventory is told, in the same
+	// transaction, so that its reserved units become sold ones.
+	var msgs []*message.Message
+	var id, state, captureID string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state, &captureID}, func() error {
+		if state != "captured" {
+			return nil
+		}
+		payload, err := events.Encode(events.OrderCaptured{
+			Envelope: events.NewEnvelope(events.TypeOrderCaptured, id), CaptureID: captureID,
+		})
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, outbox.NewMessage(id, payload))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("recording %d captures: %w", len(ids), err)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return outbox.PublishTx(ctx, tx, events.TopicOrders, msgs...)
 }

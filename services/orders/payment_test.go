@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http/httptest"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
 	"github.com/outboxref/outbox-inbox/testbed/provider"
@@ -199,4 +202,42 @@ func rows(t *testing.T, pool *pgxpool.Pool, q string, args ...any) [][]any {
 	out, err := pgx.CollectRows(r, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
 	require.NoError(t, err)
 	return out
+}
+
+// TestRecordCapturesTogether: the outcomes recorded in one transaction each
+// end their own order, captured (with its OrderCaptured), declined or
+// failed, and an outcome of an attempt the order has left (a person retried
+// it meanwhile) changes nothing.
+func TestRecordCapturesTogether(t *testing.T) {
+	t.Parallel()
+	pool := newDB(t)
+	captured1, declined, failed, retried := reserve(t, pool, defaultCard, oneLine), reserve(t, pool, defaultCard, oneLine),
+		reserve(t, pool, defaultCard, oneLine), reserve(t, pool, defaultCard, oneLine)
+	_, err := pool.Exec(t.Context(), `UPDATE orders SET capture_attempt = 2 WHERE id = $1`, retried)
+	require.NoError(t, err)
+	outcome := func(id string, c captured, err error) effect.Outcome[captured] {
+		payload, merr := json.Marshal(capture{OrderID: id, Amount: 100, Currency: events.Currency, Card: defaultCard})
+		require.NoError(t, merr)
+		return effect.Outcome[captured]{Effect: effect.Effect{Kind: captureKind, Key: events.CaptureKey(id), Payload: payload}, Result: c, Err: err}
+	}
+	require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		return recordCaptures(t.Context(), tx, []effect.Outcome[captured]{
+			outcome(captured1, captured{ID: "cap_1", Status: "captured"}, nil),
+			outcome(declined, captured{ID: "cap_2", Status: "declined", DeclineCode: "card_declined"}, nil),
+			outcome(failed, captured{}, effect.Permanent(errors.New("provider refused the request: 400"))),
+			outcome(retried, captured{ID: "cap_4", Status: "captured"}, nil), // attempt 1; the order is at 2
+		})
+	}))
+	for id, want := range map[string][]any{
+		captured1: {"captured", "cap_1", ""},
+		declined:  {"declined", "cap_2", "the provider declined the card: card_declined"},
+		failed:    {"failed", "", "provider refused the request: 400"},
+		retried:   {"capturing", "", ""},
+	} {
+		require.Equal(t, [][]any{want}, rows(t, pool, `SELECT payment, coalesce(capture_id, ''), coalesce(payment_error, '') FROM orders WHERE id = $1`, id), id)
+	}
+	require.Equal(t, []string{"cap_1"}, capturedEvents(t, pool, captured1))
+	for _, id := range []string{declined, failed, retried} {
+		require.Empty(t, capturedEvents(t, pool, id), id)
+	}
 }
