@@ -10,6 +10,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -180,19 +181,31 @@ func (p *Provider) execute(ctx context.Context, req CaptureRequest, key, token, 
 	} else {
 		body = marshal(c)
 	}
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		if key != "" {
-			if err := completeKey(ctx, tx, key, token, status, body, c.ID, now); err != nil {
-				return err
-			}
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO captures
-			(id, amount, currency, reference, source, status, decline_code, idempotency_key, request_id, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), NULLIF($8, ''), $9, $10)`,
-			c.ID, c.Amount, c.Currency, c.Reference, c.Source, c.Status, c.DeclineCode, key, reqID, now)
-		return err
-	})
+	err := p.insertCapture(ctx, c, key, token, reqID, status, body, now)
 	return status, body, c, err
+}
+
+// insertCapture writes the capture and, under a key, stores the response
+// with it, in one statement (one round trip, one transaction): the capture
+// is written only if token still holds the key (errLostKey otherwise).
+func (p *Provider) insertCapture(ctx context.Context, c Capture, key, token, reqID string, status int, body []byte, now time.Time) error {
+	const insert = `INSERT INTO captures
+		(id, amount, currency, reference, source, status, decline_code, idempotency_key, request_id, created_at)
+		SELECT $1, $2, $3, $4, $5, $6, NULLIF($7, ''), NULLIF($8, ''), $9, $10`
+	args := []any{c.ID, c.Amount, c.Currency, c.Reference, c.Source, c.Status, c.DeclineCode, key, reqID, now}
+	if key == "" {
+		_, err := p.pool.Exec(ctx, insert, args...)
+		return err
+	}
+	tag, err := p.pool.Exec(ctx, completeKey+insert+` WHERE EXISTS (SELECT FROM completed)`,
+		append(args, token, status, body)...)
+	if err != nil {
+		return fmt.Errorf("storing the capture and its response: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errLostKey
+	}
+	return nil
 }
 
 // loseResponse closes the connection without answering, after

@@ -109,19 +109,15 @@ func (p *Provider) claimKey(ctx context.Context, key string, fp []byte, reqID st
 	return claim{}, errors.New("claiming key: the row kept changing under us")
 }
 
-// completeKey stores the response under key in tx, if token still holds it.
-func completeKey(ctx context.Context, tx pgx.Tx, key, token string, status int, body []byte, captureID string, now time.Time) error {
-	tag, err := tx.Exec(ctx, `UPDATE idempotency_keys
-		SET state = 'done', lock_token = NULL, response_status = $3, response_body = $4, capture_id = $5, finished_at = $6
-		WHERE key = $1 AND state = 'in_progress' AND lock_token = $2`, key, token, status, body, captureID, now)
-	if err != nil {
-		return fmt.Errorf("storing the response: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return errLostKey
-	}
-	return nil
-}
+// completeKey, the start of insertCapture's statement, stores the response
+// under the key ($8) if the lock token ($11) still holds it: completed has
+// its row then, and is empty when the key was taken over.
+const completeKey = `WITH completed AS (
+		UPDATE idempotency_keys
+		SET state = 'done', lock_token = NULL, response_status = $12, response_body = $13, capture_id = $1, finished_at = $10
+		WHERE key = $8 AND state = 'in_progress' AND lock_token = $11
+		RETURNING 1)
+	`
 
 // releaseKey deletes the claim of a request that failed before its
 // capture committed, so a retry runs afresh instead of waiting out the lock.
