@@ -15,9 +15,8 @@
 //     recorded with EnqueueTx (or EnqueueBatchTx, several in one statement)
 //     in the domain's transaction, under a key derived from what asked for
 //     it (never a random one); a Runner calls with that key, retries with
-//     backoff, and records the outcome in a transaction of its own that ends
-//     the effect (Record; the outcomes of calls that returned together share
-//     one).
+//     backoff, and records the outcome in the transaction that ends the
+//     effect (Record; calls that returned together share one).
 //
 // The crash windows, named in pkg/failpoint and armed like the others:
 //

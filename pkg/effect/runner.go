@@ -87,7 +87,9 @@ var ErrTooOld = errors.New("effect: older than MaxAge: the outside system may ha
 
 // Runner performs the effects of one kind that transactions recorded with
 // EnqueueTx: it claims each due effect, calls Do with its key, and records
-// the outcome with Record in the transaction that ends the effect.
+// the outcome with Record (or RecordBatch) in the transaction that ends the
+// effect. One recorder records, one transaction at a time: the outcomes
+// that return while one commits share the next.
 // Replicas may run one each: a claim takes each effect for one runner.
 type Runner[R any] struct {
 	cfg Config[R]
@@ -292,6 +294,13 @@ func (r *Runner[R]) perform(ctx context.Context, e Effect, outcomes chan<- outco
 	}
 }
 
+// recordError is an error of Record or RecordBatch, as opposed to one of
+// the database or the deadline.
+type recordError struct{ err error }
+
+func (e recordError) Error() string { return "record: " + e.err.Error() }
+func (e recordError) Unwrap() error { return e.err }
+
 // Outcome is one call's result as RecordBatch gets it: Err is Do's
 // permanent error (the effect ends failed), or nil.
 type Outcome[R any] struct {
@@ -337,20 +346,34 @@ func (r *Runner[R]) recorder(ctx context.Context, outcomes <-chan outcome[R]) {
 			}
 		}
 		// In id order, so two runners' batches (after an expired lease)
-		// take the rows' locks in one order.
-		slices.SortFunc(batch, func(a, b outcome[R]) int { return cmp.Compare(a.e.ID, b.e.ID) })
-		r.recordBatch(ctx, batch)
+		// take the rows' locks in one order. An effect this runner claimed
+		// again after its own lease expired can be here twice: the first
+		// outcome is recorded, the other is not (as if another runner had
+		// recorded first).
+		slices.SortStableFunc(batch, func(a, b outcome[R]) int { return cmp.Compare(a.e.ID, b.e.ID) })
+		unique := batch[:0:0]
+		for _, o := range batch {
+			if len(unique) > 0 && unique[len(unique)-1].e.ID == o.e.ID {
+				o.done <- recordedAs{}
+				continue
+			}
+			unique = append(unique, o)
+		}
+		r.recordBatch(ctx, unique)
 	}
 }
 
 // recordBatch records batch in one transaction and answers each outcome.
-// When it fails and holds more than one, each is recorded alone: one
-// outcome whose Record fails does not hold the others back.
+// When Record (or RecordBatch) fails it and it holds more than one, each is
+// recorded alone: one outcome whose Record fails does not hold the others
+// back. Any other failure (the database, the deadline) is every outcome's.
 func (r *Runner[R]) recordBatch(ctx context.Context, batch []outcome[R]) {
 	recordCtx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
 	recorded, err := r.record(recordCtx, batch)
+	timedOut := recordCtx.Err() != nil
 	cancel()
-	if err != nil && len(batch) > 1 {
+	var domain recordError
+	if err != nil && len(batch) > 1 && errors.As(err, &domain) && !timedOut {
 		for _, o := range batch {
 			r.recordBatch(ctx, []outcome[R]{o})
 		}
@@ -403,12 +426,12 @@ func (r *Runner[R]) record(ctx context.Context, batch []outcome[R]) ([]bool, err
 			if r.cfg.RecordBatch != nil {
 				all = append(all, Outcome[R]{Effect: o.e, Result: o.result, Err: o.err})
 			} else if err := r.cfg.Record(ctx, tx, o.e, o.result, o.err); err != nil {
-				return fmt.Errorf("record: %w", err)
+				return recordError{err}
 			}
 		}
 		if len(all) > 0 {
 			if err := r.cfg.RecordBatch(ctx, tx, all); err != nil {
-				return fmt.Errorf("record: %w", err)
+				return recordError{err}
 			}
 		}
 		return nil
