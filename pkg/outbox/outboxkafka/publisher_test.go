@@ -167,3 +167,68 @@ func kgoRecords(raw []byte) (int, error) {
 	}
 	return int(b.NumRecords), nil
 }
+
+// TestABatchIsOneProduceRequest: a Publish call's messages leave in one
+// produce request (FlushWindow), not the first alone and the rest after
+// it: 20 batches of 30 messages over 4 partitions of one broker. A
+// caller's own Flush settings are kept (Flush.Messages = 1: a request a
+// message).
+func TestABatchIsOneProduceRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		messages int // Producer.Flush.Messages; 0: the publisher's window
+		most     int // requests allowed for the 20 batches
+		least    int
+	}{
+		{"default window", 0, 25, 20}, // a batch split by a scheduler's hiccup is tolerated, not one in five
+		{"the caller's flush settings", 1, 1 << 30, 21},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "batched"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cluster.Close)
+			var requests, records atomic.Int32
+			cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				cluster.KeepControl()
+				requests.Add(1)
+				for _, rt := range req.(*kmsg.ProduceRequest).Topics {
+					for _, rp := range rt.Partitions {
+						if n, err := kgoRecords(rp.Records); err == nil {
+							records.Add(int32(n))
+						}
+					}
+				}
+				return nil, nil, false
+			})
+			conf := sarama.NewConfig()
+			conf.Version = sarama.V2_8_0_0
+			conf.Producer.RequiredAcks = sarama.WaitForAll
+			conf.Producer.Flush.Messages = tc.messages
+			pub, err := outboxkafka.New(outboxkafka.Config{Brokers: cluster.ListenAddrs(), Sarama: conf, Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { pub.Close() }) //nolint:errcheck
+			for b := range 20 {
+				var msgs []*message.Message
+				for i := range 30 {
+					m := message.NewMessage(fmt.Sprintf("%d-%d", b, i), []byte("x"))
+					m.Metadata.Set(outbox.KeyMetadata, fmt.Sprint("key-", i))
+					msgs = append(msgs, m)
+				}
+				if err := pub.Publish("batched", msgs...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := records.Load(); got != 600 {
+				t.Fatalf("the broker got %d records, want 600", got)
+			}
+			t.Logf("%d requests", requests.Load())
+			if n := int(requests.Load()); n < tc.least || n > tc.most {
+				t.Fatalf("20 batches took %d produce requests, want %d to %d", n, tc.least, tc.most)
+			}
+		})
+	}
+}
