@@ -275,10 +275,13 @@ wait_healthy() { # wait_healthy PROJECT SERVICE...
 psql_with() { "$1" exec -T postgres sh -c 'PGPASSWORD="$POSTGRES_PASSWORD" psql -h 127.0.0.1 -U postgres -d "$0" -tAc "$1"' "$2" "$3" | tr -d '[:space:]'; }
 APPLIED="SELECT (SELECT count(*) FROM reservations) + (SELECT count(*) FROM rejections)"
 # crash_mid_load COMPOSE-FUNCTION PROJECT LOG DEADLINE [COMPOSE-FILE...]:
-# up -d, a demo run of 600 orders in the background (DEADLINE: how long its
-# orders may take to settle), inventory SIGKILLed once it has applied 40
+# up -d, a demo run of 3,000 orders in the background (DEADLINE: how long
+# its orders may take to settle), inventory SIGKILLed once it has applied 40
 # rows of this run and is still applying more; waits for the demo, whose
-# exit code it returns. Sets VICTIM (inventory's container).
+# exit code it returns. Sets VICTIM (inventory's container). The load must
+# outlast a few looks through docker exec (a quarter second and more each):
+# 600 orders were paid in 0.6 s and applied before the second look once the
+# relay sent each batch in one produce request.
 crash_mid_load() {
 	local with=$1 p=$2 log=$3 deadline=$4 files=() f before now pid demo_pid seeded
 	shift 4
@@ -289,7 +292,7 @@ crash_mid_load() {
 	before=$(psql_with "$with" inventory "$APPLIED")
 	[[ "$before" =~ ^[0-9]+$ ]] || fail "reading inventory's rows in $p: '$before'"
 	( cd "$SNAP" && timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$p" "${files[@]}" \
-		run --rm -T --no-deps demo -orders 600 -deadline "$deadline" >"$log" 2>&1 ) &
+		run --rm -T --no-deps demo -orders 3000 -deadline "$deadline" >"$log" 2>&1 ) &
 	demo_pid=$!
 	seeded=
 	for _ in $(seq 1 240); do
