@@ -593,3 +593,45 @@ func TestRunnerRunsOnce(t *testing.T) {
 	require.NoError(t, <-done)
 	require.False(t, r.Running())
 }
+
+// A runner that started on an empty effects table, as a new service's does,
+// reads a few rows of it for each claim and each record once the table holds
+// a history and a backlog, with no ANALYZE since: a claim reads the due
+// effects in the index's order and stops at its limit, a record looks its
+// ids up one by one. Before, the record kept the plan prepared while the
+// table was empty (a hash join over every pending effect, for every batch)
+// and each claim sorted every due effect to take a few.
+func TestClaimsAndRecordsStayCheapAsTheTableGrows(t *testing.T) {
+	ctx := t.Context()
+	base := newPool(t)
+	_, err := base.Exec(ctx, `ALTER TABLE effects SET (autovacuum_enabled = off)`) // no ANALYZE replans behind the test
+	require.NoError(t, err)
+	pool, plans := pgtest.Explained(t, base)
+	start(t, effect.Config[string]{Pool: pool,
+		Do: func(context.Context, effect.Effect) (string, error) { return "ok", nil }})
+	for i := range 8 { // one at a time on the empty table: the statements are prepared and planned for it
+		require.NoError(t, pgx.BeginFunc(ctx, base, func(tx pgx.Tx) error {
+			_, err := effect.EnqueueTx(ctx, tx, "charge", fmt.Sprintf("first%d", i), []byte("x"))
+			return err
+		}))
+		waitEnded(t, base)
+	}
+	_, err = base.Exec(ctx, `INSERT INTO effects (kind, key, payload, state, done_at)
+		SELECT 'charge', 'old' || g, '\x00', 'done', now() FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	plans.Take()
+	_, err = base.Exec(ctx, `INSERT INTO effects (kind, key, payload) SELECT 'charge', 'due' || g, '\x00' FROM generate_series(1, 2000) g`)
+	require.NoError(t, err)
+	require.Len(t, waitEnded(t, base), 2008)
+
+	seen := 0
+	for _, p := range plans.Take() {
+		if !strings.Contains(p.Query, "effects") {
+			continue
+		}
+		seen++
+		require.LessOrEqual(t, p.RowsRead("effects"), 100,
+			"a statement read %d rows of effects (20,000 ended, 2,000 due) for a few effects:\n%s", p.RowsRead("effects"), p.Query)
+	}
+	require.Greater(t, seen, 500, "the claims and records of 2,000 effects were not all explained")
+}

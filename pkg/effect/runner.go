@@ -227,13 +227,16 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 // claim takes up to n due effects for this runner: each stays with it for
 // the lease (its due_at moves past the lease) and counts an attempt. The
 // claim commits before any call, so no transaction stays open across a
-// call to the outside world.
+// call to the outside world. It reads effects_due in its order and stops
+// at n: ordered by anything the index does not hold (due_at, id), it
+// sorted every due effect on every claim, and a backlog of them made each
+// claim slower (1.7 ms at 10,000 orders in the benchmark).
 func (r *Runner[R]) claim(ctx context.Context, n int) ([]Effect, error) {
 	rows, err := r.cfg.Pool.Query(ctx, `
 		UPDATE effects e SET attempts = e.attempts + 1, due_at = now() + $3::interval
 		FROM (SELECT id FROM effects
 		      WHERE kind = $1 AND state = 'pending' AND due_at <= now()
-		      ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) due
+		      ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED) due
 		WHERE e.id = due.id
 		RETURNING e.id, e.key, e.payload, e.attempts, e.created_at`, r.cfg.Kind, n, r.cfg.Lease)
 	if err != nil {
@@ -384,6 +387,15 @@ func (r *Runner[R]) recordBatch(ctx context.Context, batch []outcome[R]) {
 	}
 }
 
+// planEachTime, passed before a statement's arguments, has Postgres plan it
+// for the arguments it gets (pgx's unnamed statement, in the same round
+// trip) instead of reusing a prepared statement's generic plan. The plan of
+// a join with unnest($1) made while effects was nearly empty, as it is when
+// a service starts, reads every pending effect (or the whole table) for
+// each batch until the next ANALYZE replans it; planned with the array at
+// hand it looks up each id by its key.
+var planEachTime = pgx.QueryExecModeExec
+
 // record ends the batch's effects and applies their outcomes in one
 // transaction. An effect already ended (another runner, whose claim
 // followed an expired lease of this one, recorded it first) is not
@@ -404,7 +416,7 @@ func (r *Runner[R]) record(ctx context.Context, batch []outcome[R]) ([]bool, err
 		rows, err := tx.Query(ctx, `UPDATE effects e SET state = u.state, last_error = u.last_error, done_at = now()
 			FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(id, state, last_error)
 			WHERE e.id = u.id AND e.state = 'pending'
-			RETURNING e.id`, ids, states, lastErrs)
+			RETURNING e.id`, planEachTime, ids, states, lastErrs)
 		if err != nil {
 			return err
 		}

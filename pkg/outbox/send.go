@@ -92,10 +92,13 @@ func (r *Relay) send(batch []pending) sent {
 }
 
 // unclaim takes the claim's mark back from the rows res did not publish,
-// and parks the refused ones with their reasons.
+// and parks the refused ones with their reasons. Both statements are
+// planned for the table as it is (planEachTime): these are the rare paths,
+// and a plan cached while the outbox was nearly empty would scan all of it
+// on every failed batch while a broker is down.
 func (r *Relay) unclaim(ctx context.Context, tx pgx.Tx, res sent) error {
 	if len(res.unsent) > 0 {
-		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = NULL WHERE id = ANY($1)`, res.unsent); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE outbox_messages SET published_at = NULL WHERE id = ANY($1)`, planEachTime, res.unsent); err != nil {
 			return fmt.Errorf("releasing unsent rows: %w", err)
 		}
 	}
@@ -110,7 +113,7 @@ func (r *Relay) unclaim(ctx context.Context, tx pgx.Tx, res sent) error {
 	_, err := tx.Exec(ctx, `
 		UPDATE outbox_messages m SET published_at = NULL, parked_at = now(), park_reason = p.reason
 		FROM unnest($1::bigint[], $2::text[]) AS p(id, reason)
-		WHERE m.id = p.id`, ids, reasons)
+		WHERE m.id = p.id`, planEachTime, ids, reasons)
 	if err != nil {
 		return fmt.Errorf("parking %d rows: %w", len(ids), err)
 	}

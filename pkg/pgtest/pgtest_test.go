@@ -56,6 +56,24 @@ func TestPostgres(t *testing.T) {
 	})
 	var left bool
 	require.NoError(t, conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", testDB).Scan(&left))
+
+	// An Explained pool reports what each statement read: a look-up by key
+	// one row, a filter with no index every row it passed over.
+	t.Run("Explained", func(t *testing.T) {
+		pool, plans := Explained(t, pg.TestDatabase(t))
+		_, err := pool.Exec(ctx, `CREATE TABLE t (id int PRIMARY KEY, x int); INSERT INTO t SELECT g, g % 10 FROM generate_series(1, 1000) g; ANALYZE t`)
+		require.NoError(t, err)
+		plans.Take()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM t WHERE id = $1`, 7).Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM t WHERE x = $1`, 3).Scan(&n))
+		require.Equal(t, 100, n)
+		got := plans.Take()
+		require.Len(t, got, 2)
+		require.Equal(t, 1, got[0].RowsRead("t"), got[0].Query)
+		require.Equal(t, 1000, got[1].RowsRead("t"), got[1].Query)
+		require.Zero(t, got[1].RowsRead("other"))
+	})
 	require.Truef(t, testDB != "" && !left, "database %q outlived its test", testDB)
 
 	if pg.External() {

@@ -482,7 +482,7 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
 			UPDATE decisions d SET fulfilled_by = u.msg, fulfilled_at = now()
 			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id AND d.fulfilled_by IS NULL`,
-			w.fulOrderDec, w.fulMsgDec)
+			pgx.QueryExecModeExec, w.fulOrderDec, w.fulMsgDec) // planned for the table as it is now: a plan cached while decisions was empty scans it all
 		if err != nil {
 			return fmt.Errorf("recording the orders that ended: %w", err)
 		}

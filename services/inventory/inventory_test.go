@@ -257,3 +257,46 @@ func TestConcurrentCapturesSellOnce(t *testing.T) {
 	require.Equal(t, [][]any{{int64(3)}}, rowsOf(t, pool, `SELECT sum(quantity) FROM fulfilments`))
 	require.Len(t, rowsOf(t, pool, `SELECT 1 FROM refusals`), 1, "the retried capture is refused")
 }
+
+// TestStatementsStayCheapAsTheTablesGrow: a service that started on empty
+// tables, as a new deployment does, reads a few rows of them per order once
+// they hold a history, with no ANALYZE since. Before, ending an order
+// (UPDATE decisions … FROM unnest) kept the plan its statement was prepared
+// with while decisions was empty, a hash join over a full scan, and read
+// every decision ever made for each batch of captures.
+func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	base := newDB(t, map[string]int{"a": 1_000_000})
+	for _, table := range []string{"decisions", "reservations", "fulfilments", "refusals", "rejections", "outbox_messages"} {
+		_, err := base.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = off)`) // no ANALYZE replans behind the test
+		require.NoError(t, err)
+	}
+	pool, plans := pgtest.Explained(t, base, func(c *pgxpool.Config) { c.MaxConns = 1 }) // one session: each statement prepared once
+	order := func() {
+		id := uuid.NewString()
+		apply(t, pool, []*message.Message{orderPaid(t, id, events.Line{SKU: "a", Quantity: 1})})
+		apply(t, pool, []*message.Message{orderCaptured(t, id)})
+	}
+	for range 8 { // on the empty tables: the statements are prepared and planned for them
+		order()
+	}
+	_, err := base.Exec(ctx, `
+		WITH o AS (SELECT gen_random_uuid()::text AS id, gen_random_uuid()::text AS msg FROM generate_series(1, 20000))
+		, d AS (INSERT INTO decisions (order_id, decision, message_id) SELECT id, 'reserved', msg FROM o)
+		INSERT INTO reservations (order_id, sku, quantity, message_id) SELECT id, 'a', 1, msg FROM o`)
+	require.NoError(t, err)
+	plans.Take()
+	for range 3 {
+		order()
+	}
+	seen := 0
+	for _, p := range plans.Take() {
+		seen++
+		for _, table := range []string{"decisions", "reservations", "fulfilments"} {
+			require.LessOrEqual(t, p.RowsRead(table), 20,
+				"a statement read %d rows of %s (20,000 orders of history) for one order:\n%s", p.RowsRead(table), table, p.Query)
+		}
+	}
+	require.Greater(t, seen, 10, "the orders' statements were not explained")
+}

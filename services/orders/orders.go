@@ -384,7 +384,8 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 			payment = CASE WHEN u.status = 'reserved' THEN 'capturing' END
 		FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason)
 		WHERE o.id = u.id AND o.status = 'paid'
-		RETURNING o.id::text, o.status, o.lines, coalesce(o.amount, 0), o.card`, ids, statuses, reasons)
+		RETURNING o.id::text, o.status, o.lines, coalesce(o.amount, 0), o.card`,
+		pgx.QueryExecModeExec, ids, statuses, reasons) // planned for the table as it is now, not once while it was empty
 	if err != nil {
 		return fmt.Errorf("settling orders: %w", err)
 	}

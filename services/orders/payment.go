@@ -286,7 +286,7 @@ func recordCaptures(ctx context.Context, tx pgx.Tx, outcomes []effect.Outcome[ca
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $6::int[]) AS u(id, state, capture_id, reason, attempt)
 		WHERE o.id = u.id AND o.payment = 'capturing' AND o.capture_attempt = u.attempt
 		RETURNING o.id::text, u.state, coalesce(u.capture_id, '')`,
-		ids, states, captureIDs, reasons, time.Now(), attempts)
+		pgx.QueryExecModeExec, ids, states, captureIDs, reasons, time.Now(), attempts) // planned for the table as it is now
 	if err != nil {
 		return fmt.Errorf("recording %d captures: %w", len(ids), err)
 	}

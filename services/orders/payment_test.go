@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
 	"github.com/outboxref/outbox-inbox/testbed/provider"
@@ -240,4 +241,50 @@ func TestRecordCapturesTogether(t *testing.T) {
 	for _, id := range []string{declined, failed, retried} {
 		require.Empty(t, capturedEvents(t, pool, id), id)
 	}
+}
+
+// TestStatementsStayCheapAsTheTablesGrow: a service that started on empty
+// tables, as a new deployment does, reads a few rows of orders per order
+// once the table holds a history, with no ANALYZE since. Before, settling
+// (UPDATE orders … FROM unnest) and recording captures kept the plans their
+// statements were prepared with while orders was empty, hash joins over a
+// full scan, and read every order ever placed for each batch.
+func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	base := newDB(t)
+	for _, table := range []string{"orders", "order_events", "effects", "outbox_messages"} {
+		_, err := base.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = off)`) // no ANALYZE replans behind the test
+		require.NoError(t, err)
+	}
+	pool, plans := pgtest.Explained(t, base, func(c *pgxpool.Config) { c.MaxConns = 1 }) // one session: each statement prepared once
+	order := func() {
+		id := reserve(t, pool, defaultCard, oneLine)
+		payload, err := json.Marshal(capture{OrderID: id, Amount: 100, Currency: events.Currency, Card: defaultCard})
+		require.NoError(t, err)
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return recordCaptures(ctx, tx, []effect.Outcome[captured]{{
+				Effect: effect.Effect{Kind: captureKind, Key: events.CaptureKey(id), Payload: payload},
+				Result: captured{ID: "cap_" + id[:8], Status: "captured"}}})
+		}))
+		require.Equal(t, "captured", scalar[string](t, base, `SELECT payment FROM orders WHERE id = $1`, id))
+	}
+	for range 8 { // on the empty tables: the statements are prepared and planned for them
+		order()
+	}
+	_, err := base.Exec(ctx, `INSERT INTO orders SELECT (jsonb_populate_record(NULL::orders,
+		to_jsonb(o) || jsonb_build_object('id', gen_random_uuid()))).* FROM orders o, generate_series(1, 2500)`)
+	require.NoError(t, err)
+	require.Equal(t, 20008, scalar[int](t, base, `SELECT count(*) FROM orders`))
+	plans.Take()
+	for range 3 {
+		order()
+	}
+	seen := 0
+	for _, p := range plans.Take() {
+		seen++
+		require.LessOrEqual(t, p.RowsRead("orders"), 20,
+			"a statement read %d rows of orders (20,000 of history) for one order:\n%s", p.RowsRead("orders"), p.Query)
+	}
+	require.Greater(t, seen, 10, "the orders' statements were not explained")
 }

@@ -1,0 +1,122 @@
+package pgtest
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Plans collects the plan Postgres actually ran for every statement on the
+// sessions of an Explained pool, with the rows each node produced: what a
+// test needs to keep a statement's cost bounded as its tables grow,
+// whatever the plan cache, the statistics and pgx's statement modes do. A
+// prepared statement planned once while its table was empty keeps that
+// plan (a hash join over a full scan, say) until the next ANALYZE; an
+// EXPLAIN of the query text in the test would plan it afresh and see none
+// of that.
+type Plans struct {
+	mu  sync.Mutex
+	got []Plan
+}
+
+// Plan is one executed statement: its text and its plan, as auto_explain
+// reports them (EXPLAIN ANALYZE, FORMAT JSON).
+type Plan struct {
+	Query string   `json:"Query Text"`
+	Root  PlanNode `json:"Plan"`
+}
+
+// PlanNode is one node of a Plan.
+type PlanNode struct {
+	NodeType         string     `json:"Node Type"`
+	Relation         string     `json:"Relation Name"`
+	ActualRows       float64    `json:"Actual Rows"`
+	ActualLoops      float64    `json:"Actual Loops"`
+	RemovedByFilter  float64    `json:"Rows Removed by Filter"`
+	RemovedByRecheck float64    `json:"Rows Removed by Index Recheck"`
+	Plans            []PlanNode `json:"Plans"`
+}
+
+// RowsRead is how many rows of relation the plan's nodes on it produced or
+// filtered out, over all their loops: what the statement read of the table.
+// A look-up by key reads a row per key; a scan reads what it passes.
+func (p Plan) RowsRead(relation string) int {
+	var walk func(n PlanNode) float64
+	walk = func(n PlanNode) float64 {
+		var sum float64
+		if n.Relation == relation {
+			sum = (n.ActualRows + n.RemovedByFilter + n.RemovedByRecheck) * max(n.ActualLoops, 1)
+		}
+		for _, c := range n.Plans {
+			sum += walk(c)
+		}
+		return sum
+	}
+	return int(walk(p.Root))
+}
+
+// Take returns the plans collected since the last Take and forgets them.
+func (p *Plans) Take() []Plan {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	got := p.got
+	p.got = nil
+	return got
+}
+
+func (p *Plans) notice(_ *pgconn.PgConn, n *pgconn.Notice) {
+	text, ok := strings.CutPrefix(n.Message, "duration: ")
+	if !ok {
+		return
+	}
+	i := strings.Index(text, "{")
+	if i < 0 {
+		return
+	}
+	var plan Plan
+	if err := json.Unmarshal([]byte(text[i:]), &plan); err != nil {
+		return
+	}
+	p.mu.Lock()
+	p.got = append(p.got, plan)
+	p.mu.Unlock()
+}
+
+// Explained returns a pool on pool's database whose sessions report the
+// executed plan of every top-level statement they run (auto_explain, loaded
+// per session: it needs a superuser, which the throwaway cluster's is), and
+// the Plans they go to. It skips t when auto_explain cannot be loaded (an
+// external DATABASE_URL without the rights or the module). adjust may
+// change the pool's config (MaxConns = 1: every statement on one session,
+// so each is prepared and planned once). The pool is closed when t ends.
+func Explained(t testing.TB, pool *pgxpool.Pool, adjust ...func(*pgxpool.Config)) (*pgxpool.Pool, *Plans) {
+	t.Helper()
+	plans := &Plans{}
+	cfg := pool.Config()
+	for _, f := range adjust {
+		f(cfg)
+	}
+	cfg.ConnConfig.OnNotice = plans.notice
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `LOAD 'auto_explain';
+			SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
+			SET auto_explain.log_timing = off; SET auto_explain.log_format = json;
+			SET auto_explain.log_level = notice`)
+		return err
+	}
+	explained, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err == nil {
+		err = explained.Ping(context.Background())
+	}
+	if err != nil {
+		t.Skipf("pgtest: auto_explain cannot be loaded here: %v", err)
+	}
+	t.Cleanup(explained.Close)
+	return explained, plans
+}
