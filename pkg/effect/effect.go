@@ -94,7 +94,9 @@ func EnqueueBatchTx(ctx context.Context, tx pgx.Tx, kind string, intents []Inten
 			payloads[i] = []byte{} // payload is NOT NULL, as EnqueueTx's
 		}
 	}
-	// In the order given, so ids (and the claim's order among equals) follow it.
+	// In the order given, so ids follow it. (The claim takes effects due at
+	// the same moment in the index's order, where their rows landed in the
+	// heap: usually this order, not promised.)
 	tag, err := tx.Exec(ctx, `INSERT INTO effects (kind, key, payload)
 		SELECT $1, u.key, u.payload FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS u(key, payload, n)
 		ORDER BY u.n

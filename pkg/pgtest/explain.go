@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -43,14 +44,17 @@ type PlanNode struct {
 	Plans            []PlanNode `json:"Plans"`
 }
 
-// RowsRead is how many rows of relation the plan's nodes on it produced or
+// RowsRead is how many rows of relation the plan's scans of it produced or
 // filtered out, over all their loops: what the statement read of the table.
-// A look-up by key reads a row per key; a scan reads what it passes.
+// A look-up by key reads a row per key; a scan reads what it passes. Rows
+// an UPDATE or DELETE writes or returns are not counted (its ModifyTable
+// node), nor dead tuples a scan steps over. A partitioned table's scans
+// name its partitions: ask for those.
 func (p Plan) RowsRead(relation string) int {
 	var walk func(n PlanNode) float64
 	walk = func(n PlanNode) float64 {
 		var sum float64
-		if n.Relation == relation {
+		if n.Relation == relation && n.NodeType != "ModifyTable" {
 			sum = (n.ActualRows + n.RemovedByFilter + n.RemovedByRecheck) * max(n.ActualLoops, 1)
 		}
 		for _, c := range n.Plans {
@@ -91,10 +95,12 @@ func (p *Plans) notice(_ *pgconn.PgConn, n *pgconn.Notice) {
 // Explained returns a pool on pool's database whose sessions report the
 // executed plan of every top-level statement they run (auto_explain, loaded
 // per session: it needs a superuser, which the throwaway cluster's is), and
-// the Plans they go to. It skips t when auto_explain cannot be loaded (an
-// external DATABASE_URL without the rights or the module). adjust may
-// change the pool's config (MaxConns = 1: every statement on one session,
-// so each is prepared and planned once). The pool is closed when t ends.
+// the Plans they go to. It skips t only when Postgres refuses to load
+// auto_explain (no right to, or no such module: an external DATABASE_URL);
+// any other failure fails t. adjust may change the pool's config (MaxConns
+// = 1: every statement on one session, so each is prepared and planned
+// once); pool's own AfterConnect and OnNotice still run. The pool is closed
+// when t ends.
 func Explained(t testing.TB, pool *pgxpool.Pool, adjust ...func(*pgxpool.Config)) (*pgxpool.Pool, *Plans) {
 	t.Helper()
 	plans := &Plans{}
@@ -102,8 +108,18 @@ func Explained(t testing.TB, pool *pgxpool.Pool, adjust ...func(*pgxpool.Config)
 	for _, f := range adjust {
 		f(cfg)
 	}
-	cfg.ConnConfig.OnNotice = plans.notice
+	if onNotice := cfg.ConnConfig.OnNotice; onNotice != nil {
+		cfg.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) { onNotice(c, n); plans.notice(c, n) }
+	} else {
+		cfg.ConnConfig.OnNotice = plans.notice
+	}
+	afterConnect := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, conn); err != nil {
+				return err
+			}
+		}
 		_, err := conn.Exec(ctx, `LOAD 'auto_explain';
 			SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
 			SET auto_explain.log_timing = off; SET auto_explain.log_format = json;
@@ -114,8 +130,12 @@ func Explained(t testing.TB, pool *pgxpool.Pool, adjust ...func(*pgxpool.Config)
 	if err == nil {
 		err = explained.Ping(context.Background())
 	}
-	if err != nil {
-		t.Skipf("pgtest: auto_explain cannot be loaded here: %v", err)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "58P01"): // insufficient_privilege, undefined_file
+		t.Skipf("pgtest: Postgres refuses to load auto_explain here: %v", err)
+	case err != nil:
+		t.Fatalf("pgtest: a pool whose sessions explain their statements: %v", err)
 	}
 	t.Cleanup(explained.Close)
 	return explained, plans
