@@ -7,6 +7,8 @@
 //	inboxctl redrive [-by WHO] ID | -all [-consumer NAME]
 //	inboxctl discard -by WHO -why WHY ID
 //	inboxctl held [-consumer NAME]
+//	inboxctl consumers
+//	inboxctl retire -consumer NAME [-idle DURATION]
 //
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
@@ -14,7 +16,11 @@
 // redrive writes a dead letter back to its topic through the consumer's
 // outbox, under its original id, in the transaction that marks it redriven
 // (see inbox.Redrive): fix the handler first, then redrive. discard closes a
-// row without applying it and records who, why and when.
+// row without applying it and records who, why and when. consumers lists
+// every consumer with rows in the inbox; retire deletes what the inbox keeps
+// for one that no longer runs (renamed or removed: no sweep retires its
+// rows, and they hold every partition they are in), unless it finished
+// with a message within -idle (see inbox.RetireConsumer).
 package main
 
 import (
@@ -56,6 +62,8 @@ const usage = `usage:
   inboxctl redrive [-by WHO] -all [-consumer NAME]
   inboxctl discard -by WHO -why WHY ID
   inboxctl held [-consumer NAME]
+  inboxctl consumers
+  inboxctl retire -consumer NAME [-idle DURATION]
 DATABASE_URL names the consumer's database.`
 
 // errUsage is returned for a command line that does not parse.
@@ -74,8 +82,9 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	all := fs.Bool("all", false, "redrive: every open dead letter (of -consumer)")
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
+	idle := fs.Duration("idle", 24*time.Hour, "retire: refuse a consumer that finished with a message within this")
 	switch cmd {
-	case "list", "show", "redrive", "discard", "held":
+	case "list", "show", "redrive", "discard", "held", "consumers", "retire":
 	case "help", "-h", "-help", "--help":
 		fmt.Fprintln(out, usage)
 		return nil
@@ -147,6 +156,25 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			}
 			fmt.Fprintf(out, "%d %s: %s\n", id, verb, res.Note)
 		}
+	case "consumers":
+		list, err := inbox.ListConsumers(ctx, pool)
+		if err != nil {
+			return err
+		}
+		printConsumers(out, list)
+	case "retire":
+		if *consumer == "" {
+			return errors.New("retire needs -consumer: the name of the consumer that no longer runs")
+		}
+		r, err := inbox.RetireConsumer(ctx, pool, *consumer, *idle)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s retired: %d inbox rows, %d failed attempts, %d held keys, %d parked messages, %d partition clearances deleted\n",
+			*consumer, r.Rows, r.Attempts, r.HeldKeys, r.Parked, r.Clearances)
+		if r.OpenQuarantined > 0 {
+			fmt.Fprintf(out, "%d quarantined messages of %s are still open: inboxctl list -consumer %s\n", r.OpenQuarantined, *consumer, *consumer)
+		}
 	case "discard":
 		if strings.TrimSpace(*why) == "" {
 			return errors.New("discard needs -why: it is kept as the audit record")
@@ -163,7 +191,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 // idArg reads the one ID argument show, redrive and discard need.
 func idArg(cmd string, rest []string, all bool) (int64, error) {
 	switch {
-	case cmd == "list" || cmd == "held":
+	case cmd == "list" || cmd == "held" || cmd == "consumers" || cmd == "retire":
 		if len(rest) > 0 {
 			return 0, fmt.Errorf("%s takes no arguments, got %q\n%s", cmd, rest, usage)
 		}
@@ -197,6 +225,19 @@ func printList(out io.Writer, list []inbox.Quarantined) {
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", q.ID, q.Consumer, q.Kind, q.MessageID, q.Attempts,
 			time.Since(q.CreatedAt).Round(time.Second), state, opctl.Clip(q.Reason, 100))
+	}
+	w.Flush()
+}
+
+func printConsumers(out io.Writer, list []inbox.ConsumerInfo) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "no consumer has rows here")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONSUMER\tLAST MESSAGE\tOPEN QUARANTINED\tHELD KEYS")
+	for _, c := range list {
+		fmt.Fprintf(w, "%s\t%s ago\t%d\t%d\n", c.Consumer, time.Since(c.LastProcessed).Round(time.Second), c.OpenQuarantined, c.HeldKeys)
 	}
 	w.Flush()
 }
