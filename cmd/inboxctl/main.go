@@ -8,7 +8,7 @@
 //	inboxctl discard -by WHO -why WHY ID
 //	inboxctl held [-consumer NAME]
 //	inboxctl consumers
-//	inboxctl retire -consumer NAME [-idle DURATION]
+//	inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 //
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
@@ -19,8 +19,9 @@
 // row without applying it and records who, why and when. consumers lists
 // every consumer with rows in the inbox; retire deletes what the inbox keeps
 // for one that no longer runs (renamed or removed: no sweep retires its
-// rows, and they hold every partition they are in), unless it finished
-// with a message within -idle (see inbox.RetireConsumer).
+// rows, and they hold every partition they are in), unless it wrote to the
+// inbox within -idle (72h) or has parked messages (-drop-parked deletes
+// them); see inbox.RetireConsumer.
 package main
 
 import (
@@ -63,7 +64,7 @@ const usage = `usage:
   inboxctl discard -by WHO -why WHY ID
   inboxctl held [-consumer NAME]
   inboxctl consumers
-  inboxctl retire -consumer NAME [-idle DURATION]
+  inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 DATABASE_URL names the consumer's database.`
 
 // errUsage is returned for a command line that does not parse.
@@ -76,13 +77,14 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	cmd, args := args[0], args[1:]
 	fs := flag.NewFlagSet("inboxctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	consumer := fs.String("consumer", "", "only this consumer")
+	consumer := fs.String("consumer", "", "only this consumer; retire: the consumer to retire")
 	kind := fs.String("kind", "", "only this kind: dead_letter, payload_conflict or invalid")
 	resolved := fs.Bool("resolved", false, "list: also rows already redriven or discarded")
 	all := fs.Bool("all", false, "redrive: every open dead letter (of -consumer)")
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
-	idle := fs.Duration("idle", 24*time.Hour, "retire: refuse a consumer that finished with a message within this")
+	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
+	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
 	switch cmd {
 	case "list", "show", "redrive", "discard", "held", "consumers", "retire":
 	case "help", "-h", "-help", "--help":
@@ -103,8 +105,11 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	if url == "" {
 		return errors.New("DATABASE_URL is required: the consumer's database")
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
+	if cmd != "retire" && cmd != "consumers" { // a retire of millions of rows takes what it takes; ^C stops it
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return fmt.Errorf("connecting: %w", err)
@@ -166,7 +171,8 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		if *consumer == "" {
 			return errors.New("retire needs -consumer: the name of the consumer that no longer runs")
 		}
-		r, err := inbox.RetireConsumer(ctx, pool, *consumer, *idle)
+		r, err := inbox.RetireConsumer(ctx, pool, inbox.Retire{Consumer: *consumer, Idle: *idle, DropParked: *dropParked,
+			Progress: func(n int64) { fmt.Fprintf(out, "%d inbox rows of %s deleted\n", n, *consumer) }})
 		if err != nil {
 			return err
 		}
@@ -235,9 +241,13 @@ func printConsumers(out io.Writer, list []inbox.ConsumerInfo) {
 		return
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "CONSUMER\tLAST MESSAGE\tOPEN QUARANTINED\tHELD KEYS")
+	fmt.Fprintln(w, "CONSUMER\tLAST MESSAGE\tOPEN QUARANTINED\tHELD KEYS\tPARKED")
 	for _, c := range list {
-		fmt.Fprintf(w, "%s\t%s ago\t%d\t%d\n", c.Consumer, time.Since(c.LastProcessed).Round(time.Second), c.OpenQuarantined, c.HeldKeys)
+		last := "no row left"
+		if c.LastProcessed != nil {
+			last = time.Since(*c.LastProcessed).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\n", c.Consumer, last, c.OpenQuarantined, c.HeldKeys, c.Parked)
 	}
 	w.Flush()
 }

@@ -221,28 +221,31 @@ func TestInboxctlHeld(t *testing.T) {
 }
 
 // TestInboxctlRetire: consumers lists the consumers with rows here; retire
-// refuses one that finished with a message within -idle, and deletes the
-// rows of one that did not.
+// refuses one that wrote to the inbox within -idle, and deletes the rows of
+// one that did not.
 func TestInboxctlRetire(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.deadLetter(t, "bad: forty-two") // billing has a row and a dead letter
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO inbox_messages (consumer, message_id, payload_sha256, processed_at)
-		SELECT 'shipping', 'm-' || g, '\x00', now() - interval '3 days' FROM generate_series(1, 3) g`)
+		SELECT 'shipping', 'm-' || g, '\x00', now() - interval '100 hours' FROM generate_series(1, 3) g`)
 	require.NoError(t, err)
 
 	out, err := b.ctl("consumers")
 	require.NoError(t, err)
-	require.Regexp(t, `billing\s+\S+ ago\s+1\s+0\n`, out)
-	require.Regexp(t, `shipping\s+72h\S* ago\s+0\s+0\n`, out)
+	require.Regexp(t, `billing\s+\S+ ago\s+1\s+0\s+0\n`, out)
+	require.Regexp(t, `shipping\s+(99|100)h\S* ago\s+0\s+0\s+0\n`, out)
 
 	_, err = b.ctl("retire")
 	require.ErrorContains(t, err, "retire needs -consumer")
 	_, err = b.ctl("retire", "-consumer", "billing")
 	require.ErrorIs(t, err, inbox.ErrConsumerActive, "billing finished with a message just now")
-	out, err = b.ctl("retire", "-consumer", "shipping", "-idle", "48h")
+	_, err = b.ctl("retire", "-consumer", "shipping", "-idle", "200h")
+	require.ErrorIs(t, err, inbox.ErrConsumerActive, "within 200h")
+	out, err = b.ctl("retire", "-consumer", "shipping")
 	require.NoError(t, err)
-	require.Equal(t, "shipping retired: 3 inbox rows, 0 failed attempts, 0 held keys, 0 parked messages, 0 partition clearances deleted\n", out)
+	require.Equal(t, "3 inbox rows of shipping deleted\n"+
+		"shipping retired: 3 inbox rows, 0 failed attempts, 0 held keys, 0 parked messages, 0 partition clearances deleted\n", out)
 	out, err = b.ctl("consumers")
 	require.NoError(t, err)
 	require.NotContains(t, out, "shipping")

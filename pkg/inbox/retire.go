@@ -16,25 +16,36 @@ import (
 // was renamed or removed stay for ever, and hold every partition they are
 // in, until someone retires it.
 
-// ErrConsumerActive is returned by RetireConsumer for a consumer that
-// finished with a message within the idle time it was given.
-var ErrConsumerActive = errors.New("inbox: the consumer finished with a message recently")
+var (
+	// ErrConsumerActive is returned by RetireConsumer for a consumer that
+	// wrote to the inbox within the idle time it was given.
+	ErrConsumerActive = errors.New("inbox: the consumer wrote to the inbox recently")
+	// ErrNoSuchConsumer is returned by RetireConsumer for a name with
+	// nothing to retire: a typo, or a consumer already retired.
+	ErrNoSuchConsumer = errors.New("inbox: nothing to retire under that consumer name")
+	// ErrParkedMessages is returned by RetireConsumer for a consumer with
+	// parked messages, unless told to drop them: they were never applied,
+	// and the inbox may hold the only copy.
+	ErrParkedMessages = errors.New("inbox: the consumer has parked messages")
+)
 
 // ConsumerInfo is what the inbox holds for one consumer name.
 type ConsumerInfo struct {
 	Consumer string
 	// LastProcessed is when it last finished with a message (its newest
-	// inbox row).
-	LastProcessed time.Time
+	// inbox row); nil when it has no inbox row left.
+	LastProcessed *time.Time
 	// OpenQuarantined counts its quarantined messages not yet redriven or
-	// discarded; HeldKeys the keys it holds (HoldKey).
-	OpenQuarantined, HeldKeys int64
+	// discarded, HeldKeys the keys it holds (HoldKey), Parked the messages
+	// parked behind them.
+	OpenQuarantined, HeldKeys, Parked int64
 }
 
-// ListConsumers lists every consumer that has rows in the inbox, by name.
-// The names are read from the primary key by a skip scan (one probe per
-// name); a consumer's newest row costs a scan of the rows written after it,
-// so a long-retired consumer beside busy ones takes longest.
+// ListConsumers lists, by name, every consumer with rows in the inbox, an
+// open quarantined message, a held key or a parked message. The names in
+// inbox_messages are read from its primary key by a skip scan (one probe
+// per name); a consumer's newest row costs a scan of the rows written after
+// it, so a long-retired consumer beside busy ones takes longest.
 func ListConsumers(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerInfo, error) {
 	rows, err := pool.Query(ctx, `
 		WITH RECURSIVE names AS (
@@ -42,27 +53,61 @@ func ListConsumers(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerInfo, err
 			UNION ALL
 			SELECT (SELECT m.consumer FROM inbox_messages m WHERE m.consumer > n.consumer ORDER BY m.consumer LIMIT 1)
 			FROM names n WHERE n.consumer IS NOT NULL
+		), every AS (
+			SELECT consumer FROM names WHERE consumer IS NOT NULL
+			UNION SELECT consumer FROM inbox_quarantine WHERE resolved_at IS NULL
+			UNION SELECT consumer FROM inbox_held_keys
+			UNION SELECT consumer FROM inbox_parked
 		)
-		SELECT n.consumer,
-			(SELECT max(processed_at) FROM inbox_messages m WHERE m.consumer = n.consumer),
-			(SELECT count(*) FROM inbox_quarantine q WHERE q.consumer = n.consumer AND q.resolved_at IS NULL),
-			(SELECT count(*) FROM inbox_held_keys h WHERE h.consumer = n.consumer)
-		FROM names n WHERE n.consumer IS NOT NULL ORDER BY n.consumer`)
+		SELECT e.consumer,
+			(SELECT max(processed_at) FROM inbox_messages m WHERE m.consumer = e.consumer),
+			(SELECT count(*) FROM inbox_quarantine q WHERE q.consumer = e.consumer AND q.resolved_at IS NULL),
+			(SELECT count(*) FROM inbox_held_keys h WHERE h.consumer = e.consumer),
+			(SELECT count(*) FROM inbox_parked p WHERE p.consumer = e.consumer)
+		FROM every e ORDER BY e.consumer`)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing consumers: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerInfo, error) {
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerInfo, error) {
 		var c ConsumerInfo
-		return c, row.Scan(&c.Consumer, &c.LastProcessed, &c.OpenQuarantined, &c.HeldKeys)
+		return c, row.Scan(&c.Consumer, &c.LastProcessed, &c.OpenQuarantined, &c.HeldKeys, &c.Parked)
 	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing consumers: %w", err)
+	}
+	return list, nil
+}
+
+// Retire says which consumer RetireConsumer retires, and how.
+type Retire struct {
+	// Consumer is the name of the consumer that no longer runs. Required.
+	Consumer string
+	// Idle is how long the consumer must not have written to the inbox (a
+	// row, a failed attempt, a hold, a parked message): under a name still
+	// in use, the inbox would forget what it applied, and a redelivery or
+	// a relay's republished batch would be applied again. Keep it above
+	// the consumer's RedeliveryHorizon. 0 checks nothing.
+	Idle time.Duration
+	// DropParked retires a consumer that has parked messages, deleting
+	// them. They were never applied, and the inbox may hold the only copy:
+	// look at them first (inboxctl held -consumer NAME).
+	DropParked bool
+	// Progress, if set, is called after each transaction of deleted rows,
+	// with the rows deleted so far.
+	Progress func(rows int64)
 }
 
 // Retired says what RetireConsumer deleted, and what it left.
 type Retired struct {
+	// Rows counts the inbox rows deleted, Attempts the failed attempts of
+	// messages it never finished with, HeldKeys and Parked its holds and
+	// the messages parked behind them, Clearances the partitions it had
+	// cleared.
 	Rows, Attempts, HeldKeys, Parked, Clearances int64
-	// OpenQuarantined counts the consumer's quarantined messages still open:
-	// left in place, as the record of what it did not apply (inboxctl list,
-	// DropQuarantined).
+	// OpenQuarantined counts its quarantined messages still open: left in
+	// place, as the record of what it did not apply. Discard them
+	// (DropQuarantined): a redrive would write them back to a topic only
+	// other consumers read.
 	OpenQuarantined int64
 }
 
@@ -70,55 +115,87 @@ type Retired struct {
 // deletes.
 const retireBatch = 10_000
 
-// RetireConsumer deletes what the inbox keeps for consumer, which no longer
-// runs: its inbox rows, its failed attempts, its held keys and the messages
-// parked behind them, and its partitions' clearances. Its quarantine stays.
-// It refuses (ErrConsumerActive) when the consumer finished with a message
-// within idle: under a name still in use, the inbox would forget what it
-// applied, and every message Kafka still holds would be applied again.
-// Nothing stops a consumer from starting under the name while it runs.
-// The rows go in transactions of retireBatch, so a large inbox is retired
-// without one long transaction; one stopped midway is finished by running
-// it again.
-func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, consumer string, idle time.Duration) (Retired, error) {
-	var r Retired
-	if consumer == "" {
-		return r, errors.New("inbox: RetireConsumer: no consumer named")
+// RetireConsumer deletes what the inbox keeps for a consumer that no longer
+// runs (r.Consumer): its inbox rows, its failed attempts, its held keys and
+// parked messages (only with r.DropParked when there are parked messages:
+// ErrParkedMessages), and its partitions' clearances; its quarantine stays.
+// It refuses a consumer that wrote to the inbox within r.Idle
+// (ErrConsumerActive) and a name with nothing to retire
+// (ErrNoSuchConsumer). Nothing stops a consumer from starting under the
+// name while it runs: stop it first. The rows go in transactions of
+// retireBatch, walking the primary key, so a large inbox is retired without
+// one long transaction and without visiting the rows already deleted; one
+// stopped midway is finished by running it again.
+func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired, error) {
+	var res Retired
+	switch {
+	case r.Consumer == "":
+		return res, errors.New("inbox: RetireConsumer needs the consumer's name")
+	case r.Idle < 0:
+		return res, fmt.Errorf("inbox: RetireConsumer: a negative Idle (%s)", r.Idle)
 	}
-	var last *time.Time
-	if err := pool.QueryRow(ctx, `SELECT max(processed_at) FROM inbox_messages WHERE consumer = $1`, consumer).Scan(&last); err != nil {
-		return r, fmt.Errorf("inbox: reading %s's newest row: %w", consumer, err)
+	var found, active bool
+	var parked int64
+	err := pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1)
+		    OR EXISTS (SELECT 1 FROM inbox_attempts WHERE consumer = $1)
+		    OR EXISTS (SELECT 1 FROM inbox_held_keys WHERE consumer = $1)
+		    OR EXISTS (SELECT 1 FROM inbox_parked WHERE consumer = $1),
+		  coalesce(greatest(
+			(SELECT max(processed_at) FROM inbox_messages WHERE consumer = $1 AND processed_at > now() - $2::interval),
+			(SELECT max(updated_at) FROM inbox_attempts WHERE consumer = $1),
+			(SELECT max(updated_at) FROM inbox_held_keys WHERE consumer = $1),
+			(SELECT max(parked_at) FROM inbox_parked WHERE consumer = $1)) > now() - $2::interval, false),
+		  (SELECT count(*) FROM inbox_parked WHERE consumer = $1)`,
+		pgx.QueryExecModeExec, r.Consumer, r.Idle).Scan(&found, &active, &parked)
+	switch {
+	case err != nil:
+		return res, fmt.Errorf("inbox: reading what %s keeps: %w", r.Consumer, err)
+	case !found:
+		return res, fmt.Errorf("%w: no inbox row, attempt, hold or parked message of %q", ErrNoSuchConsumer, r.Consumer)
+	case active:
+		return res, fmt.Errorf("%w: %s wrote to the inbox within the last %s", ErrConsumerActive, r.Consumer, r.Idle)
+	case parked > 0 && !r.DropParked:
+		return res, fmt.Errorf("%w: %d of %s's messages are parked behind its held keys, never applied", ErrParkedMessages, parked, r.Consumer)
 	}
-	if last != nil && time.Since(*last) < idle {
-		return r, fmt.Errorf("%w: %s finished with a message %s ago, within the %s it must be idle",
-			ErrConsumerActive, consumer, time.Since(*last).Round(time.Second), idle)
-	}
+	var after *string // the last batch's highest id
 	for {
-		var n int64
+		var n, taken int64
+		var last *string
+		// One batch: the next ids in key order after the last batch's,
+		// planned for the table as it is now.
 		err := pool.QueryRow(ctx, `
-			WITH gone AS (
-				DELETE FROM inbox_messages WHERE consumer = $1 AND message_id IN (
-					SELECT message_id FROM inbox_messages WHERE consumer = $1 LIMIT $2)
-				RETURNING 1)
-			SELECT count(*) FROM gone`, consumer, retireBatch).Scan(&n)
+			WITH batch AS MATERIALIZED (
+				SELECT message_id FROM inbox_messages WHERE consumer = $1 AND ($2::text IS NULL OR message_id > $2)
+				ORDER BY message_id LIMIT $3
+			), gone AS (
+				DELETE FROM inbox_messages m USING batch b WHERE m.consumer = $1 AND m.message_id = b.message_id
+				RETURNING 1
+			)
+			SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM batch), (SELECT max(message_id) FROM batch)`,
+			pgx.QueryExecModeExec, r.Consumer, after, retireBatch).Scan(&n, &taken, &last)
 		if err != nil {
-			return r, fmt.Errorf("inbox: deleting %s's rows (%d deleted so far): %w", consumer, r.Rows, err)
+			return res, fmt.Errorf("inbox: deleting %s's rows (%d deleted so far; run it again to go on): %w", r.Consumer, res.Rows, err)
 		}
-		r.Rows += n
-		if n == 0 {
+		res.Rows += n
+		if r.Progress != nil && n > 0 {
+			r.Progress(res.Rows)
+		}
+		if taken < retireBatch {
 			break
 		}
+		after = last
 	}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, d := range []struct {
 			count *int64
 			sql   string
 		}{
-			{&r.Attempts, `DELETE FROM inbox_attempts WHERE consumer = $1`},
-			{&r.Parked, `DELETE FROM inbox_parked WHERE consumer = $1`},
-			{&r.HeldKeys, `DELETE FROM inbox_held_keys WHERE consumer = $1`},
+			{&res.Attempts, `DELETE FROM inbox_attempts WHERE consumer = $1`},
+			{&res.Parked, `DELETE FROM inbox_parked WHERE consumer = $1`},
+			{&res.HeldKeys, `DELETE FROM inbox_held_keys WHERE consumer = $1`},
 		} {
-			tag, err := tx.Exec(ctx, d.sql, consumer)
+			tag, err := tx.Exec(ctx, d.sql, r.Consumer)
 			if err != nil {
 				return err
 			}
@@ -129,17 +206,17 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, consumer string, id
 			return err
 		}
 		if partitioned {
-			tag, err := tx.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE consumer = $1`, consumer)
+			tag, err := tx.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE consumer = $1`, r.Consumer)
 			if err != nil {
 				return err
 			}
-			r.Clearances = tag.RowsAffected()
+			res.Clearances = tag.RowsAffected()
 		}
 		return tx.QueryRow(ctx, `SELECT count(*) FROM inbox_quarantine WHERE consumer = $1 AND resolved_at IS NULL`,
-			consumer).Scan(&r.OpenQuarantined)
+			r.Consumer).Scan(&res.OpenQuarantined)
 	})
 	if err != nil {
-		return r, fmt.Errorf("inbox: retiring %s: %w", consumer, err)
+		return res, fmt.Errorf("inbox: retiring %s: %w", r.Consumer, err)
 	}
-	return r, nil
+	return res, nil
 }

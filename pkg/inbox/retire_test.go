@@ -13,10 +13,12 @@ import (
 )
 
 // TestRetireConsumer: a consumer that no longer runs leaves rows no sweep
-// retires (each consumer sweeps its own). RetireConsumer refuses one that
-// finished with a message within the idle time, then deletes its rows (more
-// than one transaction's worth), its attempts, held keys and parked
-// messages, and leaves its quarantine and every other consumer's rows.
+// retires (each consumer sweeps its own). RetireConsumer refuses a name with
+// nothing to retire, and one that wrote to the inbox within the idle time (a
+// row, a failed attempt, a hold, a parked message), and one with parked
+// messages unless told to drop them; then it deletes its rows, more than one
+// transaction's worth, its attempts, holds and parked messages, and leaves
+// its quarantine and every other consumer's rows.
 func TestRetireConsumer(t *testing.T) {
 	t.Parallel()
 	in, b := setup(t, inbox.Config{})
@@ -30,46 +32,77 @@ func TestRetireConsumer(t *testing.T) {
 	exec(`INSERT INTO inbox_messages (consumer, message_id, payload_sha256) SELECT 'shipping', 'new', '\x00'`)
 	exec(`INSERT INTO inbox_attempts (consumer, message_id, attempts, last_error) VALUES ('shipping', 'retrying', 2, 'boom')`)
 	exec(`INSERT INTO inbox_held_keys (consumer, topic, partition_key, holder) VALUES ('shipping', 't', 'k', 'dead')`)
-	exec(`INSERT INTO inbox_parked (consumer, message_id, topic, partition_key, payload, metadata) VALUES ('shipping', 'parked', 't', 'k', '', '{}')`)
+	exec(`INSERT INTO inbox_parked (consumer, message_id, topic, partition_key, payload) VALUES ('shipping', 'parked', 't', 'k', '')`)
 	exec(`INSERT INTO inbox_quarantine (consumer, kind, message_id, topic, reason, payload, payload_sha256)
 		VALUES ('shipping', 'dead_letter', 'dead', 't', 'boom', '', '\x00')`)
 	msg := message.NewMessage("mine", []byte("x"))
 	msg.SetContext(b.ctx)
 	_, err := in.Middleware(b.handler.handle)(msg)
 	require.NoError(t, err)
+	count := func() int {
+		return scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = 'shipping'`)
+	}
 
 	list, err := inbox.ListConsumers(b.ctx, b.pool)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
 	require.Equal(t, consumer, list[0].Consumer)
 	require.Equal(t, "shipping", list[1].Consumer)
-	require.EqualValues(t, 1, list[1].OpenQuarantined)
-	require.EqualValues(t, 1, list[1].HeldKeys)
-	require.WithinDuration(t, time.Now(), list[1].LastProcessed, time.Minute)
+	require.Equal(t, [3]int64{1, 1, 1}, [3]int64{list[1].OpenQuarantined, list[1].HeldKeys, list[1].Parked})
+	require.NotNil(t, list[1].LastProcessed)
+	require.WithinDuration(t, time.Now(), *list[1].LastProcessed, time.Minute)
 
-	_, err = inbox.RetireConsumer(b.ctx, b.pool, "shipping", time.Hour)
-	require.ErrorIs(t, err, inbox.ErrConsumerActive, "its newest row is from now")
-	require.Equal(t, 25001, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = 'shipping'`), "refused: nothing deleted")
+	retire := func(r inbox.Retire) (inbox.Retired, error) {
+		r.Consumer = "shipping"
+		return inbox.RetireConsumer(b.ctx, b.pool, r)
+	}
+	_, err = inbox.RetireConsumer(b.ctx, b.pool, inbox.Retire{Consumer: "shiping", Idle: time.Hour})
+	require.ErrorIs(t, err, inbox.ErrNoSuchConsumer, "a typo")
+	_, err = retire(inbox.Retire{Idle: -time.Hour})
+	require.ErrorContains(t, err, "negative Idle")
+	// Each trace of activity alone refuses it: the newest row, a failed
+	// attempt, a hold, a parked message.
+	traces := []struct{ name, column, where string }{
+		{"inbox_messages", "processed_at", "message_id = 'new'"},
+		{"inbox_attempts", "updated_at", "true"},
+		{"inbox_held_keys", "updated_at", "true"},
+		{"inbox_parked", "parked_at", "true"},
+	}
+	for _, table := range traces {
+		exec(`UPDATE ` + table.name + ` SET ` + table.column + ` = now() - interval '2 days' WHERE ` + table.where)
+	}
+	for _, table := range traces {
+		exec(`UPDATE ` + table.name + ` SET ` + table.column + ` = now() WHERE ` + table.where)
+		_, err = retire(inbox.Retire{Idle: time.Hour, DropParked: true})
+		require.ErrorIs(t, err, inbox.ErrConsumerActive, "%s written just now", table.name)
+		require.Equal(t, 25001, count(), "refused: nothing deleted")
+		exec(`UPDATE ` + table.name + ` SET ` + table.column + ` = now() - interval '2 days' WHERE ` + table.where)
+	}
+	_, err = retire(inbox.Retire{Idle: time.Hour})
+	require.ErrorIs(t, err, inbox.ErrParkedMessages)
+	require.Equal(t, 25001, count(), "refused: nothing deleted")
 
-	exec(`UPDATE inbox_messages SET processed_at = now() - interval '2 days' WHERE message_id = 'new'`)
-	r, err := inbox.RetireConsumer(b.ctx, b.pool, "shipping", time.Hour)
+	var progress []int64
+	r, err := retire(inbox.Retire{Idle: time.Hour, DropParked: true, Progress: func(n int64) { progress = append(progress, n) }})
 	require.NoError(t, err)
 	require.Equal(t, inbox.Retired{Rows: 25001, Attempts: 1, HeldKeys: 1, Parked: 1, OpenQuarantined: 1}, r)
-	require.Zero(t, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = 'shipping'`))
+	require.Equal(t, []int64{10000, 20000, 25001}, progress, "a transaction per 10,000 rows")
+	require.Zero(t, count())
 	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = $1`, consumer), "the other consumer's row stays")
 	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE consumer = 'shipping'`), "its quarantine stays")
 
-	r, err = inbox.RetireConsumer(b.ctx, b.pool, "shipping", time.Hour)
-	require.NoError(t, err, "retiring again does nothing")
-	require.Equal(t, inbox.Retired{OpenQuarantined: 1}, r)
+	_, err = retire(inbox.Retire{Idle: time.Hour})
+	require.ErrorIs(t, err, inbox.ErrNoSuchConsumer, "retired already")
 	list, err = inbox.ListConsumers(b.ctx, b.pool)
 	require.NoError(t, err)
-	require.Len(t, list, 1)
+	require.Len(t, list, 2, "its open quarantine is still listed")
+	require.Nil(t, list[1].LastProcessed)
 }
 
 // TestRetiredConsumerReleasesItsPartitions: a partition where a consumer
 // that no longer runs has rows is never dropped (it will never clear it);
-// once that consumer is retired, the next sweep drops it.
+// once that consumer is retired, its rows gone from every partition, the
+// next sweep drops it.
 func TestRetiredConsumerReleasesItsPartitions(t *testing.T) {
 	day := 24 * time.Hour
 	p := inbox.Partitioning{Interval: day, Ahead: 1}
@@ -96,7 +129,16 @@ func TestRetiredConsumerReleasesItsPartitions(t *testing.T) {
 		_, err := mw(msg)
 		require.NoError(t, err)
 	}
-	_, err = b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '3 days'`)
+	// More of shipping's rows than one transaction deletes, in the first
+	// partition, the dated one and the default one, and a clearance.
+	_, err = b.pool.Exec(b.ctx, `
+		INSERT INTO inbox_messages (consumer, message_id, payload_sha256, msg_time)
+		SELECT 'shipping', 'm-' || g, '\x00', CASE g % 3 WHEN 0 THEN '-infinity'::timestamptz WHEN 1 THEN $1::timestamptz ELSE $2::timestamptz END
+		FROM generate_series(1, 12000) g`, at, now.Add(30*day))
+	require.NoError(t, err)
+	require.Equal(t, 3, scalar[int](t, b, `SELECT count(DISTINCT tableoid) FROM inbox_messages WHERE consumer = 'shipping' AND message_id LIKE 'm-%'`))
+	_, err = b.pool.Exec(b.ctx, `UPDATE inbox_messages SET processed_at = now() - interval '3 days';
+		INSERT INTO inbox_partitions_cleared (partition, consumer, slack) VALUES ('inbox_messages_p20000101t0000', 'shipping', '1 hour')`)
 	require.NoError(t, err)
 	partition := "inbox_messages_p" + at.Truncate(day).Format("20060102t1504")
 	table := func() bool {
@@ -107,9 +149,10 @@ func TestRetiredConsumerReleasesItsPartitions(t *testing.T) {
 	_, err = in.Sweep(b.ctx)
 	require.NoError(t, err)
 	require.True(t, table(), "shipping has rows there and has not cleared it")
-	r, err := inbox.RetireConsumer(b.ctx, b.pool, "shipping", time.Hour)
+	r, err := inbox.RetireConsumer(b.ctx, b.pool, inbox.Retire{Consumer: "shipping", Idle: time.Hour})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, r.Rows)
+	require.Equal(t, inbox.Retired{Rows: 12001, Clearances: 1}, r)
+	require.Zero(t, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = 'shipping'`))
 	_, err = in.Sweep(b.ctx)
 	require.NoError(t, err)
 	require.False(t, table(), "shipping retired: the partition goes")
