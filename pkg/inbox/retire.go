@@ -201,8 +201,8 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 			}
 			*d.count = tag.RowsAffected()
 		}
-		var partitioned bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass('inbox_partitions_cleared') IS NOT NULL`).Scan(&partitioned); err != nil {
+		partitioned, err := isPartitioned(ctx, tx) // PartitionByIDTime made the clearances' table with the partitions
+		if err != nil {
 			return err
 		}
 		if partitioned {
