@@ -209,7 +209,7 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 		var status string
 		var processedAt time.Time
 		err = tx.QueryRow(ctx, `SELECT status, processed_at FROM inbox_messages WHERE consumer = $1 AND message_id = $2 FOR UPDATE`,
-			q.Consumer, q.MessageID).Scan(&status, &processedAt)
+			planEachTime, q.Consumer, q.MessageID).Scan(&status, &processedAt)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Swept by retention (or deduplication is off): nothing to clear.
@@ -227,7 +227,7 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 			return fmt.Errorf("%w: %d: message id %q is not a UUID, which the outbox needs to keep it", ErrNotRedrivable, id, q.MessageID)
 		}
 		if status != "" {
-			if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, q.Consumer, q.MessageID); err != nil {
+			if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, planEachTime, q.Consumer, q.MessageID); err != nil {
 				return fmt.Errorf("inbox: clearing inbox row: %w", err)
 			}
 		}
@@ -439,7 +439,7 @@ func releaseDiscarded(ctx context.Context, tx pgx.Tx, q Quarantined) error {
 	if _, err := uuid.Parse(id); err != nil {
 		return setHoldOf(ctx, tx, q, holdReleased)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, q.Consumer, id); err != nil {
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, planEachTime, q.Consumer, id); err != nil {
 		return fmt.Errorf("inbox: releasing parked message %s: %w", id, err)
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE consumer = $1 AND message_id = $2`, q.Consumer, id); err != nil {

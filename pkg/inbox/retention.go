@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
@@ -66,7 +65,7 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 					ORDER BY m.processed_at
 					LIMIT $7)
 				RETURNING processed_at)
-			SELECT count(*), max(processed_at) FROM gone`, pgx.QueryExecModeExec, // planned for the table as it is now (see outbox's planEachTime)
+			SELECT count(*), max(processed_at) FROM gone`, planEachTime,
 			in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts, in.cfg.RetentionBatch, from).Scan(&n, &last)
 		if err != nil {
 			return total, fmt.Errorf("inbox: sweep: %w", err)

@@ -147,7 +147,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 			(SELECT max(updated_at) FROM inbox_held_keys WHERE consumer = $1),
 			(SELECT max(parked_at) FROM inbox_parked WHERE consumer = $1)) > now() - $2::interval, false),
 		  (SELECT count(*) FROM inbox_parked WHERE consumer = $1)`,
-		pgx.QueryExecModeExec, r.Consumer, r.Idle).Scan(&found, &active, &parked)
+		planEachTime, r.Consumer, r.Idle).Scan(&found, &active, &parked)
 	switch {
 	case err != nil:
 		return res, fmt.Errorf("inbox: reading what %s keeps: %w", r.Consumer, err)
@@ -173,7 +173,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 				RETURNING 1
 			)
 			SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM batch), (SELECT max(message_id) FROM batch)`,
-			pgx.QueryExecModeExec, r.Consumer, after, retireBatch).Scan(&n, &taken, &last)
+			planEachTime, r.Consumer, after, retireBatch).Scan(&n, &taken, &last)
 		if err != nil {
 			return res, fmt.Errorf("inbox: deleting %s's rows (%d deleted so far; run it again to go on): %w", r.Consumer, res.Rows, err)
 		}

@@ -190,10 +190,13 @@ func (in *Inbox) rowTime(id string, n int) string {
 	return fmt.Sprintf(" AND msg_time IN ($%d, '-infinity')", n)
 }
 
-// rowArgs is args followed, in a partitioned inbox, by the time of id, for
-// rowTime's parameter. An id without one (quarantined before any row is
-// written) gets a time no row has.
+// rowArgs is the arguments of a statement finding id's inbox row: args
+// followed, in a partitioned inbox, by the time of id, for rowTime's
+// parameter, the statement planned at each call (planEachTime). An id
+// without a time (quarantined before any row is written) gets a time no
+// row has.
 func (in *Inbox) rowArgs(id string, args ...any) []any {
+	args = append([]any{planEachTime}, args...)
 	if in.cfg.Partitions == nil {
 		return args
 	}
@@ -203,6 +206,19 @@ func (in *Inbox) rowArgs(id string, args ...any) []any {
 	}
 	return append(args, t)
 }
+
+// planEachTime, passed before a statement's arguments, has Postgres plan the
+// statement for the table as it is at that call (pgx's unnamed statement,
+// the same single round trip). The statements that find rows of the inbox
+// by key or walk it take it. A prepared statement may settle on one
+// generic plan from its sixth run, and one made while the table held a few
+// rows, as it does in a new deployment's first minute (autovacuum's first
+// ANALYZE comes at 50 rows), is a full scan, kept as the table grows until
+// the next ANALYZE: every duplicate of a redelivery storm would read the
+// whole inbox (TestStatementsStayCheapAsTheInboxGrows). The insert of new
+// rows does not need it: its conflicts are found through the primary key
+// whatever the plan.
+const planEachTime = pgx.QueryExecModeExec
 
 // insertQuarantine records d as it arrived: a record with no value (a nil
 // payload) as a NULL payload, and its headers exactly in raw_metadata when

@@ -113,7 +113,7 @@ func (r *Relay) unclaim(ctx context.Context, tx pgx.Tx, res sent) error {
 	_, err := tx.Exec(ctx, `
 		UPDATE outbox_messages m SET published_at = NULL, parked_at = now(), park_reason = p.reason
 		FROM unnest($1::bigint[], $2::text[]) AS p(id, reason)
-		WHERE m.id = p.id`, planEachTime, ids, reasons)
+		WHERE m.id = p.id AND m.id = ANY($1)`, planEachTime, ids, reasons)
 	if err != nil {
 		return fmt.Errorf("parking %d rows: %w", len(ids), err)
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -139,4 +142,22 @@ func Explained(t testing.TB, pool *pgxpool.Pool, adjust ...func(*pgxpool.Config)
 	}
 	t.Cleanup(explained.Close)
 	return explained, plans
+}
+
+// Costly returns, a line per statement, the statements among plans that
+// read more than limit rows of any of tables in a run, each with the most
+// rows a run of it read: what a test of a statement's cost reports.
+func Costly(plans []Plan, limit int, tables ...string) []string {
+	most := map[string]string{}
+	read := map[string]int{}
+	for _, p := range plans {
+		query := strings.Join(strings.Fields(p.Query), " ")
+		for _, table := range tables {
+			if n := p.RowsRead(table); n > limit && n > read[query+table] {
+				read[query+table] = n
+				most[query+table] = fmt.Sprintf("%d rows of %s: %s", n, table, query)
+			}
+		}
+	}
+	return slices.Sorted(maps.Values(most))
 }

@@ -73,6 +73,11 @@ func TestPostgres(t *testing.T) {
 		require.Equal(t, 1, got[0].RowsRead("t"), got[0].Query)
 		require.Equal(t, 1000, got[1].RowsRead("t"), got[1].Query)
 		require.Zero(t, got[1].RowsRead("other"))
+		// Costly names each statement that read more than the limit once,
+		// with the most rows a run of it read.
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM t WHERE x = $1`, 4).Scan(&n))
+		require.Equal(t, []string{"1000 rows of t: SELECT count(*) FROM t WHERE x = $1"}, Costly(append(got, plans.Take()...), 10, "t"))
+		require.Empty(t, Costly(got, 1000, "t"))
 	})
 	require.Truef(t, testDB != "" && !left, "database %q outlived its test", testDB)
 

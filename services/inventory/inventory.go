@@ -309,7 +309,7 @@ func lookUpReservations(ctx context.Context, tx pgx.Tx, caps []capture) (map[str
 	}
 	rows, err := tx.Query(ctx, `
 		SELECT DISTINCT ON (order_id, sku) order_id, sku, quantity
-		FROM reservations WHERE order_id = ANY($1) ORDER BY order_id, sku, id`, ids)
+		FROM reservations WHERE order_id = ANY($1) ORDER BY order_id, sku, id`, platform.PlanEachTime, ids)
 	if err != nil {
 		return nil, fmt.Errorf("looking up reservations: %w", err)
 	}
@@ -336,7 +336,7 @@ type decision struct {
 
 // lookUpDecisions returns the decisions already taken on orderIDs.
 func lookUpDecisions(ctx context.Context, tx pgx.Tx, orderIDs []string) (map[string]decision, error) {
-	rows, err := tx.Query(ctx, `SELECT order_id, decision, message_id, coalesce(fulfilled_by, '') FROM decisions WHERE order_id = ANY($1)`, orderIDs)
+	rows, err := tx.Query(ctx, `SELECT order_id, decision, message_id, coalesce(fulfilled_by, '') FROM decisions WHERE order_id = ANY($1)`, platform.PlanEachTime, orderIDs)
 	if err != nil {
 		return nil, fmt.Errorf("looking up decisions: %w", err)
 	}
@@ -482,7 +482,7 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
 			UPDATE decisions d SET fulfilled_by = u.msg, fulfilled_at = now()
 			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id AND d.fulfilled_by IS NULL`,
-			pgx.QueryExecModeExec, w.fulOrderDec, w.fulMsgDec) // planned for the table as it is now: a plan cached while decisions was empty scans it all
+			platform.PlanEachTime, w.fulOrderDec, w.fulMsgDec)
 		if err != nil {
 			return fmt.Errorf("recording the orders that ended: %w", err)
 		}

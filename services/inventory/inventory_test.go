@@ -279,10 +279,19 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 		apply(t, pool, []*message.Message{orderPaid(t, id, events.Line{SKU: "a", Quantity: 1})})
 		apply(t, pool, []*message.Message{orderCaptured(t, id)})
 	}
-	for range 8 { // on the empty tables: the statements are prepared and planned for them
+	// A new deployment: the statements are prepared on tables that hold a
+	// few rows, with the statistics autovacuum's first ANALYZE leaves (it
+	// runs at 50 rows); from the sixth run Postgres may keep a generic plan
+	// made for tables that small, where a full scan costs less than an index.
+	for range 2 {
 		order()
 	}
-	_, err := base.Exec(ctx, `
+	_, err := base.Exec(ctx, `ANALYZE`)
+	require.NoError(t, err)
+	for range 8 {
+		order()
+	}
+	_, err = base.Exec(ctx, `
 		WITH o AS (SELECT gen_random_uuid()::text AS id, gen_random_uuid()::text AS msg FROM generate_series(1, 20000))
 		, d AS (INSERT INTO decisions (order_id, decision, message_id) SELECT id, 'reserved', msg FROM o)
 		INSERT INTO reservations (order_id, sku, quantity, message_id) SELECT id, 'a', 1, msg FROM o`)
@@ -291,15 +300,13 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 	for range 3 {
 		order()
 	}
+	ran := plans.Take()
 	ended := 0
-	for _, p := range plans.Take() {
+	for _, p := range ran {
 		if strings.Contains(p.Query, "UPDATE decisions") {
 			ended++
 		}
-		for _, table := range []string{"decisions", "reservations", "fulfilments"} {
-			require.LessOrEqual(t, p.RowsRead(table), 20,
-				"a statement read %d rows of %s (20,000 orders of history) for one order:\n%s", p.RowsRead(table), table, p.Query)
-		}
 	}
+	require.Empty(t, pgtest.Costly(ran, 20, "decisions", "reservations", "fulfilments"), "statements that read more than 20 rows (20,000 orders of history) for one order")
 	require.Equal(t, 3, ended, "the three orders' ends were not all explained")
 }

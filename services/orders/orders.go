@@ -204,7 +204,7 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 		rows, err := tx.Query(ctx, `
 			UPDATE orders SET status = 'paid', paid_at = now()
 			WHERE id = ANY($1::uuid[]) AND status = 'created'
-			RETURNING id::text, lines, coalesce(amount, 0), paid_at`, valid)
+			RETURNING id::text, lines, coalesce(amount, 0), paid_at`, platform.PlanEachTime, valid)
 		if err != nil {
 			return fmt.Errorf("paying orders: %w", err)
 		}
@@ -251,7 +251,7 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 
 // readOrders adds to orders those of ids it does not hold yet.
 func readOrders(ctx context.Context, tx pgx.Tx, ids []string, orders map[string]Order) error {
-	rows, err := tx.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = ANY($1::uuid[])`, ids)
+	rows, err := tx.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = ANY($1::uuid[])`, platform.PlanEachTime, ids)
 	if err != nil {
 		return fmt.Errorf("reading orders: %w", err)
 	}
@@ -293,7 +293,7 @@ func getOrder(ctx context.Context, pool *pgxpool.Pool, id string) (Order, error)
 }
 
 func readOrder(ctx context.Context, tx pgx.Tx, id string) (Order, error) {
-	rows, err := tx.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, id)
+	rows, err := tx.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, platform.PlanEachTime, id)
 	if err != nil {
 		return Order{}, fmt.Errorf("reading order: %w", err)
 	}
@@ -385,7 +385,7 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 		FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason)
 		WHERE o.id = u.id AND o.status = 'paid'
 		RETURNING o.id::text, o.status, o.lines, coalesce(o.amount, 0), o.card`,
-		pgx.QueryExecModeExec, ids, statuses, reasons) // planned for the table as it is now, not once while it was empty
+		platform.PlanEachTime, ids, statuses, reasons)
 	if err != nil {
 		return fmt.Errorf("settling orders: %w", err)
 	}
@@ -473,7 +473,7 @@ func sameLines(a, b []events.Line) bool {
 // records); an answer for an order that does not exist, or was never paid,
 // is a permanent error.
 func checkUnsettled(ctx context.Context, tx pgx.Tx, orderIDs []string, settled map[string][]events.Line) error {
-	rows, err := tx.Query(ctx, `SELECT id::text, status FROM orders WHERE id = ANY($1::uuid[])`, orderIDs)
+	rows, err := tx.Query(ctx, `SELECT id::text, status FROM orders WHERE id = ANY($1::uuid[])`, platform.PlanEachTime, orderIDs)
 	if err != nil {
 		return fmt.Errorf("reading orders: %w", err)
 	}

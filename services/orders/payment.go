@@ -99,7 +99,7 @@ func retryCapture(ctx context.Context, pool *pgxpool.Pool, id, card string) (Ord
 			UPDATE orders SET payment = 'capturing', card = coalesce(nullif($2, ''), card),
 				capture_attempt = capture_attempt + 1, capture_id = NULL, payment_error = NULL, payment_at = NULL
 			WHERE id = $1 AND status = 'reserved' AND payment IN ('declined', 'failed')
-			RETURNING id::text, coalesce(amount, 0), card, capture_attempt, lines`, id, card).
+			RETURNING id::text, coalesce(amount, 0), card, capture_attempt, lines`, platform.PlanEachTime, id, card).
 			Scan(&c.OrderID, &c.Amount, &c.Card, &attempt, &o.Lines)
 		if errors.Is(err, pgx.ErrNoRows) {
 			cur, rerr := readOrder(ctx, tx, id)
@@ -286,7 +286,7 @@ func recordCaptures(ctx context.Context, tx pgx.Tx, outcomes []effect.Outcome[ca
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $6::int[]) AS u(id, state, capture_id, reason, attempt)
 		WHERE o.id = u.id AND o.payment = 'capturing' AND o.capture_attempt = u.attempt
 		RETURNING o.id::text, u.state, coalesce(u.capture_id, '')`,
-		pgx.QueryExecModeExec, ids, states, captureIDs, reasons, time.Now(), attempts) // planned for the table as it is now
+		platform.PlanEachTime, ids, states, captureIDs, reasons, time.Now(), attempts)
 	if err != nil {
 		return fmt.Errorf("recording %d captures: %w", len(ids), err)
 	}

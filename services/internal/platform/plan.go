@@ -1,0 +1,21 @@
+package platform
+
+import "github.com/jackc/pgx/v5"
+
+// PlanEachTime, passed before a statement's arguments, has Postgres plan the
+// statement for its tables as they are at that call (pgx's unnamed
+// statement, the same single round trip). The services pass it to every
+// statement that finds rows of a table growing with the orders by key
+// (= ANY, a join with unnest, a primary key).
+//
+// Without it, pgx prepares the statement, and from its sixth run Postgres
+// may keep one generic plan for it. A plan made while the table was small,
+// as every new deployment's is for its first minute (autovacuum's first
+// ANALYZE comes at 50 rows, the next up to a minute later), reads the
+// whole table: a full scan is cheaper than an index on 60 rows, and the
+// plan is kept as the table grows to tens of thousands, until the next
+// ANALYZE. Planning every statement afresh (plan_cache_mode =
+// force_custom_plan) fixes the same for all of them, and cost 15% of the
+// throughput in docs/benchmark.md's pair; these few statements cost far
+// less (TestStatementsStayCheapAsTheTablesGrow in each service).
+const PlanEachTime = pgx.QueryExecModeExec
