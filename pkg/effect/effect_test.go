@@ -656,5 +656,5 @@ func TestClaimsAndRecordsStayCheapAsTheTableGrows(t *testing.T) {
 	require.Empty(t, pgtest.Costly(ran, 100, "effects"), "statements that read more than 100 rows of effects (20,000 ended, 2,000 due) for a few effects")
 	require.GreaterOrEqual(t, claims, 2000/effect.DefaultWorkers, "the claims of 2,000 effects were not all explained")
 	require.GreaterOrEqual(t, records, 2000/effect.DefaultWorkers, "the records of 2,000 effects were not all explained")
-	require.Equal(t, 2000, retries, "the retries of 2,000 effects were not all explained")
+	require.GreaterOrEqual(t, retries, 2000, "the retries of 2,000 effects were not all explained") // more if a record failed
 }

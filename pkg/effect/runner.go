@@ -401,12 +401,13 @@ func (r *Runner[R]) recordBatch(ctx context.Context, batch []outcome[R]) {
 // the whole table) for each batch or retry until the next ANALYZE replans
 // it. Planned per call, a statement still sees the statistics of those few
 // rows, which may say no effect is pending: so the statements that claim,
-// end or reschedule effects name their ids with = ANY (a look-up per id
-// whatever the statistics say), and those that find a pending effect by
-// its id say so as "not ended" (NOT IN ('done', 'failed')): written as
-// state = 'pending', it lets Postgres read effects_due, whose predicate it
-// is, believing it holds one row, and filter every pending effect for the
-// id (TestClaimsAndRecordsStayCheapAsTheTableGrows).
+// end or reschedule effects find them by their ids (= ANY, or =: a look-up
+// per id whatever the statistics say), and those that find a pending
+// effect by its id say so as "not ended" (NOT IN ('done', 'failed'), the
+// two other states of the table's CHECK: a state added there is added
+// here): written as state = 'pending', it lets Postgres read effects_due,
+// whose predicate it is, believing it holds one row, and filter every
+// pending effect for the id (TestClaimsAndRecordsStayCheapAsTheTableGrows).
 var planEachTime = pgx.QueryExecModeExec
 
 // record ends the batch's effects and applies their outcomes in one

@@ -79,7 +79,7 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::timestamptz[]) AS u(id, sum, topic, part, off, t)
 			WHERE NOT EXISTS (SELECT 1 FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = u.id AND o.msg_time = '-infinity')
 			ON CONFLICT DO NOTHING
-			RETURNING message_id`, in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times)
+			RETURNING message_id`, planEachTime, in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
@@ -216,8 +216,9 @@ func (in *Inbox) rowArgs(id string, args ...any) []any {
 // ANALYZE comes at 50 rows), is a full scan, kept as the table grows until
 // the next ANALYZE: every duplicate of a redelivery storm would read the
 // whole inbox (TestStatementsStayCheapAsTheInboxGrows). The insert of new
-// rows does not need it: its conflicts are found through the primary key
-// whatever the plan.
+// rows into a plain inbox does not need it: its conflicts are found
+// through the primary key whatever the plan. A partitioned inbox's insert
+// also looks each id up in the first partition, and takes it.
 const planEachTime = pgx.QueryExecModeExec
 
 // insertQuarantine records d as it arrived: a record with no value (a nil

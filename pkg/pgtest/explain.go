@@ -144,9 +144,9 @@ func Explained(t testing.TB, pool *pgxpool.Pool, adjust ...func(*pgxpool.Config)
 	return explained, plans
 }
 
-// Costly returns, a line per statement, the statements among plans that
-// read more than limit rows of any of tables in a run, each with the most
-// rows a run of it read: what a test of a statement's cost reports.
+// Costly returns, a line per statement and table, the statements among
+// plans that read more than limit rows of any of tables in a run, each with
+// the most rows a run of it read: what a test of a statement's cost reports.
 func Costly(plans []Plan, limit int, tables ...string) []string {
 	most := map[string]string{}
 	read := map[string]int{}

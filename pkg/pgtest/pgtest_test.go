@@ -74,9 +74,16 @@ func TestPostgres(t *testing.T) {
 		require.Equal(t, 1000, got[1].RowsRead("t"), got[1].Query)
 		require.Zero(t, got[1].RowsRead("other"))
 		// Costly names each statement that read more than the limit once,
-		// with the most rows a run of it read.
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM t WHERE x = $1`, 4).Scan(&n))
-		require.Equal(t, []string{"1000 rows of t: SELECT count(*) FROM t WHERE x = $1"}, Costly(append(got, plans.Take()...), 10, "t"))
+		// with the most rows a run of it read: the scan stops at the 20th
+		// and the 50th row of x = 3 (the 193rd and the 493rd of the table).
+		for _, limit := range []int{20, 50, 20} {
+			_, err := pool.Exec(ctx, `SELECT x FROM t WHERE x = $1 LIMIT $2`, 3, limit)
+			require.NoError(t, err)
+		}
+		require.Equal(t, []string{
+			"1000 rows of t: SELECT count(*) FROM t WHERE x = $1",
+			"493 rows of t: SELECT x FROM t WHERE x = $1 LIMIT $2",
+		}, Costly(append(got, plans.Take()...), 10, "t"))
 		require.Empty(t, Costly(got, 1000, "t"))
 	})
 	require.Truef(t, testDB != "" && !left, "database %q outlived its test", testDB)

@@ -481,7 +481,7 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 		// ended and refuses the capture (TestConcurrentCapturesSellOnce).
 		tag, err := tx.Exec(ctx, `
 			UPDATE decisions d SET fulfilled_by = u.msg, fulfilled_at = now()
-			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id AND d.fulfilled_by IS NULL`,
+			FROM unnest($1::text[], $2::text[]) AS u(order_id, msg) WHERE d.order_id = u.order_id AND d.order_id = ANY($1) AND d.fulfilled_by IS NULL`,
 			platform.PlanEachTime, w.fulOrderDec, w.fulMsgDec)
 		if err != nil {
 			return fmt.Errorf("recording the orders that ended: %w", err)

@@ -383,7 +383,7 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 		UPDATE orders o SET status = u.status, reject_reason = u.reason, settled_at = now(),
 			payment = CASE WHEN u.status = 'reserved' THEN 'capturing' END
 		FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason)
-		WHERE o.id = u.id AND o.status = 'paid'
+		WHERE o.id = u.id AND o.id = ANY($1) AND o.status = 'paid'
 		RETURNING o.id::text, o.status, o.lines, coalesce(o.amount, 0), o.card`,
 		platform.PlanEachTime, ids, statuses, reasons)
 	if err != nil {

@@ -284,7 +284,7 @@ func recordCaptures(ctx context.Context, tx pgx.Tx, outcomes []effect.Outcome[ca
 	rows, err := tx.Query(ctx, `
 		UPDATE orders o SET payment = u.state, capture_id = u.capture_id, payment_error = u.reason, payment_at = $5
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $6::int[]) AS u(id, state, capture_id, reason, attempt)
-		WHERE o.id = u.id AND o.payment = 'capturing' AND o.capture_attempt = u.attempt
+		WHERE o.id = u.id AND o.id = ANY($1) AND o.payment = 'capturing' AND o.capture_attempt = u.attempt
 		RETURNING o.id::text, u.state, coalesce(u.capture_id, '')`,
 		platform.PlanEachTime, ids, states, captureIDs, reasons, time.Now(), attempts)
 	if err != nil {

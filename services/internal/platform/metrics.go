@@ -221,7 +221,7 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	err := c.pool.QueryRow(ctx, `
 		SELECT count(*), count(*) FILTER (WHERE parked_at IS NOT NULL),
 		       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-		FROM outbox_messages WHERE published_at IS NULL`).Scan(&pending, &parked, &age)
+		FROM outbox_messages WHERE published_at IS NULL`, PlanEachTime).Scan(&pending, &parked, &age)
 	if err != nil {
 		c.errors.Inc()
 		c.log.Warn("metrics: reading the outbox backlog", "err", err)
