@@ -353,7 +353,7 @@ func lookUpDecisions(ctx context.Context, tx pgx.Tx, orderIDs []string) (map[str
 // same SKUs then lock them in the same order and cannot deadlock) and
 // returns what is available of each. Unknown SKUs are missing from the map.
 func lockStock(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int, error) {
-	rows, err := tx.Query(ctx, `SELECT sku, available FROM stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
+	rows, err := tx.Query(ctx, `SELECT sku, available FROM stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, platform.PlanEachTime, skus)
 	if err != nil {
 		return nil, fmt.Errorf("locking stock: %w", err)
 	}
@@ -462,7 +462,7 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `
 			UPDATE stock s SET available = s.available - u.qty, reserved = s.reserved + u.qty, updated_at = now()
 			FROM (SELECT sku, sum(qty)::int AS qty FROM unnest($1::text[], $2::int[]) AS r(sku, qty) GROUP BY sku) AS u
-			WHERE s.sku = u.sku`, w.resSKU, w.resQty); err != nil {
+			WHERE s.sku = u.sku AND s.sku = ANY($1)`, platform.PlanEachTime, w.resSKU, w.resQty); err != nil {
 			return fmt.Errorf("reserving stock: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `
@@ -502,7 +502,7 @@ func (w *writes) flush(ctx context.Context, tx pgx.Tx) error {
 			UPDATE stock s SET reserved = CASE WHEN $3 THEN s.reserved - u.qty ELSE greatest(s.reserved - u.qty, 0) END,
 				sold = s.sold + u.qty, updated_at = now()
 			FROM (SELECT sku, sum(qty) AS qty FROM unnest($1::text[], $2::int[]) AS f(sku, qty) GROUP BY sku) AS u
-			WHERE s.sku = u.sku`, w.fulSKU, w.fulQty, w.guarded); err != nil {
+			WHERE s.sku = u.sku AND s.sku = ANY($1)`, platform.PlanEachTime, w.fulSKU, w.fulQty, w.guarded); err != nil {
 			return fmt.Errorf("selling reserved stock: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `

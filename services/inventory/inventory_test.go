@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -269,7 +270,7 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	base := newDB(t, map[string]int{"a": 1_000_000})
-	for _, table := range []string{"decisions", "reservations", "fulfilments", "refusals", "rejections", "outbox_messages"} {
+	for _, table := range []string{"stock", "decisions", "reservations", "fulfilments", "refusals", "rejections", "outbox_messages"} {
 		_, err := base.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = off)`) // no ANALYZE replans behind the test
 		require.NoError(t, err)
 	}
@@ -296,6 +297,9 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 		, d AS (INSERT INTO decisions (order_id, decision, message_id) SELECT id, 'reserved', msg FROM o)
 		INSERT INTO reservations (order_id, sku, quantity, message_id) SELECT id, 'a', 1, msg FROM o`)
 	require.NoError(t, err)
+	// The catalogue grows too, through the stock API, behind a running
+	// service: 20,000 more SKUs.
+	require.NoError(t, setStock(ctx, base, stockLevels(20000)))
 	plans.Take()
 	for range 3 {
 		order()
@@ -307,6 +311,15 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 			ended++
 		}
 	}
-	require.Empty(t, pgtest.Costly(ran, 20, "decisions", "reservations", "fulfilments"), "statements that read more than 20 rows (20,000 orders of history) for one order")
+	require.Empty(t, pgtest.Costly(ran, 20, "stock", "decisions", "reservations", "fulfilments"), "statements that read more than 20 rows (20,000 orders of history) for one order")
 	require.Equal(t, 3, ended, "the three orders' ends were not all explained")
+}
+
+// stockLevels is n SKUs, sku-1 to sku-n, 10 units each.
+func stockLevels(n int) []StockLevel {
+	levels := make([]StockLevel, n)
+	for i := range levels {
+		levels[i] = StockLevel{SKU: fmt.Sprintf("sku-%d", i+1), Available: 10}
+	}
+	return levels
 }

@@ -5,9 +5,9 @@ import "github.com/jackc/pgx/v5"
 // PlanEachTime, passed before a statement's arguments, has Postgres plan the
 // statement for its tables as they are at that call (pgx's unnamed
 // statement, the same single round trip). The services pass it to every
-// statement that finds rows of a table growing with the orders by key
-// (= ANY, a join with unnest, a primary key), and to the outbox backlog's
-// metric.
+// statement that finds rows by key (= ANY, a join with unnest, a primary
+// key) of a table that grows, with the orders or with the catalogue, and
+// to the outbox backlog's metric.
 //
 // Without it, pgx prepares the statement, and from its sixth run Postgres
 // may keep one generic plan for it (a statement without parameters, from
