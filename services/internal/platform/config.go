@@ -48,6 +48,10 @@ type Config struct {
 	// a rebalance. A member that died mid-rebalance holds the whole group up
 	// for this long, so chaos runs, which kill members every second, lower it.
 	KafkaRebalanceTimeout time.Duration `env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
+	// How long a partition this replica holds may have records waiting and
+	// none reaching the handler before the service exits for a new session
+	// (pkg/inbox/inboxkafka Watchdog). 0: inboxkafka.DefaultStallTimeout.
+	KafkaStallTimeout time.Duration `env:"KAFKA_STALL_TIMEOUT" default:"0s"`
 
 	InboxMaxAttempts  int           `env:"INBOX_MAX_ATTEMPTS" default:"0"`   // 0: inbox.DefaultMaxAttempts
 	InboxRetryBackoff time.Duration `env:"INBOX_RETRY_BACKOFF" default:"0s"` // 0: inbox.DefaultRetryBackoff

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -40,6 +42,8 @@ const (
 	metricRetentionDeleted   = "outbox_retention_deleted_total"
 	metricShardsOwned        = "outbox_relay_shards_owned"
 	metricShards             = "outbox_relay_shards"
+	metricGroupLag           = "kafka_consumer_group_lag"
+	metricGroupCommitted     = "kafka_consumer_group_committed_offset"
 )
 
 // pendingQueryTimeout bounds the outbox query a scrape runs: a slow database
@@ -60,6 +64,8 @@ type metrics struct {
 	reg             *prometheus.Registry
 	handlerDuration *prometheus.HistogramVec
 	commitToApply   *prometheus.HistogramVec
+	groupLag        *prometheus.GaugeVec
+	groupCommitted  *prometheus.GaugeVec
 
 	// createdAt holds, per message id, when the message being handled was
 	// written to the producer's outbox, from the handler run until the
@@ -82,11 +88,19 @@ func newMetrics(pool *pgxpool.Pool, log *slog.Logger) *metrics {
 			Help:    "Time from the producer's outbox write (its transaction's commit) to the consumer's committed apply.",
 			Buckets: latencyBuckets,
 		}, []string{"consumer"}),
+		groupLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricGroupLag,
+			Help: "Records past the consumer group's committed offset, per partition of the topic it consumes, as the stall watchdog last read them (every replica reads the whole group).",
+		}, []string{"group", "topic", "partition"}),
+		groupCommitted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricGroupCommitted,
+			Help: "The consumer group's committed offset per partition, as the stall watchdog last read it: with lag, an offset that does not move is a group making no progress.",
+		}, []string{"group", "topic", "partition"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.handlerDuration, m.commitToApply,
+		m.handlerDuration, m.commitToApply, m.groupLag, m.groupCommitted,
 		newOutboxCollector(pool, log),
 	)
 	return m
@@ -123,6 +137,18 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay, shards int) {
 				return 0
 			}),
 	)
+}
+
+// onGroupRead is inboxkafka.WatchdogConfig.OnRead: each reading of the
+// consumer group becomes its lag and committed offset gauges.
+func (m *metrics) onGroupRead(group, topic string) func([]inboxkafka.PartitionLag) {
+	return func(lags []inboxkafka.PartitionLag) {
+		for _, l := range lags {
+			p := strconv.Itoa(int(l.Partition))
+			m.groupLag.WithLabelValues(group, topic, p).Set(float64(l.Lag()))
+			m.groupCommitted.WithLabelValues(group, topic, p).Set(float64(l.Committed))
+		}
+	}
 }
 
 // registerEffects adds the backlog of one kind of effect.

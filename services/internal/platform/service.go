@@ -231,7 +231,9 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 
 	subConf := kafkaconf.Sarama()
-	subConf.ClientID = svc.Name + "-consumer"
+	// Each replica's consumer names itself, so a group's description (and
+	// the lag an operator reads) says which replica holds a partition.
+	subConf.ClientID = clientID(svc.Name + "-consumer-" + cfg.Instance)
 	subConf.Consumer.Offsets.AutoCommit.Interval = cfg.KafkaCommitInterval
 	subConf.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
 	subConf.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 3
@@ -249,11 +251,20 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
+	// A partition this replica holds with records waiting and none of them
+	// reaching the handler is a stall nothing else reports (consumer.go).
+	watchdog, err := inboxkafka.NewWatchdog(inboxkafka.WatchdogConfig{
+		Brokers: cfg.KafkaBrokers, Sarama: kafkaconf.Sarama(), Group: svc.Name, Topic: svc.Topic, ClientID: subConf.ClientID,
+		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(svc.Name, svc.Topic),
+	})
+	if err != nil {
+		return err
+	}
 	apply := ibx.Handler(svc.Apply(cfg))
 	router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, subscriber, func(msg *message.Message) error {
 		mtr.handling(msg) // for commit-to-apply latency
 		return apply(msg)
-	})
+	}).AddMiddleware(watchdog.Middleware)
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -318,6 +329,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return nil
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, relay, pool, publisher, wlog) })
+	g.Go(func() error { return watchStalls(gctx, watchdog, log) })
 	if effects.Run != nil {
 		g.Go(func() error { return effects.Run(gctx) }) // returns once the calls in flight are recorded
 	}

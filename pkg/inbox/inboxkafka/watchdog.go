@@ -1,0 +1,289 @@
+package inboxkafka
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrStalled is what Watchdog.Run returns when a partition this consumer
+// holds has records waiting and hands none of them to the handler.
+var ErrStalled = errors.New("inboxkafka: consumer stalled")
+
+// DefaultStallTimeout is WatchdogConfig.Timeout's default: well above the
+// inbox's DefaultTxTimeout, so one attempt that runs long is never taken
+// for a stall.
+const DefaultStallTimeout = 2 * time.Minute
+
+// WatchdogConfig configures a Watchdog.
+type WatchdogConfig struct {
+	// Brokers and Sarama are the admin client's (Sarama: the consumer's
+	// login, any client.id). Required.
+	Brokers []string
+	Sarama  *sarama.Config
+	// Group and Topic are the consumer group and the topic it consumes.
+	// Required.
+	Group, Topic string
+	// ClientID is the consumer's client.id, by which the group names the
+	// member that holds each partition. Each replica needs its own (the
+	// Watchdog acts on none it cannot tell apart). Required.
+	ClientID string
+	// Timeout is how long a partition the consumer holds may have records
+	// waiting, its committed offset not moving, and no delivery of it in
+	// the handler, before Run returns ErrStalled. Defaults to
+	// DefaultStallTimeout.
+	Timeout time.Duration
+	// Interval is how often the group is read. Defaults to Timeout / 6.
+	Interval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// OnRead, when set, is given each reading of the group (for metrics).
+	OnRead func([]PartitionLag)
+}
+
+// PartitionLag is where a consumer group stands on one partition.
+type PartitionLag struct {
+	Partition int32
+	Committed int64  // the group's committed offset; -1 when it committed none
+	End       int64  // the log end offset (high watermark)
+	Owner     string // the client.id of the member holding it; "" during a rebalance
+	Members   int    // how many members of the group have that client.id
+}
+
+// Lag is how many records lie past the committed offset.
+func (p PartitionLag) Lag() int64 { return p.End - max(p.Committed, 0) }
+
+// Watchdog notices a Kafka consumer that holds a partition with records
+// waiting and hands none of them to its handler: a stall that no error
+// reports. Sarama's consumer group can fall into one while its session
+// heartbeats on: a claim waiting for a partition leader its cached metadata
+// never learns (after every broker went away at once), a fetch or a
+// delivery that never returns. The group sees a live member, the member
+// sees no error, and the partition's lag grows until the next rebalance,
+// which a quiet group may never have.
+//
+// Every Interval it reads, with an admin client of its own, the group's
+// committed offsets, the log end offsets and which member holds each
+// partition. A partition this consumer holds (found by ClientID) is
+// stalled when, for Timeout, it had records past the committed offset, the
+// committed offset did not move, and no delivery of it began or ended in
+// the handler (Middleware sees them: a handler retrying a message is not
+// stalled; one that never returns is). Run then returns ErrStalled; a
+// service exits on it so its supervisor starts it again, with a new
+// session and new claims. A reading that fails, a rebalance, or a
+// partition moving to another member starts the clock again: the Watchdog
+// never acts on what it could not see.
+type Watchdog struct {
+	cfg WatchdogConfig
+
+	mu         sync.Mutex
+	deliveries map[int32]time.Time // partition → when a delivery of it last began or ended
+	inFlight   map[int32]int       // partition → deliveries in the handler now
+}
+
+// NewWatchdog returns a Watchdog; Run it beside the consumer and wrap the
+// consumer's handler with Middleware.
+func NewWatchdog(cfg WatchdogConfig) (*Watchdog, error) {
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultStallTimeout)
+	cfg.Interval = cmp.Or(cfg.Interval, cfg.Timeout/6)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	switch {
+	case len(cfg.Brokers) == 0 || cfg.Sarama == nil:
+		return nil, errors.New("inboxkafka: WatchdogConfig.Brokers and Sarama are required")
+	case cfg.Group == "" || cfg.Topic == "":
+		return nil, errors.New("inboxkafka: WatchdogConfig.Group and Topic are required")
+	case cfg.ClientID == "":
+		return nil, errors.New("inboxkafka: WatchdogConfig.ClientID is required (the consumer's client.id, one per replica)")
+	case cfg.Timeout < 0 || cfg.Interval <= 0 || cfg.Interval > cfg.Timeout:
+		return nil, fmt.Errorf("inboxkafka: WatchdogConfig.Interval (%s) must be positive and at most Timeout (%s)", cfg.Interval, cfg.Timeout)
+	}
+	return &Watchdog{cfg: cfg, deliveries: map[int32]time.Time{}, inFlight: map[int32]int{}}, nil
+}
+
+// Middleware records, per partition, when a delivery began and ended.
+func (w *Watchdog) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		p, ok := kafka.MessagePartitionFromCtx(msg.Context())
+		if !ok {
+			return h(msg)
+		}
+		w.delivery(p, +1)
+		defer w.delivery(p, -1)
+		return h(msg)
+	}
+}
+
+func (w *Watchdog) delivery(p int32, d int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.deliveries[p] = time.Now()
+	w.inFlight[p] += d
+}
+
+// lastDelivery reports when a delivery of p last began or ended, and
+// whether one is in the handler now.
+func (w *Watchdog) lastDelivery(p int32) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.deliveries[p], w.inFlight[p] > 0
+}
+
+// watch is what the Watchdog remembers of a partition between readings.
+type watch struct {
+	committed int64
+	since     time.Time // when it was last seen progressing, idle, or not ours
+}
+
+// Run reads the group every Interval until ctx ends (nil) or a partition
+// stalls (an error wrapping ErrStalled, naming it).
+func (w *Watchdog) Run(ctx context.Context) error {
+	watched := map[int32]*watch{}
+	var client sarama.Client
+	defer func() {
+		if client != nil {
+			client.Close()
+		}
+	}()
+	tick := time.NewTicker(w.cfg.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		var err error
+		if client == nil {
+			client, err = sarama.NewClient(w.cfg.Brokers, w.cfg.Sarama)
+		}
+		var lags []PartitionLag
+		if err == nil {
+			lags, err = ReadGroupLag(client, w.cfg.Group, w.cfg.Topic)
+		}
+		if err != nil {
+			w.cfg.Logger.Warn("consumer watchdog: reading the group; its clock starts again", "group", w.cfg.Group, "topic", w.cfg.Topic, "err", err)
+			clear(watched) // what it could not see is not a stall
+			if client != nil {
+				client.Close()
+				client = nil
+			}
+			continue
+		}
+		if w.cfg.OnRead != nil {
+			w.cfg.OnRead(lags)
+		}
+		if err := w.check(lags, watched, time.Now()); err != nil {
+			return err
+		}
+	}
+}
+
+// check holds one reading to the last ones.
+func (w *Watchdog) check(lags []PartitionLag, watched map[int32]*watch, now time.Time) error {
+	var stalled []string
+	for _, l := range lags {
+		wt := watched[l.Partition]
+		ours := l.Owner == w.cfg.ClientID && l.Members == 1 // not one it cannot tell apart from another
+		if wt == nil || !ours || l.Lag() <= 0 || l.Committed != wt.committed {
+			watched[l.Partition] = &watch{committed: l.Committed, since: now}
+			continue
+		}
+		last, inFlight := w.lastDelivery(l.Partition)
+		quiet := now.Sub(latest(wt.since, last))
+		if quiet < w.cfg.Timeout {
+			continue
+		}
+		what := "no delivery reached the handler"
+		if inFlight {
+			what = "a delivery has been in the handler all along"
+		}
+		stalled = append(stalled, fmt.Sprintf("%s/%d: %d records past the committed offset %d for %s, %s",
+			w.cfg.Topic, l.Partition, l.Lag(), l.Committed, quiet.Round(time.Second), what))
+	}
+	if len(stalled) == 0 {
+		return nil
+	}
+	sort.Strings(stalled)
+	return fmt.Errorf("%w: group %s, member %s: %s", ErrStalled, w.cfg.Group, w.cfg.ClientID, strings.Join(stalled, "; "))
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// ReadGroupLag reads where group stands on every partition of topic: its
+// committed offsets, the log end offsets, and the member (by client.id)
+// holding each partition.
+func ReadGroupLag(client sarama.Client, group, topic string) ([]PartitionLag, error) {
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	// Not admin.Close: it would close the client, which the caller owns.
+	if err := client.RefreshMetadata(topic); err != nil {
+		return nil, fmt.Errorf("inboxkafka: reading %s's partitions: %w", topic, err)
+	}
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return nil, fmt.Errorf("inboxkafka: reading %s's partitions: %w", topic, err)
+	}
+	committed, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+	if err != nil {
+		return nil, fmt.Errorf("inboxkafka: reading group %s's offsets: %w", group, err)
+	}
+	if committed.Err != sarama.ErrNoError {
+		return nil, fmt.Errorf("inboxkafka: reading group %s's offsets: %w", group, committed.Err)
+	}
+	desc, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil {
+		return nil, fmt.Errorf("inboxkafka: describing group %s: %w", group, err)
+	}
+	owners, members := map[int32]string{}, map[string]int{}
+	for _, d := range desc {
+		if d.Err != sarama.ErrNoError {
+			return nil, fmt.Errorf("inboxkafka: describing group %s: %w", group, d.Err)
+		}
+		if d.State != "Stable" {
+			continue // assignments in flux: nobody holds anything yet
+		}
+		for _, m := range d.Members {
+			members[m.ClientId]++
+			a, err := m.GetMemberAssignment()
+			if err != nil || a == nil {
+				continue
+			}
+			for _, p := range a.Topics[topic] {
+				owners[p] = m.ClientId
+			}
+		}
+	}
+	out := make([]PartitionLag, 0, len(parts))
+	for _, p := range parts {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("inboxkafka: reading %s/%d's end: %w", topic, p, err)
+		}
+		l := PartitionLag{Partition: p, Committed: -1, End: end, Owner: owners[p], Members: members[owners[p]]}
+		if b := committed.GetBlock(topic, p); b != nil {
+			if b.Err != sarama.ErrNoError {
+				return nil, fmt.Errorf("inboxkafka: reading group %s's offset of %s/%d: %w", group, topic, p, b.Err)
+			}
+			l.Committed = b.Offset
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
