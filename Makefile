@@ -39,6 +39,11 @@ build: ## Build the service binaries into bin/
 	CGO_ENABLED=0 $(GO) build -o bin/ ./services/orders ./services/inventory
 
 SEED ?= 7
+# FRESH_SEED: a schedule no earlier run used, drawn once per make (chaos-ci
+# proves both profiles on it beside SEED; chaos-seeds draws one per run).
+ifndef FRESH_SEED
+FRESH_SEED := $(shell od -An -N4 -tu4 /dev/urandom | awk '{print $$1 % 1000000}')
+endif
 
 # trace-ok REPORT: the run's failpoint trace is a behaviour of the protocol's
 # model, every kill inside its window (testbed/judge/trace.go, model/trace): a
@@ -56,6 +61,9 @@ endef
 # run: it needs double-applies, not the profile's reach.
 define chaos-proof
 	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
+	@echo "== $(1) on the fresh seed $(FRESH_SEED) =="
+	@./bin/chaos -profile $(1) -seed $(FRESH_SEED) -report chaos-report-$(1)-fresh.json || { \
+		echo "FAIL: the $(1) profile failed on the fresh seed $(FRESH_SEED) (replay: go run ./chaos -profile $(1) -seed $(FRESH_SEED))"; exit 1; }
 	@echo "== control run 2 ($(1)): inbox and domain guard off; the checker must catch double-applies =="
 	@if ./bin/chaos -profile $(1) $(if $(2),-orders $(2)) -seed $(SEED) -inbox=off -guard=off -report chaos-control-$(1).json; then \
 		echo "FAIL: the $(1) control run 2 passed, so the checker cannot see double-applies"; exit 1; fi
@@ -115,7 +123,8 @@ define chaos-order
 endef
 
 .PHONY: chaos-ci
-chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass; with inbox and guard off (4,000 orders) they must fail; ci with the inbox alone off must pass on the guard; smoke with parallel relays must fail ordered-per-key; apache with effect keys off must fail with double captures
+chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass on SEED=7 and on a fresh seed (FRESH_SEED, printed first); with inbox and guard off (4,000 orders) they must fail; ci with the inbox alone off must pass on the guard; smoke with parallel relays must fail ordered-per-key; apache with effect keys off must fail with double captures
+	@echo "chaos-ci: seeds $(SEED) (fixed) and $(FRESH_SEED) (fresh; replay a failure with FRESH_SEED=$(FRESH_SEED))"
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-proof,ci,4000)
 	$(call chaos-guard,ci)
@@ -124,13 +133,20 @@ chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 broke
 	$(call chaos-effects,apache,3000)
 
 .PHONY: chaos-apache
-chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) and its control run: SEED=7
+chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) on SEED=7 and FRESH_SEED, and its control run
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-proof,apache)
 
 .PHONY: e2e-apache
 e2e-apache: ## The end-to-end tests on real Apache Kafka (STACK_KAFKA=apache) instead of the embedded broker
 	STACK_KAFKA=apache $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./e2e/
+
+RUNS ?= 5
+
+.PHONY: chaos-seeds
+chaos-seeds: ## The apache profile RUNS times (5), each on a fresh seed, and each seed's verdict: chaos-seeds.txt
+	$(GO) build -o bin/chaos ./chaos
+	@chaos/seeds.sh apache $(RUNS) | tee chaos-seeds.txt
 
 .PHONY: chaos
 chaos: ## The long chaos profile: SEED=7

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/testbed/judge"
 	"github.com/outboxref/outbox-inbox/testbed/loadgen"
 	"github.com/outboxref/outbox-inbox/testbed/procs"
@@ -79,9 +80,10 @@ type harness struct {
 	restarts    atomic.Int64
 	pgRestarts  atomic.Int64
 	faults      faultInjector
-	apache      *apacheFaults  // the real-Kafka profile's broker faults, or nil
-	net         *netFaults     // its network faults, or nil
-	probes      []*probeWriter // each service's probe stream (probe.go)
+	apache      *apacheFaults        // the real-Kafka profile's broker faults, or nil
+	net         *netFaults           // its network faults, or nil
+	lags        []judge.PartitionLag // the groups' offsets when a drain missed its deadline (diagnoseStall)
+	probes      []*probeWriter       // each service's probe stream (probe.go)
 	fpLog       string
 	sys         *system.System
 	payments    judge.PaymentReport
@@ -217,6 +219,10 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"KAFKA_SESSION_TIMEOUT=1s",
 			"KAFKA_REBALANCE_TIMEOUT=3s",
 			"KAFKA_COMMIT_INTERVAL=200ms",
+			// A partition held with records waiting and none delivered for
+			// this long ends its process (inboxkafka.Watchdog); the
+			// supervisor restarts it like any other.
+			"KAFKA_STALL_TIMEOUT=20s",
 			"RELAY_POLL_INTERVAL=100ms",
 			"RELAY_LEASE_TTL=2s",
 			"INBOX_RETRY_BACKOFF=20ms",
@@ -362,11 +368,13 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		func(r judge.Report) bool { return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx)) },
 		func(r judge.Report) {
 			deadline, _ := drainCtx.Deadline()
-			h.say("draining: %d of %d settled, outbox pending %v (deadline in %s)", r.Reserved+r.Rejected, r.OrdersPaid, r.OutboxPending,
-				time.Until(deadline).Round(time.Second))
+			h.say("draining: %d of %d settled, %d of %d captured ended, outbox pending %v (deadline in %s)", r.Reserved+r.Rejected, r.OrdersPaid,
+				r.Ended, r.Ended+r.NotEnded, r.OutboxPending, time.Until(deadline).Round(time.Second))
 		})
 	if waitErr != nil {
 		h.say("drain deadline passed: judging the state as it is")
+		stopSupervising() // what is dumped stays down: the state judged is the drain's
+		h.diagnoseStall(ctx)
 	}
 	// The third row: the provider's ledger against the orders.
 	if h.payments, err = judge.CheckPayments(ctx, sys.Pools["orders"], sys.Pools["provider"]); err != nil {
@@ -606,6 +614,34 @@ func (h *harness) readKafka(ctx context.Context) ([]judge.Record, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// diagnoseStall says, when the drain missed its deadline, where each
+// consumer group stands on every partition (the judge's own Kafka client)
+// and asks every service process for its goroutines (SIGQUIT: the Go
+// runtime writes them to the process's log and exits), so a stalled
+// partition can be traced to the code it waits in.
+func (h *harness) diagnoseStall(ctx context.Context) {
+	for _, svc := range system.Services {
+		group, topic := svc, events.TopicOrders // inventory reads what orders writes
+		if svc == "orders" {
+			topic = events.TopicInventory
+		}
+		lags, err := judge.GroupLag(ctx, h.sys.Kafka.DirectBrokers(), group, topic)
+		if err != nil {
+			h.say("group %s: reading its lag: %v", group, err)
+			continue
+		}
+		for _, l := range lags {
+			h.say("group %s", l)
+		}
+		h.lags = append(h.lags, lags...)
+	}
+	for _, p := range h.sys.All() {
+		if err := p.Signal(syscall.SIGQUIT); err == nil {
+			h.say("%s: goroutines dumped to its log (SIGQUIT)", p.Name)
 		}
 	}
 }

@@ -78,6 +78,9 @@ func run(ctx context.Context) error {
 	}
 	h := newHarness(p, *seed, *inboxFlag == "on", *guardFlag == "on", *keysFlag == "on")
 	report, err := h.run(ctx)
+	// A failure's last line names its schedule, so a CI log's tail is
+	// enough to replay it.
+	replay := fmt.Sprintf("seed %d; replay: go run ./chaos -profile %s -seed %d%s", *seed, p.Name, *seed, replayFlags())
 	writeFinalStatus(report) // status.go: the dashboard shows the verdict
 	if report != nil {
 		report.print()
@@ -93,13 +96,27 @@ func run(ctx context.Context) error {
 		}
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (%s)", err, replay)
 	}
 	if !report.Passed {
-		return fmt.Errorf("invariants violated: %s (the table above has each one's detail)", failedBrief(report))
+		return fmt.Errorf("invariants violated: %s (the table above has each one's detail; %s)", failedBrief(report), replay)
 	}
 	fmt.Println("PASS")
 	return nil
+}
+
+// replayFlags are the flags given other than -profile, -seed, -report and
+// -status, as a command line would repeat them.
+func replayFlags() string {
+	var out string
+	flag.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "profile", "seed", "report", "status":
+			return
+		}
+		out += fmt.Sprintf(" -%s=%s", f.Name, f.Value)
+	})
+	return out
 }
 
 // profile sizes a run.

@@ -36,7 +36,8 @@ type Report struct {
 	Refused              map[string]int                 `json:"refused"`               // per service, caught by the domain guard, the second layer
 	RefusedNotHostile    int                            `json:"refused_not_hostile"`   // of those, refusals of the system's own messages: redeliveries
 	DoubleApplied        int                            `json:"double_applied"`
-	Lost                 int                            `json:"lost"`
+	Lost                 int                            `json:"lost"`         // paid orders a stage of which nothing will bring (judge.Unfinished)
+	NotFinished          int                            `json:"not_finished"` // paid orders a stage of which was still on its way when the drain ended
 	Invariants           map[string]bool                `json:"invariants"`
 	Details              map[string]string              `json:"details"`
 	Hostile              map[string]judge.HostileResult `json:"hostile"`
@@ -144,6 +145,17 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		return r, fmt.Errorf("reading what Kafka holds: %w", err)
 	}
 	db := judge.Databases{Orders: h.sys.Pools["orders"], Inventory: h.sys.Pools["inventory"], Provider: h.sys.Pools["provider"]}
+	if len(final.Missing) > 0 {
+		// A drain that ended with stages missing: each one's event followed
+		// to Kafka and held to the group's offsets read when it ended.
+		missing, err := judge.MissingEvents(ctx, db, final.Missing)
+		if err != nil {
+			return r, fmt.Errorf("following the missing stages: %w", err)
+		}
+		u := judge.ClassifyMissing(missing, records, h.lags)
+		r.Lost, r.NotFinished = u.Lost(), u.NotFinished()
+		r.Details[judge.NothingLost] += "; " + u.String()
+	}
 	if r.Windows, err = judge.MeasureWindows(ctx, db, filepath.Join(h.sys.Work, "provider.log"), log, hostile.ids(), records); err != nil {
 		return r, fmt.Errorf("attributing the kills: %w", err)
 	}

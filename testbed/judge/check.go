@@ -65,6 +65,11 @@ type Report struct {
 	NotEnded   int // orders captured in orders that inventory has not ended: lost, if the run is drained
 	EndedTwice int // orders whose units inventory sold more than once, or with more than one OrderCaptured
 
+	// Missing names, per order, the stage a drained run should have
+	// reached and did not (Unsettled, NotApplied, NotEnded): Unfinished
+	// follows each to its event in Kafka to tell "not finished" from "lost".
+	Missing []MissingStage
+
 	ReservationsMade     int            // reserved orders, as inventory counts them
 	DuplicatesSuppressed int64          // redeliveries the inboxes skipped (the first layer)
 	Refused              map[string]int // per service, events the domain guard refused (the second layer)
@@ -190,6 +195,9 @@ func exactlyOnce(r *Report, ord ordersView, inv inventoryView) Invariant {
 			r.Rejected++
 		default:
 			r.Unsettled++
+			if inv.rejections[id]+inv.reservationRows(id) > 0 { // inventory decided: orders never applied the answer
+				r.Missing = append(r.Missing, MissingStage{Order: id, Stage: StageAnswer})
+			}
 		}
 		applied := inv.rejections[id]
 		// A reservation writes one row per distinct SKU of the order.
@@ -204,6 +212,7 @@ func exactlyOnce(r *Report, ord ordersView, inv inventoryView) Invariant {
 		switch {
 		case applied == 0:
 			r.NotApplied++
+			r.Missing = append(r.Missing, MissingStage{Order: id, Stage: StagePaid})
 		case applied > 1 || o.answerCount() > 1 || ord.orderPaid[id] > 1:
 			r.DoubleApplied++
 			if len(examples) < maxExamples {
@@ -231,6 +240,7 @@ func exactlyOnce(r *Report, ord ordersView, inv inventoryView) Invariant {
 			r.Ended++
 		case o.payment == "captured":
 			r.NotEnded++
+			r.Missing = append(r.Missing, MissingStage{Order: id, Stage: StageCaptured})
 		}
 	}
 	detail := fmt.Sprintf("%d paid orders; %d applied more than once; %d ended, %d sold more than once", r.OrdersPaid, r.DoubleApplied, r.Ended, r.EndedTwice)
