@@ -359,20 +359,32 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	for _, w := range h.probes {
 		h.say("probe stream %s", w.summary())
 	}
+	// The drain lasts as long as the system makes progress: it ends when
+	// nothing moved for the profile's Drain (a stall the services did not
+	// end themselves), or after three times that in all. A slow machine
+	// still working through its backlog is not judged unfinished.
 	h.say("draining: chaos stopped, waiting for every paid order to settle")
-	drainCtx, cancelDrain := context.WithTimeout(ctx, h.p.Drain)
+	drainCtx, cancelDrain := context.WithTimeout(ctx, 3*h.p.Drain)
 	defer cancelDrain()
 	settled := judge.Settled(len(res.Paid))
+	var moved string
+	lastMove := time.Now()
 	final, waitErr := judge.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
-		// The second control run sends no hostile message: nothing to wait for.
-		func(r judge.Report) bool { return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx)) },
+		func(r judge.Report) bool {
+			if now := fmt.Sprint(r.Reserved, r.Rejected, r.Ended, r.OutboxPending, r.CapturesPending); now != moved {
+				moved, lastMove = now, time.Now()
+			} else if time.Since(lastMove) > h.p.Drain {
+				cancelDrain()
+			}
+			// The second control run sends no hostile message: nothing to wait for.
+			return settled(r) && (!h.inbox && !h.guard || hostile.done(drainCtx))
+		},
 		func(r judge.Report) {
-			deadline, _ := drainCtx.Deadline()
-			h.say("draining: %d of %d settled, %d of %d captured ended, outbox pending %v (deadline in %s)", r.Reserved+r.Rejected, r.OrdersPaid,
-				r.Ended, r.Ended+r.NotEnded, r.OutboxPending, time.Until(deadline).Round(time.Second))
+			h.say("draining: %d of %d settled, %d of %d captured ended, outbox pending %v (last progress %s ago)", r.Reserved+r.Rejected, r.OrdersPaid,
+				r.Ended, r.Ended+r.NotEnded, r.OutboxPending, time.Since(lastMove).Round(time.Second))
 		})
 	if waitErr != nil {
-		h.say("drain deadline passed: judging the state as it is")
+		h.say("drain ended with nothing moving for %s (or after %s in all): judging the state as it is", h.p.Drain, 3*h.p.Drain)
 		stopSupervising() // what is dumped stays down: the state judged is the drain's
 		h.diagnoseStall(ctx)
 	}

@@ -131,7 +131,7 @@ type profile struct {
 	GraceMax     time.Duration // and at most about this long before its window may fire
 	RandomKill   time.Duration // mean time between random SIGKILLs
 	BrokerFault  time.Duration // mean time between broker faults
-	Drain        time.Duration // how long settling may take after the load
+	Drain        time.Duration // how long settling may go without progress after the load (at most three times it in all)
 
 	// The real-Kafka profile's broker and its faults.
 	Broker          string        // stack.ImplApache; "" is STACK_KAFKA's choice (kfake by default)

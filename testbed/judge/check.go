@@ -321,7 +321,8 @@ func Settled(paid int) func(Report) bool {
 	}
 }
 
-// Wait runs the check every 200ms until done says the run is over or ctx
+// Wait runs the check every 200ms (or as long as the last check took,
+// whichever is longer) until done says the run is over or ctx
 // ends, calling progress (when set) at most every two seconds. It returns the
 // last report; when ctx ended first, the report's invariants say what is
 // missing and the error says the deadline passed. seeded and client are
@@ -331,7 +332,12 @@ func Wait(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[strin
 	var last Report
 	lastProgress := time.Now()
 	for {
+		started := time.Now()
 		r, err := Run(ctx, orders, inventory, seeded, client)
+		// A check reads every order of both databases: on a busy machine
+		// it competes with the services it waits for, so it runs at most
+		// half the time.
+		pause := max(200*time.Millisecond, time.Since(started))
 		switch {
 		case err == nil:
 			last = r
@@ -348,7 +354,7 @@ func Wait(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[strin
 		select {
 		case <-ctx.Done():
 			return last, fmt.Errorf("not settled: %w", ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(pause):
 		}
 	}
 }
