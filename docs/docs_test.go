@@ -571,3 +571,23 @@ func anchor(heading string) string {
 	}
 	return b.String()
 }
+
+// TestReadmeFrontDoor: README.md is read in ten minutes, and its first
+// screen says how to get the library, shows it in code, and gives the two
+// commands a newcomer needs.
+func TestReadmeFrontDoor(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) >= 12_000 {
+		t.Errorf("README.md is %d bytes: keep it under 12,000 (depth lives in docs/)", len(b))
+	}
+	lines := strings.SplitN(string(b), "\n", 51)
+	first := strings.Join(lines[:min(50, len(lines))], "\n")
+	for _, want := range []string{"go get github.com/outboxref/outbox-inbox/pkg", "```go", "outbox.PublishTx", "inbox.Tx", "effect.EnqueueTx", "make demo", "make test"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("README.md's first 50 lines do not show %q", want)
+		}
+	}
+}
