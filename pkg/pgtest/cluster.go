@@ -181,7 +181,10 @@ func waitReady(ctx context.Context, url string) error {
 	}
 }
 
-func findPGBin() (string, error) {
+// findPGBin finds the server binaries: $PG_BIN, next to pg_ctl on $PATH,
+// the newest /usr/lib/postgresql/*/bin, and where none is installed,
+// RegistryVersion fetched from Maven Central (registry.go).
+func findPGBin(ctx context.Context) (string, error) {
 	if dir := os.Getenv("PG_BIN"); dir != "" {
 		return dir, nil
 	}
@@ -202,7 +205,20 @@ func findPGBin() (string, error) {
 			return dir, nil
 		}
 	}
-	return "", errors.New("pgtest: no Postgres binaries found (set DATABASE_URL, PG_BIN or put pg_ctl on PATH)")
+	return registryBin(ctx)
+}
+
+// serverUser is the OS user a root process runs the server as (initdb
+// refuses root): postgres where a Postgres package made one, else nobody.
+func serverUser() (*syscall.Credential, error) {
+	cred, err := lookupCred(pgUser)
+	if err == nil {
+		return cred, nil
+	}
+	if nobody, nerr := lookupCred("nobody"); nerr == nil {
+		return nobody, nil
+	}
+	return nil, fmt.Errorf("pgtest: running as root needs a %q or \"nobody\" OS user: %w", pgUser, err)
 }
 
 func lookupCred(name string) (*syscall.Credential, error) {

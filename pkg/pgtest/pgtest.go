@@ -1,6 +1,7 @@
 // Package pgtest gives tests a Postgres server: the one DATABASE_URL names,
 // or, without it, a throwaway cluster of its own (initdb and pg_ctl in a temp
-// dir, as the postgres OS user when running as root), stopped and removed
+// dir, as the postgres OS user when running as root; Postgres fetched from
+// Maven Central where none is installed), stopped and removed
 // at the end. Each test then takes a database of its own:
 //
 //	var pg *pgtest.Server
@@ -70,7 +71,11 @@ type Server struct {
 // the temp dir and logs to <tempdir>/postgres.log.
 //
 // Binaries are looked up in $PG_BIN, then next to pg_ctl on $PATH, then in the
-// newest /usr/lib/postgresql/*/bin. The temp dir comes from os.TempDir(): when
+// newest /usr/lib/postgresql/*/bin; where none is installed, RegistryVersion
+// is fetched once from Maven Central (PGTEST_MAVEN_REPO names a mirror),
+// checked against a pinned hash and kept in PGTEST_CACHE (default: the
+// user's cache dir; /var/cache/outbox-inbox for root, whose server runs as
+// postgres or, without that user, nobody). The temp dir comes from os.TempDir(): when
 // root it must be reachable by the postgres user, and it must be short enough
 // for a unix socket path (~100 bytes); the default /tmp is both.
 //
@@ -88,15 +93,16 @@ func Start(ctx context.Context) (_ *Server, err error) {
 		return p, nil
 	}
 
-	binDir, err := findPGBin()
+	binDir, err := findPGBin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	p := &Server{binDir: binDir}
 	if os.Geteuid() == 0 {
-		// initdb refuses to run as root: run every server binary as postgres.
-		if p.cred, err = lookupCred(pgUser); err != nil {
-			return nil, fmt.Errorf("pgtest: running as root needs a %q OS user: %w", pgUser, err)
+		// initdb refuses to run as root: run every server binary as
+		// another user.
+		if p.cred, err = serverUser(); err != nil {
+			return nil, err
 		}
 	}
 	reapStale(p.binDir, p.cred)
