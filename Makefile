@@ -31,8 +31,8 @@ vet: ## go vet and a gofmt check
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 .PHONY: model
-model: ## The protocol's Promela model in Spin (apt-get install spin): every property holds at the bounds docs/model.md states, every control fails with its counterexample (model/check.sh)
-	model/check.sh
+model: ## The protocol's Promela model in Spin (apt-get install spin): every property holds at the bounds docs/model.md states, every control fails with its counterexample (chaos/model/check.sh)
+	chaos/model/check.sh
 
 .PHONY: build
 build: ## Build the service binaries into bin/
@@ -46,7 +46,7 @@ FRESH_SEED := $(shell od -An -N4 -tu4 /dev/urandom | awk '{print $$1 % 1000000}'
 endif
 
 # trace-ok REPORT: the run's failpoint trace is a behaviour of the protocol's
-# model, every kill inside its window (testbed/judge/trace.go, model/trace): a
+# model, every kill inside its window (chaos/judge/trace.go, chaos/model/trace): a
 # control must fail for its own reason, its trace in the model like any run's.
 define trace-ok
 	@grep -Eq '"trace-in-model": true' $(1) || { echo "FAIL: $(1): the run's failpoint trace is not a behaviour of the model (see \"trace\" in it)"; exit 1; }
@@ -57,7 +57,7 @@ endef
 # with double-applies and not for another reason: double-applies of the
 # crash windows' own messages (it sends no hostile ones), every copy that
 # met an effect committed before its kill applied twice (the floor, see
-# testbed/judge/attribution.go). ORDERS, when given, shortens the control
+# chaos/judge/attribution.go). ORDERS, when given, shortens the control
 # run: it needs double-applies, not the profile's reach.
 define chaos-proof
 	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
@@ -88,7 +88,7 @@ endef
 # without their idempotency key must fail the provider's ledger check
 # (payments-once) with double captures, and the after-effect-before-record
 # kills must account for some of them: each such capture called again was
-# captured twice (testbed/judge/effects.go).
+# captured twice (chaos/judge/effects.go).
 define chaos-effects
 	@echo "== effect control ($(1)): captures without their idempotency key; the ledger check must catch double captures =="
 	@if ./bin/chaos -profile $(1) -orders $(2) -seed $(SEED) -effect-keys=off -report chaos-control-effects-$(1).json; then \
@@ -139,7 +139,7 @@ chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, brok
 
 .PHONY: e2e-apache
 e2e-apache: ## The end-to-end tests on real Apache Kafka (STACK_KAFKA=apache) instead of the embedded broker
-	STACK_KAFKA=apache $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./e2e/
+	STACK_KAFKA=apache $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./chaos/e2e/
 
 RUNS ?= 5
 

@@ -46,9 +46,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/chaos/progress"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
-	"github.com/outboxref/outbox-inbox/testbed/progress"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // faultParams sizes the faults benchmark.

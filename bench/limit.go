@@ -14,13 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/events"
-	"github.com/outboxref/outbox-inbox/testbed/loadgen"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
 )
 
 // runLimit replays the statements of a round trip straight against

@@ -47,9 +47,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/chaos/progress"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
-	"github.com/outboxref/outbox-inbox/testbed/progress"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 func main() {

@@ -44,12 +44,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/outboxref/outbox-inbox/chaos/progress"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
-	"github.com/outboxref/outbox-inbox/testbed/progress"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // relayParams sizes the relay benchmark.

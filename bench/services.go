@@ -19,11 +19,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/events"
-	"github.com/outboxref/outbox-inbox/testbed/loadgen"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // runServices measures one build of the two services, run as processes.

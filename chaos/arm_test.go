@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
 )
 
 // armedWindow arms an incarnation of service until it is armed (some are

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/services/events"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // faultInjector is what the harness asks of broker faults, on kfake

@@ -13,14 +13,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
+	"github.com/outboxref/outbox-inbox/chaos/progress"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/loadgen"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
-	"github.com/outboxref/outbox-inbox/testbed/progress"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // windowsFor lists the crash windows a service's code reaches.

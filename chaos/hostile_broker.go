@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
 )
 
 // intruder is the principal the harness creates with no grants at all: it

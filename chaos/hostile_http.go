@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/chaos/judge"
 )
 
 // hostileRequest is one hostile HTTP class: a request the services must

@@ -27,8 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 func main() {

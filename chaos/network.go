@@ -12,7 +12,7 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/outboxref/outbox-inbox/testbed/procs"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
 )
 
 // netFaults stands Shopify's toxiproxy, in process, between the services and

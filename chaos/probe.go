@@ -1,6 +1,6 @@
 package main
 
-// Probe streams, for the ordered-per-key invariant (testbed/judge/ordered.go). While the
+// Probe streams, for the ordered-per-key invariant (chaos/judge/ordered.go). While the
 // load runs, the harness commits numbered messages into each service's
 // outbox itself, through the library's public API (outbox.PublishTx) in
 // transactions of its own on a pool of its own: probeKeys keys, a sequence
@@ -31,9 +31,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 const (

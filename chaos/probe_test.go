@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/outboxref/outbox-inbox/testbed/judge"
+	"github.com/outboxref/outbox-inbox/chaos/judge"
 )
 
 // TestProbeUnknownOutcomesSettled: a transaction commits all of its rows or

@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
 )
 
 // Report is what a run writes with -report.
@@ -42,7 +42,7 @@ type Report struct {
 	Details              map[string]string              `json:"details"`
 	Hostile              map[string]judge.HostileResult `json:"hostile"`
 	Windows              []judge.WindowRow              `json:"windows"`
-	Trace                judge.TraceRow                 `json:"trace"` // the failpoint trace checked against the model (testbed/judge/trace.go)
+	Trace                judge.TraceRow                 `json:"trace"` // the failpoint trace checked against the model (chaos/judge/trace.go)
 	// The crash windows' own double-applies (hostile messages excluded) and
 	// the floor they must reach in the second control run: every copy that
 	// met an effect committed before its kill (judge.JudgeWindows).
@@ -107,7 +107,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		Hostile:              map[string]judge.HostileResult{},
 		Payments:             PaymentsRow{Captured: h.payments.Captured, Declined: h.payments.Declined, CapturedTwice: h.payments.CapturedTwice},
 	}
-	// Every verdict is testbed/judge's (its Rules); the driver gathers what
+	// Every verdict is chaos/judge's (its Rules); the driver gathers what
 	// they read and assembles the report. The client's paid orders are
 	// compared with the database's by id there (client-agrees), not by
 	// count here: a count passes a run that lost one payment and invented
@@ -208,7 +208,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 	// on it.
 	r.Invariants[judge.FaultsBit], r.Details[judge.FaultsBit], r.TotalKills = judge.FaultsBitVerdict(reach, least)
 	if names := judge.Unruled(r.Invariants); len(names) > 0 {
-		return r, fmt.Errorf("invariants without a rule in testbed/judge's Rules: %v", names)
+		return r, fmt.Errorf("invariants without a rule in chaos/judge's Rules: %v", names)
 	}
 
 	var failed []string

@@ -12,13 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
+	"github.com/outboxref/outbox-inbox/chaos/provider"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/services/events"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
-	"github.com/outboxref/outbox-inbox/testbed/provider"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // runScenario runs one order through the system with one kill at window w,

@@ -60,16 +60,16 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkainit"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/loadgen"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 // imageExcludedEnv are the KAFKA_* variables the image's wrapper does not

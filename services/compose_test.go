@@ -21,10 +21,10 @@ import (
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
 
+	"github.com/outboxref/outbox-inbox/chaos/stack"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 const (

@@ -15,7 +15,7 @@ import (
 // TestBuildContextHoldsWhatTheImagesBuild: every Go file (and embedded file)
 // of every package the images' `go build` compiles, in this module, is in
 // the build context .dockerignore leaves. Without an engine nothing else
-// sees it: the images stopped building when testbed/stack began to import
+// sees it: the images stopped building when chaos/stack began to import
 // deploy/kafka (embedding its pom.xml), which .dockerignore left out.
 func TestBuildContextHoldsWhatTheImagesBuild(t *testing.T) {
 	df, err := os.ReadFile(servicesFile)

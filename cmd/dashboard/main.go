@@ -3,7 +3,7 @@
 // status, each service's outbox backlog and oldest pending row, duplicates
 // suppressed, quarantined and dead-lettered messages with their reasons, and
 // the kills and invariants of a chaos run. It reads the two services'
-// databases directly (see internal/dashboard).
+// databases directly (see dashboard).
 //
 //	ORDERS_DATABASE_URL=postgres://... INVENTORY_DATABASE_URL=postgres://... dashboard -addr :8090
 package main
@@ -21,7 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/dashboard"
+	"github.com/outboxref/outbox-inbox/dashboard"
 )
 
 func main() {

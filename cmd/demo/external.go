@@ -26,12 +26,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 	"github.com/outboxref/outbox-inbox/services/events"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/loadgen"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // externalEnv are the variables of external mode; ORDERS_URL or

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/testbed/system"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 )
 
 // TestExternalMode runs the demo's external mode (what the compose `demo`

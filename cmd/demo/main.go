@@ -27,15 +27,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/internal/crashnow"
-	"github.com/outboxref/outbox-inbox/internal/dashboard"
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/system"
+	"github.com/outboxref/outbox-inbox/dashboard"
+	"github.com/outboxref/outbox-inbox/dashboard/crashnow"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkainit"
-	"github.com/outboxref/outbox-inbox/testbed/judge"
-	"github.com/outboxref/outbox-inbox/testbed/loadgen"
-	"github.com/outboxref/outbox-inbox/testbed/system"
 )
 
 func main() {
@@ -79,9 +79,9 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The services are failpoint builds (testbed/procs). With -keep they
+	// The services are failpoint builds (chaos/procs). With -keep they
 	// get a failpoint log and a trace line at every delivery, so the live
-	// page can teach the crash windows (internal/crashnow) once the check
+	// page can teach the crash windows (dashboard/crashnow) once the check
 	// below is done.
 	fpLog := filepath.Join(work, "failpoints.log")
 	sopts := system.Options{Work: work, Log: say}

@@ -16,11 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 var (

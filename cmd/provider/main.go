@@ -1,4 +1,4 @@
-// Command provider is the payment provider stand-in (testbed/provider):
+// Command provider is the payment provider stand-in (chaos/provider):
 // POST /v1/captures with Stripe-like idempotent requests over a ledger in
 // its own Postgres database, with injected latency, 500s and lost
 // responses, configured from the environment (PROVIDER_*).
@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outboxref/outbox-inbox/testbed/provider"
+	"github.com/outboxref/outbox-inbox/chaos/provider"
 )
 
 func main() {

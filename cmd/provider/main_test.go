@@ -11,16 +11,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/procs"
+	"github.com/outboxref/outbox-inbox/chaos/provider"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
-	"github.com/outboxref/outbox-inbox/testbed/provider"
 )
 
 var pg *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
 
-// The binary as testbed/system would run it: built, started as an OS
+// The binary as chaos/system would run it: built, started as an OS
 // process with its environment, ready at /readyz, capturing, and stopped
 // by SIGTERM with exit status 0.
 func TestProcess(t *testing.T) {

@@ -8,7 +8,7 @@
 #                                entrypoint with the official image's contract
 #                                (for postgres:15.18-bookworm)
 #   outbox-ci/kafka:4.1.0-<hash> that + Debian's JRE 17 + Apache Kafka's jars
-#                                from Maven Central (deploy/ci/kafkajars, the
+#                                from Maven Central (cmd/kafkajars, the
 #                                chaos proof's) + a launch script doing what
 #                                the image's does (for apache/kafka:4.1.0)
 #   outbox-ci/prometheus:<ver>   that + Debian's prometheus binary, laid out
@@ -34,7 +34,7 @@ GO_VERSION=${GO_VERSION#go}
 GO_IMAGE=outbox-ci/golang:$GO_VERSION
 # Tagged with a hash of its recipe: editing the entrypoint rebuilds it.
 POSTGRES_IMAGE=outbox-ci/postgres:15-$(cat postgres-setup.sh postgres-entrypoint.sh | sha256sum | cut -c1-12)
-KAFKA_LIBS=$(cd "$ROOT" && go run ./deploy/ci/kafkajars)
+KAFKA_LIBS=$(cd "$ROOT" && go run ./cmd/kafkajars)
 KAFKA_VERSION=$(cd "$ROOT" && sed -n 's#.*<kafka.version>\(.*\)</kafka.version>.*#\1#p' deploy/kafka/pom.xml)
 KAFKA_IMAGE=outbox-ci/kafka:$KAFKA_VERSION-$(cat kafka-setup.sh kafka-run kafka-bin/* "$KAFKA_LIBS/../manifest" | sha256sum | cut -c1-12)
 if ! command -v prometheus >/dev/null; then

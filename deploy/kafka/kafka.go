@@ -1,5 +1,5 @@
 // Package kafkadist carries deploy/kafka/pom.xml, the Maven Central
-// coordinates of Apache Kafka's broker, into Go programs: testbed/stack
+// coordinates of Apache Kafka's broker, into Go programs: chaos/stack
 // writes it to its jar cache and resolves it with Maven, so the real broker
 // starts the same way from a test, the demo and the chaos harness, whatever
 // their working directory.

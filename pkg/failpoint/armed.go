@@ -217,7 +217,7 @@ func appendLog(line string, sync bool) {
 // write a line
 // between the window's hit line and the kill line, or after the kill line
 // (the log shows the process's last step as the window it died in,
-// model/trace), or fire a second kill.
+// chaos/model/trace), or fire a second kill.
 //
 // A process that is PID 1 of its own PID namespace (a container's
 // entrypoint without an init) does not receive a SIGKILL it sends itself;

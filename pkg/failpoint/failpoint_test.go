@@ -185,7 +185,7 @@ func runKilled(t *testing.T, cmd *exec.Cmd, log string) []byte {
 
 // TestKillLineIsTheLast: goroutines hit traced, armed windows side by side;
 // the first to fire kills the process, and nothing is written after its
-// kill line (no second kill, no later hit): model/trace reads a process's
+// kill line (no second kill, no later hit): chaos/model/trace reads a process's
 // last step as the window it died in.
 func TestKillLineIsTheLast(t *testing.T) {
 	if os.Getenv("FAILPOINT_CHILD") == "1" {

@@ -91,7 +91,7 @@
 // milliseconds of a commit and polls only as a fallback; and outboxkafka.Publisher
 // sends a batch in one produce round trip instead of one per message. The
 // benchmark in bench/ runs both side by side against the same broker: the
-// textbook relay there (internal/textbook) is watermill-sql's subscriber with
+// textbook relay there (services/internal/platform/textbook) is watermill-sql's subscriber with
 // its default settings feeding watermill-kafka's publisher, the Forwarder's
 // engine.
 //

@@ -16,11 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/provider"
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/internal/platform"
-	"github.com/outboxref/outbox-inbox/testbed/provider"
 )
 
 // startProvider serves the payment provider stand-in on a database of its

@@ -101,7 +101,7 @@ type Config struct {
 	// RelayDriver picks the relay: "batch" (pkg/outbox's Relay with the
 	// batching outboxkafka.Publisher), "watermill" (pkg/outbox's Relay with
 	// watermill-kafka's one-at-a-time Publisher) or "textbook" (the
-	// benchmark's baseline, internal/textbook).
+	// benchmark's baseline, services/internal/platform/textbook).
 	RelayDriver       string        `env:"RELAY_DRIVER" default:"batch"`
 	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"0"`     // 0: outbox.DefaultBatchSize
 	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"0s"` // 0: outbox.DefaultPollInterval

@@ -24,11 +24,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/outboxref/outbox-inbox/chaos/procs"
+	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
-	"github.com/outboxref/outbox-inbox/testbed/stack"
 )
 
 // The servers every test shares, the defaults LoadConfig gives, and every

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
-	"github.com/outboxref/outbox-inbox/testbed/procs"
 )
 
 // TestRunRefusesRetentionKafkaOutlasts: a service whose INBOX_RETENTION is

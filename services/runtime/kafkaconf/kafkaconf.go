@@ -17,7 +17,7 @@ func init() { metrics.UseNilMetrics = true }
 // Version is the Kafka protocol version every Sarama client here uses. It is
 // set explicitly: Sarama's implicit default is older than Kafka 4 accepts
 // (Kafka 4 refuses clients below protocol 2.1), and it is one that kfake
-// serves too (testbed/stack's tests check that).
+// serves too (chaos/stack's tests check that).
 var Version = sarama.V2_8_0_0
 
 // Sarama returns a fresh config; callers may adjust their copy.

@@ -1,0 +1,173 @@
+package judge
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/chaos/provider"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+// PaymentsOnce is the invariant of the third row: the provider's ledger, read
+// with SQL against its own database, holds exactly one attempt per
+// reserved order (captured, or declined when the order's card declines),
+// none for any other order and none for an order that does not exist, each
+// for the order's amount, and the order records the outcome the ledger
+// holds. An order a person retried after a decline (capture_attempt n)
+// may hold up to n attempts: the earlier ones declined, the last one what
+// the order records.
+const PaymentsOnce = "payments-once"
+
+// PaymentReport is what PaymentsOnce found.
+type PaymentReport struct {
+	Captured       int // reserved orders captured once
+	Declined       int // reserved orders declined once
+	CapturedTwice  int // orders with more than one attempt in the ledger
+	DoubleCaptures []string
+	Invariant      Invariant
+}
+
+// ledgerRow is one attempt in the provider's ledger.
+type ledgerRow struct {
+	id, status, currency, source string
+	amount                       int64
+}
+
+// paymentRow is an order as orders records its payment.
+type paymentRow struct {
+	status, card, payment, captureID string
+	amount                           int64
+	attempt                          int // captures asked for: 1, more after a person's retries
+	lines                            []events.Line
+}
+
+// CheckPayments compares the provider's ledger with the orders, once the
+// run is quiet: no order paid and unsettled, no capture pending (nothing-
+// lost). While captures are still being made, an order reserved and
+// captured between the two reads looks like a paid order with a capture.
+// The orders are read first, so an attempt for an order that exists is
+// never taken for a phantom.
+func CheckPayments(ctx context.Context, orders, ledger *pgxpool.Pool) (PaymentReport, error) {
+	var r PaymentReport
+	ord := map[string]paymentRow{}
+	err := snapshot(ctx, orders, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id::text, status, coalesce(amount, -1), card, lines,
+			coalesce(payment, ''), coalesce(capture_id, ''), capture_attempt FROM orders`)
+		if err != nil {
+			return fmt.Errorf("reading orders' payments: %w", err)
+		}
+		var id string
+		var o paymentRow
+		_, err = pgx.ForEachRow(rows, []any{&id, &o.status, &o.amount, &o.card, &o.lines, &o.payment, &o.captureID, &o.attempt}, func() error {
+			ord[id], o = o, paymentRow{}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	attempts := map[string][]ledgerRow{}
+	err = snapshot(ctx, ledger, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT reference, id, status, currency, source, amount FROM captures ORDER BY created_at, id`)
+		if err != nil {
+			return fmt.Errorf("reading the provider's ledger: %w", err)
+		}
+		var ref string
+		var l ledgerRow
+		_, err = pgx.ForEachRow(rows, []any{&ref, &l.id, &l.status, &l.currency, &l.source, &l.amount}, func() error {
+			attempts[ref] = append(attempts[ref], l)
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+
+	problems := map[string]string{}
+	for ref, list := range attempts {
+		if _, ok := ord[ref]; !ok {
+			problems[ref] = fmt.Sprintf("the ledger holds %d attempts for an order that does not exist", len(list))
+		}
+	}
+	for id, o := range ord {
+		list := attempts[id]
+		if captured(list) > 1 || len(list) > 1 && o.attempt == 1 {
+			r.CapturedTwice++
+			r.DoubleCaptures = append(r.DoubleCaptures, id)
+		}
+		if p := paymentProblem(o, list); p != "" {
+			problems[id] = p
+			continue
+		}
+		switch o.payment {
+		case "captured":
+			r.Captured++
+		case "declined":
+			r.Declined++
+		}
+	}
+	sort.Strings(r.DoubleCaptures)
+	detail := fmt.Sprintf("%d reserved orders captured once, %d declined once; %d orders with more than one attempt in the ledger",
+		r.Captured, r.Declined, r.CapturedTwice)
+	if len(problems) > 0 {
+		detail += fmt.Sprintf("; %d problems: %s", len(problems), examples(problems))
+	}
+	r.Invariant = Invariant{PaymentsOnce, len(problems) == 0, detail}
+	return r, nil
+}
+
+// paymentProblem says what is wrong with one order's payment, or "".
+func paymentProblem(o paymentRow, list []ledgerRow) string {
+	if o.status != "reserved" {
+		if len(list) > 0 || o.payment != "" {
+			return fmt.Sprintf("%s order: %d attempts in the ledger, payment %q; only a reserved order is captured", o.status, len(list), o.payment)
+		}
+		return ""
+	}
+	want := events.Amount(o.lines)
+	switch {
+	case o.payment == "capturing":
+		return fmt.Sprintf("reserved, its capture still pending (%d attempts in the ledger)", len(list))
+	case o.payment == "failed":
+		return "reserved, its capture failed for good"
+	case o.attempt == 1 && len(list) != 1:
+		return fmt.Sprintf("reserved, %d attempts in the ledger: want exactly one", len(list))
+	case len(list) == 0 || len(list) > o.attempt:
+		return fmt.Sprintf("reserved, %d attempts in the ledger after %d captures asked for: want 1 to %d", len(list), o.attempt, o.attempt)
+	case captured(list[:len(list)-1]) > 0:
+		return fmt.Sprintf("reserved, captured %d times in the ledger", captured(list))
+	case o.amount != want:
+		return fmt.Sprintf("the order's amount is %d, its lines cost %d", o.amount, want)
+	}
+	last := list[len(list)-1] // the order's current attempt
+	switch {
+	case last.amount != want || last.currency != events.Currency:
+		return fmt.Sprintf("the ledger holds %d %s, the order costs %d %s", last.amount, last.currency, want, events.Currency)
+	case last.source != o.card:
+		return fmt.Sprintf("the ledger charged card %s, the order pays with %s", last.source, o.card)
+	case last.status != o.payment:
+		return fmt.Sprintf("the ledger says %s, the order says %q", last.status, o.payment)
+	case last.id != o.captureID:
+		return fmt.Sprintf("the order records capture %q, the ledger holds %s", o.captureID, last.id)
+	case (o.payment == "declined") != provider.DeclinedSources[o.card]:
+		return fmt.Sprintf("card %s was %s", o.card, o.payment)
+	}
+	return ""
+}
+
+// captured counts the captured attempts of list.
+func captured(list []ledgerRow) int {
+	n := 0
+	for _, l := range list {
+		if l.status == "captured" {
+			n++
+		}
+	}
+	return n
+}
