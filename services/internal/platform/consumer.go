@@ -3,13 +3,64 @@ package platform
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
+	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
+
+// consumer is the Kafka consumer in front of the inbox: watermill-kafka's
+// subscriber in the service's consumer group, the router that hands its
+// messages to the inbox, and the watchdog that notices a partition it
+// holds and never delivers.
+type consumer struct {
+	subscriber *kafka.Subscriber
+	router     *message.Router
+	watchdog   *inboxkafka.Watchdog
+}
+
+func newConsumer(cfg Config, svc Service, mtr *metrics, log *slog.Logger) (consumer, error) {
+	conf := kafkaconf.Sarama()
+	// Each replica's consumer names itself, so a group's description (and
+	// the lag an operator reads) says which replica holds a partition.
+	conf.ClientID = clientID(svc.Name + "-consumer-" + cfg.Instance)
+	conf.Consumer.Offsets.AutoCommit.Interval = cfg.KafkaCommitInterval
+	conf.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
+	conf.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 3
+	conf.Consumer.Group.Rebalance.Timeout = cfg.KafkaRebalanceTimeout
+	conf.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
+	wlog := newWatermillLogger(log)
+	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers: cfg.KafkaBrokers, Unmarshaler: marshaler(), OverwriteSaramaConfig: conf,
+		ConsumerGroup: svc.Name,
+	}, wlog)
+	if err != nil {
+		return consumer{}, fmt.Errorf("creating kafka subscriber: %w", err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return consumer{}, err
+	}
+	// A partition this replica holds with records waiting and none of them
+	// reaching the handler is a stall nothing else reports.
+	watchdog, err := inboxkafka.NewWatchdog(inboxkafka.WatchdogConfig{
+		Brokers: cfg.KafkaBrokers, Sarama: kafkaconf.Sarama(), Group: svc.Name, Topic: svc.Topic, ClientID: conf.ClientID,
+		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(svc.Name, svc.Topic),
+	})
+	if err != nil {
+		return consumer{}, err
+	}
+	return consumer{subscriber: subscriber, router: router, watchdog: watchdog}, nil
+}
 
 // watchStalls runs the consumer's stall watchdog until ctx ends. A stall
 // ends the service: its goroutines are written to stderr (where the claim

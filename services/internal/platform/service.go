@@ -82,8 +82,63 @@ type Stats struct {
 // the messages in flight to commit, the relay finishes its batch, the inbox's
 // Run lets its batch transactions commit. The pool is closed only after all
 // of them returned.
+//
+// It reads top to bottom: what the process may do, its database, what goes
+// out (the outbox's relay), what comes in (the inbox behind the Kafka
+// consumer), its HTTP surface, and then all of them at once.
 func Run(ctx context.Context, cfg Config, svc Service) error {
 	log := NewLogger(cfg.LogLevel).With("service", svc.Name, "instance", cfg.Instance)
+	if err := checkStart(cfg, log); err != nil {
+		return err
+	}
+	stopTracing, err := setupTracing(ctx, cfg, svc.Name) // tracing.go
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.Background()) //nolint:errcheck // best effort flush
+
+	pool, err := pgconnect.Open(ctx, cfg.DatabaseURL, log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	tables, err := migrateAll(ctx, cfg, svc, pool)
+	if err != nil {
+		return err
+	}
+	effects, err := newEffects(cfg, svc, pool, log)
+	if err != nil {
+		return err
+	}
+	mtr := newMetrics(pool, log)               // metrics.go
+	signing, err := newSigning(cfg, svc.Topic) // signing.go
+	if err != nil {
+		return err
+	}
+	signing.warn(log, svc.Topic)
+
+	out, err := newOutgoing(cfg, svc, pool, signing, tables.outbox, log)
+	if err != nil {
+		return err
+	}
+	defer out.publisher.Close()
+	in, err := newIncoming(cfg, svc, pool, signing, tables.inbox, mtr, log)
+	if err != nil {
+		return err
+	}
+	mtr.register(in.inbox, out.relay, cfg.RelayShards)
+	if effects.Kind != "" {
+		mtr.registerEffects(effects.Kind)
+	}
+	srv, ln, err := newHTTP(cfg, svc, pool, in, out, effects, mtr, log)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, svc, pool, in, out, effects, srv, ln, log)
+}
+
+// checkStart refuses what the process must not do, and says what it will.
+func checkStart(cfg Config, log *slog.Logger) error {
 	// Its state-changing routes are open to whoever reaches HTTP_ADDR:
 	// beyond loopback, only with a credential.
 	if err := httpserve.CheckExposure("HTTP_ADDR", cfg.HTTPAddr, cfg.HTTPToken); err != nil {
@@ -113,50 +168,56 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	} else {
 		log.Info("kafka: logging in", "principal", login.Principal(), "mechanism", login.Mechanism)
 	}
-	wlog := newWatermillLogger(log)
-	stopTracing, err := setupTracing(ctx, cfg, svc.Name) // tracing.go
-	if err != nil {
-		return err
-	}
-	defer stopTracing(context.Background()) //nolint:errcheck // best effort flush
+	return nil
+}
 
-	pool, err := pgconnect.Open(ctx, cfg.DatabaseURL, log)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+// tables are how the inbox's and the outbox's tables are partitioned (nil:
+// not at all).
+type tables struct {
+	inbox  *inbox.Partitioning
+	outbox *outbox.Partitioning
+}
+
+// migrateAll migrates the library's tables and the service's own, and
+// converts the inbox and outbox to partitioned tables when configured.
+func migrateAll(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool) (tables, error) {
+	var t tables
 	if err := outbox.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrating outbox: %w", err)
+		return t, fmt.Errorf("migrating outbox: %w", err)
 	}
 	if err := inbox.Migrate(ctx, pool); err != nil {
-		return fmt.Errorf("migrating inbox: %w", err)
+		return t, fmt.Errorf("migrating inbox: %w", err)
 	}
-	var partitions *inbox.Partitioning
 	if cfg.InboxPartitionInterval > 0 {
-		partitions = &inbox.Partitioning{Interval: cfg.InboxPartitionInterval}
-		if err := inbox.PartitionByIDTime(ctx, pool, *partitions, time.Time{}); err != nil {
-			return fmt.Errorf("INBOX_PARTITION_INTERVAL: %w", err)
+		t.inbox = &inbox.Partitioning{Interval: cfg.InboxPartitionInterval}
+		if err := inbox.PartitionByIDTime(ctx, pool, *t.inbox, time.Time{}); err != nil {
+			return t, fmt.Errorf("INBOX_PARTITION_INTERVAL: %w", err)
 		}
 	}
-	var outboxPartitions *outbox.Partitioning
 	if cfg.OutboxPartitionInterval > 0 {
-		outboxPartitions = &outbox.Partitioning{Interval: cfg.OutboxPartitionInterval}
-		if err := outbox.PartitionByTime(ctx, pool, *outboxPartitions); err != nil {
-			return fmt.Errorf("OUTBOX_PARTITION_INTERVAL: %w", err)
+		t.outbox = &outbox.Partitioning{Interval: cfg.OutboxPartitionInterval}
+		if err := outbox.PartitionByTime(ctx, pool, *t.outbox); err != nil {
+			return t, fmt.Errorf("OUTBOX_PARTITION_INTERVAL: %w", err)
 		}
 	}
 	if svc.Effects != nil {
 		if err := effect.Migrate(ctx, pool); err != nil {
-			return fmt.Errorf("migrating effects: %w", err)
+			return t, fmt.Errorf("migrating effects: %w", err)
 		}
 	}
 	if err := migrate.Apply(ctx, pool, svc.Name, svc.Migrations); err != nil {
-		return fmt.Errorf("migrating %s: %w", svc.Name, err)
+		return t, fmt.Errorf("migrating %s: %w", svc.Name, err)
 	}
+	return t, nil
+}
+
+// newEffects makes the service's effect runner, if it has effects.
+func newEffects(cfg Config, svc Service, pool *pgxpool.Pool, log *slog.Logger) (Effects, error) {
 	var effects Effects
+	var err error
 	if svc.Effects != nil {
 		if effects, err = svc.Effects(pool, cfg, log); err != nil {
-			return fmt.Errorf("effects: %w", err)
+			return Effects{}, fmt.Errorf("effects: %w", err)
 		}
 		if effects.Run == nil {
 			log.Warn("PROVIDER_URL is unset: effects are recorded and wait; none is performed")
@@ -165,42 +226,63 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 			log.Warn("EFFECT KEYS DISABLED: effects are sent without their idempotency key; a repeated call performs them again")
 		}
 	}
-	mtr := newMetrics(pool, log) // metrics.go
+	return effects, nil
+}
 
-	marshaler := kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
-	signing, err := newSigning(cfg, svc.Topic) // signing.go
-	if err != nil {
-		return err
-	}
-	if signing.sign == nil {
-		log.Warn("SIGNING_KEY is unset: the events this service publishes are not signed")
-	}
-	if signing.verify == nil {
-		log.Warn("TRUSTED_KEYS is unset: the inbox applies an event whoever wrote it to " + svc.Topic)
-	}
-	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler, log) // relay.go
-	if err != nil {
-		return err
-	}
-	defer publisher.Close()
-	if publisher, err = signing.publisher(publisher); err != nil {
-		return err
-	}
+// outgoing is what the service sends: the outbox's relay and its publisher.
+type outgoing struct {
+	publisher message.Publisher
+	relay     *outbox.Relay
+}
 
+// newOutgoing makes the relay of the service's outbox, publishing to Kafka
+// through signing's publisher.
+func newOutgoing(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, partitions *outbox.Partitioning, log *slog.Logger) (outgoing, error) {
+	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler(), log) // relay.go
+	if err != nil {
+		return outgoing{}, err
+	}
+	signed, err := signing.publisher(publisher)
+	if err != nil {
+		publisher.Close()
+		return outgoing{}, err
+	}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool: pool, Publisher: publisher, Logger: log,
+		Pool: pool, Publisher: signed, Logger: log,
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
 		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
-		Partitions: outboxPartitions,
+		Partitions: partitions,
 	})
 	if err != nil {
-		return err
+		publisher.Close()
+		return outgoing{}, err
 	}
+	if cfg.RelayParallel {
+		log.Warn("RELAY PARALLEL: every replica's relay publishes at once; a key's messages may reach Kafka out of commit order")
+	}
+	return outgoing{publisher: signed, relay: relay}, nil
+}
 
+// marshaler puts a message's partition key in its Kafka record's key, both
+// ways.
+func marshaler() kafka.MarshalerUnmarshaler {
+	return kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)
+}
+
+// incoming is what the service receives: the inbox, behind a router
+// consuming the service's topic, and the consumer's stall watchdog.
+type incoming struct {
+	inbox    *inbox.Inbox
+	router   *message.Router
+	watchdog *inboxkafka.Watchdog
+}
+
+// newIncoming makes the inbox and the Kafka consumer that feeds it.
+func newIncoming(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, partitions *inbox.Partitioning, mtr *metrics, log *slog.Logger) (incoming, error) {
 	onDeadLetter, err := deadLetterPolicy(cfg.InboxOnDeadLetter)
 	if err != nil {
-		return err
+		return incoming{}, err
 	}
 	ibx, err := inbox.New(withControls(cfg, inbox.Config{
 		Pool: pool, Consumer: svc.Name, Logger: log, OnDeadLetter: onDeadLetter,
@@ -214,7 +296,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log
 	}))
 	if err != nil {
-		return err
+		return incoming{}, err
 	}
 	if cfg.InboxDisabled {
 		log.Warn("INBOX DISABLED: every delivery runs the handler; duplicates reach the domain")
@@ -222,50 +304,21 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if cfg.DomainGuardDisabled {
 		log.Warn("DOMAIN GUARD DISABLED: an event for an order already decided is applied again")
 	}
-	if cfg.RelayParallel {
-		log.Warn("RELAY PARALLEL: every replica's relay publishes at once; a key's messages may reach Kafka out of commit order")
-	}
-	mtr.register(ibx, relay, cfg.RelayShards)
-	if effects.Kind != "" {
-		mtr.registerEffects(effects.Kind)
-	}
-
-	subConf := kafkaconf.Sarama()
-	// Each replica's consumer names itself, so a group's description (and
-	// the lag an operator reads) says which replica holds a partition.
-	subConf.ClientID = clientID(svc.Name + "-consumer-" + cfg.Instance)
-	subConf.Consumer.Offsets.AutoCommit.Interval = cfg.KafkaCommitInterval
-	subConf.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
-	subConf.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 3
-	subConf.Consumer.Group.Rebalance.Timeout = cfg.KafkaRebalanceTimeout
-	subConf.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
-	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers: cfg.KafkaBrokers, Unmarshaler: marshaler, OverwriteSaramaConfig: subConf,
-		ConsumerGroup: svc.Name,
-	}, wlog)
+	consumer, err := newConsumer(cfg, svc, mtr, log) // consumer.go
 	if err != nil {
-		return fmt.Errorf("creating kafka subscriber: %w", err)
-	}
-
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
-	if err != nil {
-		return err
-	}
-	// A partition this replica holds with records waiting and none of them
-	// reaching the handler is a stall nothing else reports (consumer.go).
-	watchdog, err := inboxkafka.NewWatchdog(inboxkafka.WatchdogConfig{
-		Brokers: cfg.KafkaBrokers, Sarama: kafkaconf.Sarama(), Group: svc.Name, Topic: svc.Topic, ClientID: subConf.ClientID,
-		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(svc.Name, svc.Topic),
-	})
-	if err != nil {
-		return err
+		return incoming{}, err
 	}
 	apply := ibx.Handler(svc.Apply(cfg))
-	router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, subscriber, func(msg *message.Message) error {
+	consumer.router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, consumer.subscriber, func(msg *message.Message) error {
 		mtr.handling(msg) // for commit-to-apply latency
 		return apply(msg)
-	}).AddMiddleware(watchdog.Middleware)
+	}).AddMiddleware(consumer.watchdog.Middleware)
+	return incoming{inbox: ibx, router: consumer.router, watchdog: consumer.watchdog}, nil
+}
 
+// newHTTP makes the service's HTTP server: health, readiness, stats,
+// metrics, and the service's own routes.
+func newHTTP(cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck
@@ -276,18 +329,18 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		switch {
 		case pool.Ping(ctx) != nil:
 			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
-		case !router.IsRunning():
+		case !in.router.IsRunning():
 			http.Error(w, "consumer not running", http.StatusServiceUnavailable)
-		case !ibx.Running():
+		case !in.inbox.Running():
 			http.Error(w, "inbox not running", http.StatusServiceUnavailable)
-		case cfg.RelayDriver != "textbook" && !relay.Running():
+		case cfg.RelayDriver != "textbook" && !out.relay.Running():
 			http.Error(w, "relay not running", http.StatusServiceUnavailable)
 		default:
 			w.Write([]byte("ready\n")) //nolint:errcheck
 		}
 	})
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
-		st := Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: ibx.Stats(), Relay: relay.Stats()}
+		st := Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: in.inbox.Stats(), Relay: out.relay.Stats()}
 		if effects.Stats != nil {
 			es := effects.Stats()
 			st.Effects = &es
@@ -308,9 +361,16 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	srv := httpserve.Server(cfg.HTTPAddr, traceHTTP(mux), httpserve.Options{AllowedHosts: cfg.HTTPAllowedHosts, Token: cfg.HTTPToken})
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
+		return nil, nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddr, err)
 	}
 
+	return srv, ln, nil
+}
+
+// serve runs every part until ctx ends, then stops them all, each
+// finishing what it started.
+func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, srv *http.Server, ln net.Listener, log *slog.Logger) error {
+	wlog := newWatermillLogger(log)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -320,7 +380,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	})
 	g.Go(func() error {
 		// The router runs until it is closed below; an early return is a failure.
-		if err := router.Run(context.WithoutCancel(gctx)); err != nil {
+		if err := in.router.Run(context.WithoutCancel(gctx)); err != nil {
 			return fmt.Errorf("router: %w", err)
 		}
 		if gctx.Err() == nil {
@@ -328,8 +388,8 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		}
 		return nil
 	})
-	g.Go(func() error { return runRelay(gctx, cfg, relay, pool, publisher, wlog) })
-	g.Go(func() error { return watchStalls(gctx, watchdog, log) })
+	g.Go(func() error { return runRelay(gctx, cfg, out.relay, pool, out.publisher, wlog) })
+	g.Go(func() error { return watchStalls(gctx, in.watchdog, log) })
 	if effects.Run != nil {
 		g.Go(func() error { return effects.Run(gctx) }) // returns once the calls in flight are recorded
 	}
@@ -341,7 +401,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		if err := checkRetention(gctx, cfg, svc.Topic, log); err != nil || gctx.Err() != nil {
 			return err
 		}
-		return ibx.Run(gctx)
+		return in.inbox.Run(gctx)
 	})
 	g.Go(func() error {
 		<-gctx.Done()
@@ -349,10 +409,10 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		srv.Shutdown(shutdownCtx) //nolint:errcheck // best effort; Serve returns either way
-		return router.Close()     // waits for in-flight handlers to commit
+		return in.router.Close()  // waits for in-flight handlers to commit
 	})
 	log.Info("started", "http", ln.Addr().String(), "topic", svc.Topic, "brokers", strings.Join(cfg.KafkaBrokers, ","))
-	err = g.Wait()
+	err := g.Wait()
 	log.Info("stopped", "err", err)
 	return err
 }

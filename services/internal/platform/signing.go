@@ -2,6 +2,7 @@ package platform
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -58,4 +59,14 @@ func (s signing) publisher(pub message.Publisher) (message.Publisher, error) {
 		return pub, nil
 	}
 	return signature.NewPublisher(pub, *s.sign, outbox.PartitionKey)
+}
+
+// warn says what the service will not do for want of keys.
+func (s signing) warn(log *slog.Logger, topic string) {
+	if s.sign == nil {
+		log.Warn("SIGNING_KEY is unset: the events this service publishes are not signed")
+	}
+	if s.verify == nil {
+		log.Warn("TRUSTED_KEYS is unset: the inbox applies an event whoever wrote it to " + topic)
+	}
 }
