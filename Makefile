@@ -23,6 +23,12 @@ test: vet ## Unit and integration tests, with -race, on the self-starting stack;
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./... ./pkg/...
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags failpoint -run 'Failpoint|Hit|Configure|Trace|FromEnv|CrashRoute|WithoutDedupe|Controls' ./pkg/failpoint/ ./pkg/inbox/ ./pkg/inbox/inboxtest/ ./services/internal/platform/
 
+LOOPS ?= 5
+
+.PHONY: test-loop
+test-loop: ## make test LOOPS times (5) back to back beside a CPU-heavy process, each run's verdict: test-loop.txt
+	@deploy/ci/test-loop.sh $(LOOPS) | tee test-loop.txt
+
 .PHONY: vet
 vet: ## go vet and a gofmt check
 	$(GO) vet ./... ./pkg/...
