@@ -151,21 +151,14 @@ func known(n Name) bool {
 	return false
 }
 
-// Hit marks that the code reached window n while working on subject (a
-// message id, an order id: it goes into the kill line, so the harness can
-// follow what happened to that subject afterwards). If n is armed and its
-// schedule says so, the process is killed with SIGKILL before Hit returns.
-func Hit(n Name, subject string) {
-	if !armed.Load() && !tracing.Load() {
-		return
-	}
-	hit(n, subject)
-}
+// active reports whether any window is armed or traced: two atomic loads.
+func active() bool { return armed.Load() || tracing.Load() }
 
+// hit is Hit's work in a failpoint build, subject as the log writes it.
 func hit(n Name, subject string) {
 	mu.Lock()
 	if traced[n] {
-		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), LoggedSubject(subject)), false)
+		appendLog(fmt.Sprintf("failpoint %s hit: pid %d subject %s\n", n, os.Getpid(), subject), false)
 	}
 	s := schedules[n]
 	if !armed.Load() || s == nil || !s.now && time.Now().Before(armedAt) {
@@ -224,7 +217,7 @@ func appendLog(line string, sync bool) {
 // it exits at once with SIGKILL's status instead, saying so, rather than
 // live on with its windows locked.
 func kill(n Name, subject string) {
-	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), LoggedSubject(subject))
+	line := fmt.Sprintf("failpoint %s fired: SIGKILL pid %d subject %s\n", n, os.Getpid(), subject)
 	appendLog(line, true)
 	os.Stderr.WriteString(line)                                                                                                  //nolint:errcheck
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)                                                                                   //nolint:errcheck

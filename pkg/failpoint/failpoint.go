@@ -76,6 +76,18 @@ var All = []Name{
 	BeforeEffect, AfterEffectBeforeRecord,
 }
 
+// Hit marks that the code reached window n while working on subject (a
+// message id, an order id: it goes into the kill line, so the harness can
+// follow what happened to that subject afterwards). If n is armed and its
+// schedule says so, the process is killed with SIGKILL before Hit returns.
+// In a default build it does nothing.
+func Hit(n Name, subject string) {
+	if !Enabled || !active() {
+		return
+	}
+	hit(n, LoggedSubject(subject))
+}
+
 // LoggedSubject is subject as a trace or kill line writes it, one field of
 // the line: a subject comes from a producer (a message id), and one holding
 // a space or a newline must not make a line of its own, so spaces and

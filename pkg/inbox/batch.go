@@ -118,11 +118,8 @@ func (in *Inbox) firstAttempt(d *delivery, a applier) (herr, err error) {
 		return in.attempt(d, a)
 	case res.herr != nil:
 		return res.herr, nil
-	case res.outcome == Applied:
-		in.settle(d, Applied, "")
-	default:
-		in.settleSeen(d, res.outcome, res.reason)
 	}
+	in.settle(d, res.outcome, res.reason)
 	return nil, nil
 }
 

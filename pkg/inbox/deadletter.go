@@ -1,85 +1,14 @@
 package inbox
 
 import (
-	"errors"
 	"fmt"
 	"unicode/utf8"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
-
-// quarantineInvalid records a message that cannot be deduplicated or read.
-func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
-	ctx, cancel := in.txContext(d)
-	defer cancel()
-	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
-		return in.insertQuarantine(ctx, tx, d, "invalid", reason, nil)
-	})
-	if err != nil {
-		return err
-	}
-	in.cfg.log.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
-	in.settle(d, Invalid, reason)
-	return nil
-}
-
-// recordAttempt counts a failed attempt in its own transaction (the handler's
-// was rolled back) and returns the total, which survives restarts.
-func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
-	ctx, cancel := in.txContext(d)
-	defer cancel()
-	var n int
-	err := in.cfg.Pool.QueryRow(ctx, `
-		INSERT INTO inbox_attempts (consumer, message_id, attempts, last_error)
-		VALUES ($1, $2, 1, $3)
-		ON CONFLICT (consumer, message_id) DO UPDATE
-		SET attempts = inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
-		RETURNING attempts`, in.cfg.Consumer, d.id, pgText(herr.Error())).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
-	}
-	in.cfg.log.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
-	return n, nil
-}
-
-// deadLetter records the message as finished-but-not-applied and publishes
-// it to the dead-letter topic through the outbox, all in one transaction.
-func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
-	ctx, cancel := in.txContext(d)
-	defer cancel()
-	d.attempts = attempts
-	var settled Outcome
-	var seenReason string
-	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) (err error) {
-		// The inbox row and the quarantine, as its key's policy writes them
-		// (hold.go: under HoldKey the key is held too).
-		settled, seenReason, err = in.keys.recordDeadLetter(ctx, tx, d, reason)
-		if err != nil || settled != DeadLettered {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
-			return fmt.Errorf("inbox: clearing attempts: %w", err)
-		}
-		return outbox.PublishTx(ctx, tx, in.cfg.DeadLetterTopic, deadLetterMessage(d, in.cfg.Consumer, attempts, reason))
-	})
-	if err != nil {
-		return err
-	}
-	if settled != DeadLettered {
-		if settled != "" { // "": a parked message another delivery settled meanwhile
-			in.settleSeen(d, settled, seenReason)
-		}
-		return nil
-	}
-	in.cfg.log.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
-	in.settle(d, DeadLettered, reason)
-	return nil
-}
 
 // PayloadOmittedMetadata is set on a dead letter whose payload (or whose
 // original metadata too) was left out because, with the dead letter's

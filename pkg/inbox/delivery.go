@@ -2,15 +2,13 @@ package inbox
 
 // The bottom of the delivery path: what one delivery is, how it is read
 // from a message (and refused unread), the transaction context a handler
-// writes through, and how its texts are made storable. Every other file of
-// the path (middleware.go → attempt.go or batch.go, and deadletter.go →
-// hold.go → rows.go, with outcome.go beside) builds on these.
+// writes through, and how its texts are made storable. The path itself
+// (middleware.go, and beneath it batch.go, hold.go and rows.go) builds on
+// these.
 
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -117,41 +115,6 @@ func storedKey(key string) string {
 		return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(key)))
 	}
 	return key
-}
-
-// metadataJSON encodes metadata as a jsonb column takes it.
-func metadataJSON(md message.Metadata) ([]byte, error) {
-	clean := make(map[string]string, len(md))
-	for k, v := range md {
-		clean[pgText(k)] = pgText(v)
-	}
-	meta, err := json.Marshal(clean)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: encoding metadata: %w", err)
-	}
-	return meta, nil
-}
-
-// rawMetadataJSON returns md with every name and value in standard base64,
-// as inbox_quarantine's raw_metadata keeps it, or nil when metadataJSON
-// keeps md exactly (every entry text Postgres can hold).
-func rawMetadataJSON(md message.Metadata) ([]byte, error) {
-	exact := true
-	for k, v := range md {
-		exact = exact && k == pgText(k) && v == pgText(v)
-	}
-	if exact {
-		return nil, nil
-	}
-	raw := make(map[string]string, len(md))
-	for k, v := range md {
-		raw[base64.StdEncoding.EncodeToString([]byte(k))] = base64.StdEncoding.EncodeToString([]byte(v))
-	}
-	out, err := json.Marshal(raw)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: encoding raw metadata: %w", err)
-	}
-	return out, nil
 }
 
 // pgText returns s as a Postgres text or jsonb value can hold it: invalid

@@ -14,18 +14,20 @@ import (
 
 // What a dead letter does to its partition key (Config.OnDeadLetter), as
 // one policy the delivery path asks (keyPolicy, in.keys), chosen when the
-// Inbox is built: skipKey, the default, only writes the inbox rows
-// (rows.go); holdKey, the key-scoped poison hold whose promise is in
-// doc.go ("Holding a poisoned key"), writes them inside the key's hold.
-// Each file of the path asks the policy at one point:
+// Inbox is built: skipKey, the default, only writes the inbox rows;
+// holdKey, the key-scoped poison hold whose promise is in doc.go ("Holding
+// a poisoned key"), writes them inside the key's hold. How each writes a
+// delivery's rows is in rows.go; this file holds the policy, and what a
+// released key does after the commit. The path (middleware.go) asks the
+// policy at three points, and batch.go at one:
 //
-//	attempt.go     admit: the inbox row. holdKey locks the key's hold row
+//	attempt        admit: the inbox row. holdKey locks the key's hold row
 //	               first (nothing when the key is not held); a message other
 //	               than the holder parks (park); the holder itself is
 //	               admitted, and its commit releases the key
-//	deadletter.go  recordDeadLetter: the inbox row and the quarantine;
+//	deadLetter     recordDeadLetter: the inbox row and the quarantine;
 //	               holdKey holds the dead letter's key (or holds it again)
-//	middleware.go  afterCommit: a delivery that released the key, or found
+//	deliver        afterCommit: a delivery that released the key, or found
 //	               it released, drains it: release → nextParked → applyParked,
 //	               one parked message per transaction, in arrival order,
 //	               through the same retry loop as any delivery
@@ -67,68 +69,6 @@ const (
 	holdReleased = "released" // the holder was applied: the parked messages follow
 )
 
-// keyPolicy is what the delivery path asks of a delivery's partition key:
-// Config.OnDeadLetter, chosen once when the Inbox is built.
-type keyPolicy interface {
-	// admit writes d's inbox row in tx (the one INSERT, insertRows) and
-	// reports whether d is fresh: the attempt applies it. Otherwise d was
-	// settled in tx, and tx committed: seen before (seenBefore), or parked.
-	admit(ctx context.Context, tx pgx.Tx, d *delivery) (fresh bool, err error)
-	// recordDeadLetter writes, in tx, d's inbox row as dead-lettered and its
-	// quarantine, and returns DeadLettered; or how d settles against a row
-	// that was there first (classifySeen), its dead letter not written; or
-	// "" when another delivery settled it. It commits nothing.
-	recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (settled Outcome, seenReason string, err error)
-	// batchable returns the indexes of the items a batch may run in tx; it
-	// marks the others, in results, to be tried alone.
-	batchable(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error)
-	// afterCommit runs once d's transaction has committed, before d is
-	// acknowledged.
-	afterCommit(d *delivery, a applier) error
-}
-
-// newKeyPolicy returns the policy cfg.OnDeadLetter names.
-func newKeyPolicy(in *Inbox) keyPolicy {
-	if in.cfg.OnDeadLetter == HoldKey {
-		return holdKey{skipKey{in}}
-	}
-	return skipKey{in}
-}
-
-// skipKey is SkipKey: a dead letter leaves its key alone, and the policy
-// only writes the inbox rows.
-type skipKey struct{ in *Inbox }
-
-func (s skipKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (bool, error) {
-	fresh, err := s.in.insertRows(ctx, tx, []*delivery{d}, rowProcessed)
-	if err != nil {
-		return false, err
-	}
-	if len(fresh) == 0 {
-		return false, s.in.seenBefore(ctx, tx, d)
-	}
-	return true, nil
-}
-
-func (s skipKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
-	in := s.in
-	if !in.cfg.disableDedupe && !d.parked { // a parked message's row is there (holdKey.recordDeadLetter)
-		fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowDeadLettered)
-		if err != nil {
-			return "", "", err
-		}
-		if len(fresh) == 0 {
-			// Another delivery of the id finished first: often one that
-			// waited on this delivery's row and was applied once this
-			// one's failed attempt rolled back. Its payload may be
-			// another, so this one is settled against its row like any
-			// redelivery, never taken for a duplicate unseen.
-			return in.classifySeen(ctx, tx, d, reason)
-		}
-	}
-	return DeadLettered, "", in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil)
-}
-
 func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []batchResult) ([]int, error) {
 	live := make([]int, len(items))
 	for i := range live {
@@ -139,147 +79,12 @@ func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []
 
 func (s skipKey) afterCommit(*delivery, applier) error { return nil }
 
-// holdKey is HoldKey: skipKey's inbox rows, inside the hold of the key. A
-// message whose key is empty is never held: skipKey's alone.
-type holdKey struct{ skipKey }
-
-// admit locks the hold of d's key first, so that a release sees this
-// delivery's parking, or this delivery its release. A held key's messages
-// park, but for its holder, whose commit releases the key. A delivery that
-// releases the key, or finds it released, drains it after its commit
-// (d.release, afterCommit).
-func (h holdKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (bool, error) {
-	if d.key == "" {
-		return h.skipKey.admit(ctx, tx, d)
-	}
-	holder, hold, err := h.lockHold(ctx, tx, d)
-	if err != nil {
-		return false, err
-	}
-	d.release = hold == holdReleased
-	if hold != "" && holder != d.id {
-		return false, h.park(ctx, tx, d, holder)
-	}
-	if fresh, err := h.skipKey.admit(ctx, tx, d); err != nil || !fresh {
-		return false, err
-	}
-	if hold != "" && hold != holdReleased {
-		if err := h.setHold(ctx, tx, d, holdReleased); err != nil {
-			return false, err
-		}
-		d.release = true // once committed; a failed attempt finds the key held as before
-	}
-	return true, nil
-}
-
-// recordDeadLetter locks the hold of d's key first, as every delivery of
-// the key does, then writes the inbox row and the quarantine (skipKey's),
-// and holds the key with d as its holder.
-func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
-	if d.key == "" {
-		return h.skipKey.recordDeadLetter(ctx, tx, d, reason)
-	}
-	_, state, err := h.lockHold(ctx, tx, d)
-	if err != nil {
-		return "", "", err
-	}
-	if d.parked {
-		// A released key's parked message: its row is there. Unless
-		// another delivery settled it meanwhile, it holds the key again,
-		// and the messages parked behind it stay parked.
-		if state != holdReleased {
-			return "", "", nil // held again by another: it stays parked
-		}
-		if ok, err := h.unpark(ctx, tx, d, rowDeadLettered); err != nil || !ok {
-			return "", "", err
-		}
-	}
-	settled, seenReason, err := h.skipKey.recordDeadLetter(ctx, tx, d, reason)
-	if err != nil || settled != DeadLettered {
-		return settled, seenReason, err
-	}
-	return settled, "", h.hold(ctx, tx, d)
-}
-
 // afterCommit drains the key d released, or found released (release).
 func (h holdKey) afterCommit(d *delivery, a applier) error {
 	if !d.release {
 		return nil
 	}
 	return h.release(d, a)
-}
-
-// lockHold reads the hold of d's key and locks its row until tx ends; state
-// is "" when the key is not held. Parking, releasing and the dead letter
-// that holds a key all lock the row first, so they take turns; a key that
-// is not held costs one index lookup and locks nothing (why that is enough
-// is in doc.go).
-func (h holdKey) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, state string, err error) {
-	in := h.in
-	err = tx.QueryRow(ctx, `SELECT holder, state FROM inbox_held_keys
-		WHERE consumer = $1 AND topic = $2 AND partition_key = $3 FOR UPDATE`,
-		in.cfg.Consumer, d.topic, d.key).Scan(&holder, &state)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", nil
-	}
-	if err != nil {
-		return "", "", fmt.Errorf("inbox: reading the hold of key %q: %w", d.key, err)
-	}
-	return holder, state, nil
-}
-
-// setHold moves the hold of d's key to state.
-func (h holdKey) setHold(ctx context.Context, tx pgx.Tx, d *delivery, state string) error {
-	in := h.in
-	if _, err := tx.Exec(ctx, `UPDATE inbox_held_keys SET state = $4, updated_at = now()
-		WHERE consumer = $1 AND topic = $2 AND partition_key = $3`, in.cfg.Consumer, d.topic, d.key, state); err != nil {
-		return fmt.Errorf("inbox: marking key %q %s: %w", d.key, state, err)
-	}
-	return nil
-}
-
-// hold holds d's key with d as its holder, in the transaction that
-// dead-letters d. A key already held by another dead letter keeps that one.
-func (h holdKey) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
-	in := h.in
-	_, err := tx.Exec(ctx, `
-		INSERT INTO inbox_held_keys (consumer, topic, partition_key, holder) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (consumer, topic, partition_key) DO UPDATE
-		SET holder = EXCLUDED.holder, state = 'held', updated_at = now()
-		WHERE inbox_held_keys.state <> 'held' OR inbox_held_keys.holder = EXCLUDED.holder`,
-		in.cfg.Consumer, d.topic, d.key, d.id)
-	if err != nil {
-		return fmt.Errorf("inbox: holding key %q: %w", d.key, err)
-	}
-	return nil
-}
-
-// park records d in tx, whose hold row it has locked, as parked: its inbox
-// row with status 'parked' (a redelivery is then a duplicate, or a conflict),
-// its payload and metadata in inbox_parked; then it commits and settles d.
-func (h holdKey) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string) error {
-	in := h.in
-	fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowParked)
-	if err != nil {
-		return err
-	}
-	if len(fresh) == 0 {
-		return in.seenBefore(ctx, tx, d)
-	}
-	meta, err := metadataJSON(d.msg.Metadata)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO inbox_parked (consumer, message_id, topic, partition_key, payload, metadata)
-		VALUES ($1, $2, $3, $4, $5, $6)`, in.cfg.Consumer, d.id, d.topic, d.key, d.msg.Payload, meta); err != nil {
-		return fmt.Errorf("inbox: parking: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("inbox: commit: %w", err)
-	}
-	in.settle(d, Parked, fmt.Sprintf("key %q is held by message %s", d.key, holder))
-	return nil
 }
 
 // release applies the parked messages of d's key, which d released or found
@@ -377,40 +182,7 @@ func (h holdKey) applyParked(p *delivery, a applier) (herr, err error) {
 		}
 		return nil, err
 	}
-	if p.attempts > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, p.id); err != nil {
-			return nil, fmt.Errorf("inbox: clearing attempts: %w", err)
-		}
-	}
-	if herr := a.apply(ctx, tx, []*message.Message{p.msg}); herr != nil {
-		if transient(tx, herr) {
-			return nil, transientError{herr}
-		}
-		return herr, nil
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if commitRefused(tx, err) {
-			return fmt.Errorf("commit refused: %w", err), nil
-		}
-		return nil, fmt.Errorf("inbox: commit: %w", err)
-	}
-	in.settle(p, Applied, "")
-	return nil, nil
-}
-
-// unpark moves p's inbox row from 'parked' to status and deletes its parked
-// entry; ok is false when the row was no longer parked.
-func (h holdKey) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status string) (ok bool, err error) {
-	in := h.in
-	tag, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = $3, processed_at = now()
-		WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`+in.rowTime(p.id, 4), in.rowArgs(p.id, in.cfg.Consumer, p.id, status)...)
-	if err != nil {
-		return false, fmt.Errorf("inbox: unparking: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, p.id); err != nil {
-		return false, fmt.Errorf("inbox: unparking: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
+	return in.applyAndCommit(ctx, tx, p, a) // middleware.go, as any attempt ends
 }
 
 // batchable marks, in results, the items of a batch whose key is held to be

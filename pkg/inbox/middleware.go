@@ -6,26 +6,32 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
-// One delivery's path through the inbox, in the order a reader meets it:
+// One delivery's path through the inbox, in the order a reader meets it.
+// This file holds the path itself, top to bottom: deliver reads the message,
+// run and retry loop over attempts, attempt is one transaction (the inbox
+// row, the applier, the commit), and every way a delivery ends is settled
+// here, in one place (settle). Beneath it, each asked at one point:
 //
-//	middleware.go  Middleware / Handler → deliver: checks the message, then
-//	               the retry loop (attempt, or the first attempt in a batch)
-//	attempt.go     attempt: one transaction: the inbox row, applier.apply,
-//	               commit
-//	batch.go       the same steps for deliveries that share a transaction
-//	deadletter.go  a failed attempt counted; a dead letter
-//	hold.go        the key policy each of those asks at one point (in.keys):
-//	               it writes the inbox row, and under HoldKey holds the key
-//	rows.go        the inbox row's one INSERT; a copy already recorded →
+//	delivery.go    what a delivery is, read from its message
+//	batch.go       the first attempt, in a batch with others while Run runs
+//	hold.go        the key policy (in.keys): the inbox row, written inside
+//	               the key's hold under HoldKey; a dead letter's rows
+//	rows.go        the inbox row's one INSERT; a copy seen before →
 //	               classifySeen (duplicate, conflict); a quarantine row
-//	outcome.go     settle: the outcome counted, traced and reported
+//	deadletter.go  the dead letter's message
+//	outcome.go     the outcomes, their counters and Event
 //
 // Middleware and Handler differ only in their applier: a Watermill handler
 // run per message, or a BatchFunc that takes every new message of a batch.
@@ -134,7 +140,10 @@ func (in *Inbox) deliver(a applier) message.HandlerFunc {
 		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
 		d, reason := in.read(msg)
 		if reason != "" {
-			return nil, in.quarantineInvalid(d, reason) // deadletter.go
+			return nil, in.quarantineInvalid(d, reason)
+		}
+		if err := in.checkShape(d); err != nil {
+			return nil, err
 		}
 
 		committed, err := in.run(d, a)
@@ -153,7 +162,7 @@ func (in *Inbox) run(d *delivery, a applier) (committed bool, err error) {
 		if first {
 			return in.firstAttempt(d, a) // batch.go: in a batch while Run runs
 		}
-		return in.attempt(d, a) // attempt.go
+		return in.attempt(d, a)
 	})
 }
 
@@ -173,7 +182,7 @@ func (in *Inbox) retry(d *delivery, try func(first bool) (herr, err error)) (com
 			// times out) is the message's, and counts after a while, so
 			// it cannot block its partition forever.
 			if transientFailures++; transientFailures < maxTransientFailures {
-				if !ctxtime.Sleep(d.msg.Context(), in.backoff(transientFailures)) {
+				if !in.pause(d, transientFailures) {
 					return false, err
 				}
 				continue
@@ -198,10 +207,204 @@ func (in *Inbox) retry(d *delivery, try func(first bool) (herr, err error)) (com
 			return false, in.deadLetter(d, attempts, fmt.Sprintf("failed %d attempts, last: %v", attempts, herr))
 		}
 		in.settle(d, Retried, herr.Error())
-		if !ctxtime.Sleep(d.msg.Context(), in.backoff(attempts)) {
+		if !in.pause(d, attempts) {
 			return false, fmt.Errorf("inbox: shutting down while retrying: %w", herr)
 		}
 	}
+}
+
+// attempt runs one delivery in a transaction of its own: the inbox row, the
+// applier, the commit. herr is the handler's error (rolled back); err is an
+// infrastructure error (the outcome is unknown or nothing ran).
+func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	// Read committed, whatever the database's default: a concurrent
+	// duplicate then waits for the first delivery's inbox row instead of
+	// failing with a serialization error.
+	tx, err := in.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	if !in.cfg.disableDedupe {
+		// The inbox row, as its key's policy writes it (hold.go). A copy
+		// seen before, or a message of a held key (parked), is settled
+		// without the handler.
+		settled, reason, err := in.keys.admit(ctx, tx, d)
+		if err != nil {
+			return nil, err
+		}
+		if settled != "" {
+			if err := tx.Commit(ctx); err != nil {
+				return nil, fmt.Errorf("inbox: commit: %w", err)
+			}
+			in.settle(d, settled, reason)
+			return nil, nil
+		}
+		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
+	}
+	return in.applyAndCommit(ctx, tx, d, a)
+}
+
+// applyAndCommit ends an attempt whose inbox row is written in tx: it clears
+// the attempts counted before, runs the applier, and commits. Cleared before
+// the handler runs, while the transaction is sure to be healthy (a handler
+// that swallowed a failed statement leaves it aborted); a failed attempt
+// rolls the clearing back with the rest.
+func (in *Inbox) applyAndCommit(ctx context.Context, tx pgx.Tx, d *delivery, a applier) (herr, err error) {
+	if d.attempts > 0 {
+		if err := in.clearAttempts(ctx, tx, d); err != nil {
+			return nil, err
+		}
+	}
+	if herr := a.apply(ctx, tx, []*message.Message{d.msg}); herr != nil {
+		// The caller's deferred rollback undoes the inbox row and every
+		// domain write.
+		if transient(tx, herr) {
+			return nil, transientError{herr}
+		}
+		return herr, nil
+	}
+	if !d.parked { // a parked message was acknowledged when it parked: no window to open
+		failpoint.Hit(failpoint.AfterHandlerBeforeCommit, d.id)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if commitRefused(tx, err) {
+			return fmt.Errorf("commit refused: %w", err), nil
+		}
+		return nil, fmt.Errorf("inbox: commit: %w", err)
+	}
+	in.settle(d, Applied, "")
+	return nil, nil
+}
+
+// recordAttempt counts a failed attempt in its own transaction (the handler's
+// was rolled back) and returns the total, which survives restarts.
+func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	var n int
+	err := in.cfg.Pool.QueryRow(ctx, `
+		INSERT INTO inbox_attempts (consumer, message_id, attempts, last_error)
+		VALUES ($1, $2, 1, $3)
+		ON CONFLICT (consumer, message_id) DO UPDATE
+		SET attempts = inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
+		RETURNING attempts`, in.cfg.Consumer, d.id, pgText(herr.Error())).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
+	}
+	in.cfg.log.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
+	return n, nil
+}
+
+// clearAttempts deletes d's count of failed attempts in tx.
+func (in *Inbox) clearAttempts(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
+		return fmt.Errorf("inbox: clearing attempts: %w", err)
+	}
+	return nil
+}
+
+// deadLetter records the message as finished-but-not-applied and publishes
+// it to the dead-letter topic through the outbox, all in one transaction.
+func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	d.attempts = attempts
+	var settled Outcome
+	var seenReason string
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) (err error) {
+		// The inbox row and the quarantine, as its key's policy writes them
+		// (hold.go: under HoldKey the key is held too).
+		settled, seenReason, err = in.keys.recordDeadLetter(ctx, tx, d, reason)
+		if err != nil || settled != DeadLettered {
+			return err
+		}
+		if err := in.clearAttempts(ctx, tx, d); err != nil {
+			return err
+		}
+		return outbox.PublishTx(ctx, tx, in.cfg.DeadLetterTopic, deadLetterMessage(d, in.cfg.Consumer, attempts, reason)) // deadletter.go
+	})
+	switch {
+	case err != nil:
+		return err
+	case settled == DeadLettered:
+		in.settle(d, DeadLettered, reason)
+	case settled != "": // "": a parked message another delivery settled meanwhile
+		in.settle(d, settled, seenReason)
+	}
+	return nil
+}
+
+// quarantineInvalid records a message that cannot be deduplicated or read.
+func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		return in.insertQuarantine(ctx, tx, d, "invalid", reason, nil)
+	})
+	if err != nil {
+		return err
+	}
+	in.settle(d, Invalid, reason)
+	return nil
+}
+
+// settle is where every delivery ends, and every failed attempt is told:
+// the outcome counted, logged when an operator must look, traced, and
+// reported to Config.OnOutcome.
+func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
+	switch o {
+	case Conflict:
+		in.cfg.log.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
+	case Invalid:
+		in.cfg.log.Error("Inbox quarantined an invalid message", errors.New(reason), in.fields(d))
+	case DeadLettered:
+		in.cfg.log.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
+	}
+	in.stats[outcomeIndex(o)].Add(1)
+	traceOutcome(d.msg.Context(), o, d.attempts, reason)
+	if in.cfg.OnOutcome != nil {
+		in.cfg.OnOutcome(Event{
+			Consumer: in.cfg.Consumer, MessageID: d.id, Outcome: o,
+			Attempt: d.attempts, Reason: reason, Duration: time.Since(d.start),
+		})
+	}
+}
+
+// traceOutcome records a settled delivery on the span in ctx; a failed
+// attempt that will be retried becomes a span event.
+func traceOutcome(ctx context.Context, o Outcome, attempt int, reason string) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	if o == Retried {
+		span.AddEvent("inbox.retry", trace.WithAttributes(
+			attribute.Int("inbox.attempt", attempt), attribute.String("inbox.reason", reason)))
+		return
+	}
+	span.SetAttributes(attribute.String(OutcomeAttribute, string(o)))
+	if attempt > 0 {
+		span.SetAttributes(attribute.Int("inbox.attempts", attempt))
+	}
+	switch o {
+	case Conflict, Invalid, DeadLettered:
+		span.SetAttributes(attribute.String("inbox.reason", reason))
+		span.SetStatus(codes.Error, string(o))
+	}
+}
+
+func (in *Inbox) fields(d *delivery) watermill.LogFields {
+	return watermill.LogFields{"consumer": in.cfg.Consumer, "message_id": d.id, "topic": d.topic}
+}
+
+// pause waits the backoff after failures failures of d, and reports false
+// when d's context ended first.
+func (in *Inbox) pause(d *delivery, failures int) bool {
+	return ctxtime.Sleep(d.msg.Context(), in.backoff(failures))
 }
 
 func (in *Inbox) backoff(attempts int) time.Duration {

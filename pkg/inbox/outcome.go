@@ -1,10 +1,7 @@
 package inbox
 
 import (
-	"errors"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
 )
 
 // Outcome is how a delivery was settled.
@@ -66,27 +63,4 @@ func outcomeIndex(o Outcome) int {
 	default:
 		return 5
 	}
-}
-
-func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
-	in.stats[outcomeIndex(o)].Add(1)
-	traceOutcome(d.msg.Context(), o, d.attempts, reason) // tracing.go
-	if in.cfg.OnOutcome != nil {
-		in.cfg.OnOutcome(Event{
-			Consumer: in.cfg.Consumer, MessageID: d.id, Outcome: o,
-			Attempt: d.attempts, Reason: reason, Duration: time.Since(d.start),
-		})
-	}
-}
-
-// settleSeen settles a committed duplicate or conflict.
-func (in *Inbox) settleSeen(d *delivery, o Outcome, reason string) {
-	if o == Conflict {
-		in.cfg.log.Error("Inbox quarantined a payload conflict", errors.New(reason), in.fields(d))
-	}
-	in.settle(d, o, reason)
-}
-
-func (in *Inbox) fields(d *delivery) watermill.LogFields {
-	return watermill.LogFields{"consumer": in.cfg.Consumer, "message_id": d.id, "topic": d.topic}
 }

@@ -527,10 +527,20 @@ func dropPartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 	return dropped, nil
 }
 
+// checkShape is checkShapeOnce before d's first write: a consumer wired to
+// the wrong shape writes no row (its deliveries fail, with the reason, and
+// come again) whether or not it runs Run.
+func (in *Inbox) checkShape(d *delivery) error {
+	if in.shapeOK.Load() {
+		return nil
+	}
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	return in.checkShapeOnce(ctx)
+}
+
 // checkShapeOnce is checkPartitioned until it has passed once: Run calls
-// it, and every write of inbox rows, so that a consumer wired to the wrong
-// shape writes no row (its deliveries fail, with the reason, and come
-// again) whether or not it runs Run.
+// it, and every delivery (checkShape).
 func (in *Inbox) checkShapeOnce(ctx context.Context) error {
 	if in.shapeOK.Load() {
 		return nil

@@ -1,12 +1,9 @@
 package inbox
 
 import (
-	"context"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -46,26 +43,3 @@ func (in *Inbox) startSpan(msg *message.Message) trace.Span {
 }
 
 var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
-
-// traceOutcome records a settled delivery on the span in ctx; a failed
-// attempt that will be retried becomes a span event.
-func traceOutcome(ctx context.Context, o Outcome, attempt int, reason string) {
-	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() {
-		return
-	}
-	if o == Retried {
-		span.AddEvent("inbox.retry", trace.WithAttributes(
-			attribute.Int("inbox.attempt", attempt), attribute.String("inbox.reason", reason)))
-		return
-	}
-	span.SetAttributes(attribute.String(OutcomeAttribute, string(o)))
-	if attempt > 0 {
-		span.SetAttributes(attribute.Int("inbox.attempts", attempt))
-	}
-	switch o {
-	case Conflict, Invalid, DeadLettered:
-		span.SetAttributes(attribute.String("inbox.reason", reason))
-		span.SetStatus(codes.Error, string(o))
-	}
-}
