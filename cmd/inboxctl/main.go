@@ -31,30 +31,23 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/cmd/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Getenv); err != nil {
-		fmt.Fprintln(os.Stderr, "inboxctl:", err)
-		os.Exit(1)
-	}
+var tool = opctl.Tool{
+	Name:     "inboxctl",
+	Usage:    usage,
+	Database: "the consumer's database",
 }
+
+func main() { tool.Main(run) }
 
 const usage = `usage:
   inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-resolved]
@@ -67,16 +60,8 @@ const usage = `usage:
   inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 DATABASE_URL names the consumer's database.`
 
-// errUsage is returned for a command line that does not parse.
-var errUsage = errors.New(usage)
-
 func run(ctx context.Context, args []string, out io.Writer, getenv func(string) string) error {
-	if len(args) == 0 {
-		return errUsage
-	}
-	cmd, args := args[0], args[1:]
-	fs := flag.NewFlagSet("inboxctl "+cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := flag.NewFlagSet("inboxctl", flag.ContinueOnError)
 	consumer := fs.String("consumer", "", "only this consumer; retire: the consumer to retire")
 	kind := fs.String("kind", "", "only this kind: dead_letter, payload_conflict or invalid")
 	resolved := fs.Bool("resolved", false, "list: also rows already redriven or discarded")
@@ -85,36 +70,24 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	why := fs.String("why", "", "discard: why (recorded)")
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
 	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
-	switch cmd {
-	case "list", "show", "redrive", "discard", "held", "consumers", "retire":
-	case "help", "-h", "-help", "--help":
-		fmt.Fprintln(out, usage)
-		return nil
-	default:
-		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "redrive", "discard", "held", "consumers", "retire")
+	if err != nil || help {
+		return err
 	}
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%v\n%s", err, usage)
-	}
-	id, err := idArg(cmd, fs.Args(), *all)
+	id, err := idArg(cmd, rest, *all)
 	if err != nil {
 		return err
 	}
 
-	url := getenv("DATABASE_URL")
-	if url == "" {
-		return errors.New("DATABASE_URL is required: the consumer's database")
+	timeout := time.Minute
+	if cmd == "retire" || cmd == "consumers" {
+		timeout = 0 // a retire of millions of rows takes what it takes; ^C stops it
 	}
-	if cmd != "retire" && cmd != "consumers" { // a retire of millions of rows takes what it takes; ^C stops it
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-	}
-	pool, err := pgxpool.New(ctx, url)
+	ctx, pool, closeDB, err := tool.Connect(ctx, getenv, timeout)
 	if err != nil {
-		return fmt.Errorf("connecting: %w", err)
+		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 
 	switch cmd {
 	case "list":
@@ -198,23 +171,14 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 func idArg(cmd string, rest []string, all bool) (int64, error) {
 	switch {
 	case cmd == "list" || cmd == "held" || cmd == "consumers" || cmd == "retire":
-		if len(rest) > 0 {
-			return 0, fmt.Errorf("%s takes no arguments, got %q\n%s", cmd, rest, usage)
-		}
-		return 0, nil
+		return 0, tool.NoArgs(cmd, rest)
 	case cmd == "redrive" && all:
 		if len(rest) > 0 {
 			return 0, fmt.Errorf("redrive: give an ID or -all, not both\n%s", usage)
 		}
 		return 0, nil
-	case len(rest) != 1:
-		return 0, fmt.Errorf("%s needs one ID (see inboxctl list)\n%s", cmd, usage)
 	}
-	id, err := strconv.ParseInt(rest[0], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s: ID %q is not a number", cmd, rest[0])
-	}
-	return id, nil
+	return tool.ID(cmd, rest)
 }
 
 func printList(out io.Writer, list []inbox.Quarantined) {

@@ -21,89 +21,54 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/cmd/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Getenv); err != nil {
-		fmt.Fprintln(os.Stderr, "outboxctl:", err)
-		os.Exit(1)
-	}
-}
-
-const usage = `usage:
+var tool = opctl.Tool{
+	Name: "outboxctl",
+	Usage: `usage:
   outboxctl list
   outboxctl show ID
   outboxctl retry ID
   outboxctl drop -by WHO -why WHY ID
-DATABASE_URL names the producer's database.`
+DATABASE_URL names the producer's database.`,
+	Database: "the producer's database",
+}
 
-var errUsage = errors.New(usage)
+func main() { tool.Main(run) }
 
 func run(ctx context.Context, args []string, out io.Writer, getenv func(string) string) error {
-	if len(args) == 0 {
-		return errUsage
-	}
-	cmd, args := args[0], args[1:]
-	fs := flag.NewFlagSet("outboxctl "+cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := flag.NewFlagSet("outboxctl", flag.ContinueOnError)
 	by := fs.String("by", opctl.Operator(getenv), "drop: who drops the row (recorded)")
 	why := fs.String("why", "", "drop: why (recorded)")
-	switch cmd {
-	case "list", "show", "retry", "drop":
-	case "help", "-h", "-help", "--help":
-		fmt.Fprintln(out, usage)
-		return nil
-	default:
-		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
-	}
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%v\n%s", err, usage)
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "retry", "drop")
+	if err != nil || help {
+		return err
 	}
 	var id int64
-	switch rest := fs.Args(); {
-	case cmd == "list":
-		if len(rest) > 0 {
-			return fmt.Errorf("list takes no arguments, got %q\n%s", rest, usage)
-		}
-	case len(rest) != 1:
-		return fmt.Errorf("%s needs one ID (see outboxctl list)\n%s", cmd, usage)
-	default:
-		n, err := strconv.ParseInt(rest[0], 10, 64)
-		if err != nil {
-			return fmt.Errorf("%s: ID %q is not a number", cmd, rest[0])
-		}
-		id = n
+	if cmd == "list" {
+		err = tool.NoArgs(cmd, rest)
+	} else {
+		id, err = tool.ID(cmd, rest)
+	}
+	if err != nil {
+		return err
 	}
 	if cmd == "drop" && strings.TrimSpace(*why) == "" {
 		return errors.New("drop needs -why: it is kept as the audit record")
 	}
 
-	url := getenv("DATABASE_URL")
-	if url == "" {
-		return errors.New("DATABASE_URL is required: the producer's database")
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, url)
+	ctx, pool, closeDB, err := tool.Connect(ctx, getenv, time.Minute)
 	if err != nil {
-		return fmt.Errorf("connecting: %w", err)
+		return err
 	}
-	defer pool.Close()
+	defer closeDB()
 
 	switch cmd {
 	case "list", "show":

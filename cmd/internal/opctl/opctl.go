@@ -1,6 +1,7 @@
 // Package opctl holds what the operator commands (cmd/inboxctl,
-// cmd/outboxctl) share: who is at the keyboard, and how a long value is
-// cut for a table.
+// cmd/outboxctl) share: their frame (Tool: the signals, the command line,
+// the database), who is at the keyboard, and how a long value is cut for a
+// table.
 package opctl
 
 import (
