@@ -87,7 +87,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	status := func() string {
 		return scalar[string](t, b, `SELECT coalesce((SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2), '')`, consumer, poison.UUID)
 	}
-	eventually(t, func() bool { return status() == "dead_lettered" }, 20*time.Second, "the poison message to be dead-lettered")
+	eventually(t, func() bool { return status() == "dead_lettered" }, 20*time.Second, "the poison message to be dead-lettered", b.events.count)
 	require.Equal(t, 2, b.handler.callsFor(poison.UUID))
 
 	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Kind: inbox.KindDeadLetter})
@@ -104,7 +104,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Redriven, res.Note)
 
-	eventually(t, func() bool { return status() == "processed" }, 20*time.Second, "the redriven message to be applied")
+	eventually(t, func() bool { return status() == "processed" }, 20*time.Second, "the redriven message to be applied", b.events.count)
 	require.Equal(t, 1, appliedRows(t, b, consumer, poison.UUID))
 	require.Equal(t, 3, b.handler.callsFor(poison.UUID), "two failed runs, then the redriven one")
 
@@ -124,7 +124,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	require.NoError(t, err)
 	eventually(t, func() bool {
 		return scalar[int](t, b, `SELECT duplicates FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, consumer, poison.UUID) == 1
-	}, 20*time.Second, "the republished redrive to be suppressed")
+	}, 20*time.Second, "the republished redrive to be suppressed", b.events.count)
 	require.Equal(t, 1, appliedRows(t, b, consumer, poison.UUID))
 
 	// Redriving again is a no-op, and says so.

@@ -3,7 +3,6 @@ package inbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/pkg/internal/check"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -216,46 +216,31 @@ func (c *Config) setDefaults() {
 // Validate reports the first invalid field. New calls it after filling in
 // the defaults of zero fields, so zero is valid wherever a default exists.
 func (c Config) Validate() error {
-	switch {
-	case c.Pool == nil:
-		return errors.New("inbox: Config.Pool is required")
-	case c.Consumer == "":
-		return errors.New("inbox: Config.Consumer is required")
-	case c.MaxAttempts < 0:
-		return errors.New("inbox: Config.MaxAttempts must not be negative (0: the default)")
-	case c.RetryBackoff < 0 || c.MaxRetryBackoff < 0:
-		return errors.New("inbox: Config.RetryBackoff and Config.MaxRetryBackoff must not be negative (0: the default)")
-	case c.MaxPayloadBytes < 0:
-		return errors.New("inbox: Config.MaxPayloadBytes must not be negative (0: the default)")
-	case c.BatchSize < 0:
-		return errors.New("inbox: Config.BatchSize must not be negative (0 or 1: no batches)")
-	case c.BatchWorkers < 0:
-		return errors.New("inbox: Config.BatchWorkers must not be negative (0: the default)")
-	case c.BatchLinger < 0:
-		return errors.New("inbox: Config.BatchLinger must not be negative")
-	case c.RetentionBatch < 0:
-		return errors.New("inbox: Config.RetentionBatch must not be negative (0: the default)")
-	case c.RetentionInterval < 0:
-		return errors.New("inbox: Config.RetentionInterval must not be negative (0: the default)")
-	case c.TxTimeout < 0:
-		return errors.New("inbox: Config.TxTimeout must not be negative (0: the default)")
-	case c.OnDeadLetter != SkipKey && c.OnDeadLetter != HoldKey:
-		return fmt.Errorf("inbox: Config.OnDeadLetter %d is neither SkipKey nor HoldKey", c.OnDeadLetter)
-	case c.OnDeadLetter == HoldKey && c.disableDedupe:
-		return errors.New("inbox: Config.OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
-	case c.LogStart != nil && c.Position == nil:
-		return errors.New("inbox: Config.LogStart needs Config.Position: without positions every row goes by age alone")
-	case c.Partitions != nil && c.Partitions.withDefaults().validate() != nil:
-		return c.Partitions.withDefaults().validate()
-	case c.Partitions != nil && cmp.Or(c.TxTimeout, DefaultTxTimeout) >= clearedSlack(cmp.Or(c.Retention, DefaultRetention)):
-		return fmt.Errorf("inbox: Config.TxTimeout (%s) must be shorter than %s with Config.Partitions: "+
-			"a partition is dropped only when no row in it was written that long before it was cleared",
-			cmp.Or(c.TxTimeout, DefaultTxTimeout), clearedSlack(cmp.Or(c.Retention, DefaultRetention)))
-	case c.Retention < c.RedeliveryHorizon:
-		return fmt.Errorf("inbox: Config.Retention (%s) is shorter than Config.RedeliveryHorizon (%s): "+
-			"a message redelivered after its inbox row was swept would be applied twice", c.Retention, c.RedeliveryHorizon)
+	f := check.Config("inbox: Config")
+	f.Required("Pool", c.Pool != nil)
+	f.Required("Consumer", c.Consumer != "")
+	check.NotNegative(f, "MaxAttempts", c.MaxAttempts)
+	check.NotNegative(f, "RetryBackoff", c.RetryBackoff)
+	check.NotNegative(f, "MaxRetryBackoff", c.MaxRetryBackoff)
+	check.NotNegative(f, "MaxPayloadBytes", c.MaxPayloadBytes)
+	f.That(c.BatchSize >= 0, "BatchSize must not be negative (0 or 1: no batches)")
+	check.NotNegative(f, "BatchWorkers", c.BatchWorkers)
+	f.That(c.BatchLinger >= 0, "BatchLinger must not be negative")
+	check.NotNegative(f, "RetentionBatch", c.RetentionBatch)
+	check.NotNegative(f, "RetentionInterval", c.RetentionInterval)
+	check.NotNegative(f, "TxTimeout", c.TxTimeout)
+	f.That(c.OnDeadLetter == SkipKey || c.OnDeadLetter == HoldKey, "OnDeadLetter %d is neither SkipKey nor HoldKey", c.OnDeadLetter)
+	f.That(c.OnDeadLetter != HoldKey || !c.disableDedupe, "OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
+	f.That(c.LogStart == nil || c.Position != nil, "LogStart needs Config.Position: without positions every row goes by age alone")
+	if c.Partitions != nil {
+		f.Also(c.Partitions.withDefaults().validate())
+		txTimeout, slack := cmp.Or(c.TxTimeout, DefaultTxTimeout), clearedSlack(cmp.Or(c.Retention, DefaultRetention))
+		f.That(txTimeout < slack, "TxTimeout (%s) must be shorter than %s with Config.Partitions: "+
+			"a partition is dropped only when no row in it was written that long before it was cleared", txTimeout, slack)
 	}
-	return nil
+	f.That(c.Retention >= c.RedeliveryHorizon, "Retention (%s) is shorter than Config.RedeliveryHorizon (%s): "+
+		"a message redelivered after its inbox row was swept would be applied twice", c.Retention, c.RedeliveryHorizon)
+	return f.Err()
 }
 
 // LogStart is, per topic and partition, the first offset Kafka still holds:

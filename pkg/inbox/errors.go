@@ -6,30 +6,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxref/outbox-inbox/pkg/internal/permanent"
 )
-
-// permanent marks an error that retrying cannot fix.
-type permanent struct{ err error }
-
-func (p permanent) Error() string { return p.err.Error() }
-
-func (p permanent) Unwrap() error { return p.err }
 
 // Permanent wraps err so the middleware dead-letters the message at once
 // instead of retrying it: malformed JSON, an unknown schema version, a
-// reference to something that does not exist.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return permanent{err}
-}
+// reference to something that does not exist. It is the outbox's
+// outbox.Permanent too: one kind, a failure that trying again cannot fix.
+func Permanent(err error) error { return permanent.Wrap(err) }
 
-// IsPermanent reports whether err was wrapped by Permanent.
-func IsPermanent(err error) bool {
-	var p permanent
-	return errors.As(err, &p)
-}
+// IsPermanent reports whether err was wrapped by Permanent (or by
+// outbox.Permanent).
+func IsPermanent(err error) bool { return permanent.Is(err) }
 
 // maxTransientFailures is how many database failures in a row under the
 // handler one delivery absorbs before the next one counts as a failed

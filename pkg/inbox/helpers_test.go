@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"crypto/sha256"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -152,6 +153,13 @@ func (r *recorder) outcomes(id string) []inbox.Outcome {
 	return out
 }
 
+// count is how many events were recorded: a wait's measure of progress.
+func (r *recorder) count() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return int64(len(r.events))
+}
+
 func (r *recorder) all() []inbox.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -259,16 +267,29 @@ func awaitLockWaiters(t *testing.T, b *testBundle, n int, what string) {
 	}
 }
 
-// eventually polls cond every 20ms until it holds, and fails the test after
-// timeout.
-func eventually(t *testing.T, cond func() bool, timeout time.Duration, what string) {
+// eventually polls cond every 20ms until it holds. It fails the test when
+// cond has not held for timeout and nothing moved meanwhile: each progress
+// measure (the deliveries settled, a committed offset) is read at every
+// poll, and a change restarts the wait, so a busy machine makes the wait
+// longer, never a failure.
+func eventually(t *testing.T, cond func() bool, timeout time.Duration, what string, progress ...func() int64) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	read := func() []int64 {
+		var v []int64
+		for _, p := range progress {
+			v = append(v, p())
+		}
+		return v
+	}
+	deadline, last := time.Now().Add(timeout), read()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
+		if now := read(); !slices.Equal(now, last) {
+			deadline, last = time.Now().Add(timeout), now // moving: a busy machine is slow, not stuck
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			t.Fatalf("timed out waiting for %s: nothing moved for %v (%v)", what, timeout, last)
 		}
 		<-tick.C
 	}

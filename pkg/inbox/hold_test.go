@@ -154,7 +154,7 @@ func (h *holdBundle) status(t *testing.T, id string) string {
 func (h *holdBundle) await(t *testing.T, status string, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
-		eventually(t, func() bool { return h.status(t, id) == status }, 20*time.Second, id+" to be "+status)
+		eventually(t, func() bool { return h.status(t, id) == status }, 20*time.Second, id+" to be "+status, h.events.count)
 	}
 }
 
@@ -222,7 +222,7 @@ func TestHoldKey(t *testing.T) {
 				held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
 				require.NoError(t, err)
 				return len(held) == 0
-			}, 10*time.Second, "the hold to be gone")
+			}, 10*time.Second, "the hold to be gone", h.events.count)
 			require.Equal(t, 0, scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_parked`))
 		})
 	}
@@ -266,7 +266,7 @@ func discardReleasesInOrder(t *testing.T, p *inbox.Partitioning) {
 		// k2 went back through the outbox in k1's place, and says why.
 		require.Equal(t, "1", scalar[string](t, h.testBundle, `SELECT count(*)::text FROM outbox_messages
 			WHERE topic = $1 AND message_id = $2 AND metadata->>$3 = $4`, h.topic, k2, inbox.ReleaseOfMetadata, strconv.FormatInt(qid, 10)))
-		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone")
+		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone", h.events.count)
 		if p != nil {
 			require.Zero(t, scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_messages WHERE tableoid::regclass::text NOT LIKE 'inbox_messages_p%'`),
 				"every row in an hour's partition")
@@ -306,7 +306,7 @@ func releasedMessageFailsHoldsAgain(t *testing.T) {
 		for _, id := range []string{k1, k2, k3, k4} {
 			require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, id), id)
 		}
-		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone")
+		eventually(t, func() bool { return scalar[int](t, h.testBundle, `SELECT count(*) FROM inbox_held_keys`) == 0 }, 10*time.Second, "the hold to be gone", h.events.count)
 
 		// Released, the key is held again by its next poison.
 		k5 := h.publish(t, "K", "poison 5")

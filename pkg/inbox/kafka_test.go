@@ -58,7 +58,7 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 				return scalar[int](t, b, `SELECT count(*) FROM inbox_messages`) == 3 &&
 					scalar[int](t, b, `SELECT coalesce(sum(duplicates), 0) FROM inbox_messages`) == 1 &&
 					scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE kind = 'payload_conflict'`) == 1
-			}, 20*time.Second, "three messages applied, the copy suppressed, the conflict quarantined")
+			}, 20*time.Second, "three messages applied, the copy suppressed, the conflict quarantined", b.events.count)
 			offsets := map[string]int64{}
 			rows, err := b.pool.Query(b.ctx, `SELECT message_id, kafka_partition, kafka_offset FROM inbox_messages`)
 			require.NoError(t, err)
@@ -185,10 +185,10 @@ func TestRouterWithKafka(t *testing.T) {
 		}
 		return s
 	}
-	eventually(t, func() bool { return status(good.UUID) == "processed" }, 20*time.Second, "the good message to be applied")
+	eventually(t, func() bool { return status(good.UUID) == "processed" }, 20*time.Second, "the good message to be applied", b.events.count)
 	eventually(t, func() bool {
 		return scalar[int](t, b, `SELECT coalesce(sum(duplicates), 0) FROM inbox_messages WHERE message_id = $1`, twice.UUID) == 1
-	}, 20*time.Second, "the second copy to be suppressed")
+	}, 20*time.Second, "the second copy to be suppressed", b.events.count)
 	t.Logf("settled %v after publishing", time.Since(start))
 
 	require.Equal(t, "dead_lettered", status(poison.UUID))
@@ -217,7 +217,8 @@ func TestRouterWithKafka(t *testing.T) {
 	admin, err := sarama.NewClusterAdmin(kfk.Brokers(), kafkatest.Sarama())
 	require.NoError(t, err)
 	defer admin.Close()
-	eventually(t, func() bool { return committedOffsets(t, admin, group, topic) == 4 }, 10*time.Second, "offsets of all four messages to be committed")
+	committed := func() int64 { return committedOffsets(t, admin, group, topic) }
+	eventually(t, func() bool { return committed() == 4 }, 10*time.Second, "offsets of all four messages to be committed", committed)
 }
 
 // committedOffsets sums the offsets group has committed on topic's partitions.

@@ -58,9 +58,9 @@ type Partitioning struct {
 
 // The defaults of Partitioning's zero fields.
 const (
-	DefaultPartitionInterval    = 24 * time.Hour
-	DefaultPartitionsAhead      = 3
-	DefaultPartitionLockTimeout = 500 * time.Millisecond
+	DefaultPartitionInterval    = pgtable.DefaultInterval    // 24h
+	DefaultPartitionsAhead      = pgtable.DefaultAhead       // 3
+	DefaultPartitionLockTimeout = pgtable.DefaultLockTimeout // 500ms
 )
 
 func (p *Partitioning) setDefaults() {
@@ -78,16 +78,7 @@ func (p Partitioning) withDefaults() Partitioning {
 }
 
 func (p Partitioning) validate() error {
-	switch {
-	case p.Interval < time.Minute || p.Interval%time.Minute != 0:
-		return fmt.Errorf("inbox: Partitioning.Interval %s is not a whole number of minutes", p.Interval)
-	case p.Ahead < 1:
-		return errors.New("inbox: Partitioning.Ahead must be at least 1 (0: the default)")
-	case p.LockTimeout < time.Millisecond:
-		// Postgres takes lock_timeout in milliseconds, and 0 as no timeout.
-		return errors.New("inbox: Partitioning.LockTimeout must be at least 1ms (0: the default)")
-	}
-	return nil
+	return pgtable.CheckPartitioning("inbox: Partitioning", p.Interval, p.Ahead, p.LockTimeout)
 }
 
 // UUIDv7Time returns the creation time a UUIDv7 carries in its first 48

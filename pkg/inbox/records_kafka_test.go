@@ -172,12 +172,13 @@ func TestHostileRecordsThroughKafka(t *testing.T) {
 
 				eventually(t, func() bool {
 					return scalar[int](t, b, `SELECT count(*) FROM applied WHERE message_id = ANY($1)`, genuine) == len(genuine)
-				}, 25*time.Second, "every genuine message applied")
+				}, 25*time.Second, "every genuine message applied", b.events.count)
 				admin, err := sarama.NewClusterAdmin(kfk.Brokers(), kafkatest.Sarama())
 				require.NoError(t, err)
 				defer admin.Close()
-				eventually(t, func() bool { return committedOffsets(t, admin, topic, topic) == int64(len(sent)) },
-					20*time.Second, "every record acknowledged: no partition blocked")
+				committed := func() int64 { return committedOffsets(t, admin, topic, topic) }
+				eventually(t, func() bool { return committed() == int64(len(sent)) },
+					20*time.Second, "every record acknowledged: no partition blocked", committed)
 
 				for _, r := range hostile {
 					sum := sha256.Sum256(r.value)

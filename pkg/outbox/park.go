@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/outboxref/outbox-inbox/pkg/internal/permanent"
 )
 
 // Parking. A row the broker will never accept, however often it is sent
@@ -25,26 +26,21 @@ import (
 // without it. Rows with an empty partition key carry no order, so nothing
 // waits behind them.
 
-// permanentError marks an error as one the broker will repeat for this
-// message, whatever the relay does.
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
-
 // Permanent wraps err so that the relay's default IsPermanent takes it as a
 // refusal of the message itself: a publisher's way to say "never send this
-// again" (outboxkafka's Publisher wraps Kafka's refusals in it).
-func Permanent(err error) error { return permanentError{err} }
+// again" (outboxkafka's Publisher wraps Kafka's refusals in it). It is the
+// inbox's inbox.Permanent too: one kind, a failure that trying again cannot
+// fix. nil stays nil.
+func Permanent(err error) error { return permanent.Wrap(err) }
 
 // IsPermanent reports whether err, from a Publisher, says the broker will
 // never take a message of the batch, so that the relay finds that message
 // and parks it instead of retrying the batch: whether err was wrapped by
-// Permanent. Everything else is transient, and the batch is retried after a
+// Permanent (or by inbox.Permanent). Everything else is transient, and the batch is retried after a
 // backoff. It is RelayConfig.IsPermanent's default; outboxkafka.IsPermanent
 // also knows Sarama's refusals, for a relay publishing through
 // watermill-kafka's Publisher.
-func IsPermanent(err error) bool { return errors.As(err, new(permanentError)) }
+func IsPermanent(err error) bool { return permanent.Is(err) }
 
 // ParkedRow is a parked outbox row.
 type ParkedRow struct {

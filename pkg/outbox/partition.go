@@ -60,9 +60,9 @@ type Partitioning struct {
 
 // The defaults of Partitioning's zero fields.
 const (
-	DefaultPartitionInterval    = 24 * time.Hour
-	DefaultPartitionsAhead      = 3
-	DefaultPartitionLockTimeout = 500 * time.Millisecond
+	DefaultPartitionInterval    = pgtable.DefaultInterval    // 24h
+	DefaultPartitionsAhead      = pgtable.DefaultAhead       // 3
+	DefaultPartitionLockTimeout = pgtable.DefaultLockTimeout // 500ms
 )
 
 // PartitionIDs is how many ids one partition's block holds: the ids of a
@@ -82,16 +82,7 @@ func (p Partitioning) withDefaults() Partitioning {
 }
 
 func (p Partitioning) validate() error {
-	switch {
-	case p.Interval < time.Minute || p.Interval%time.Minute != 0:
-		return fmt.Errorf("outbox: Partitioning.Interval %s is not a whole number of minutes", p.Interval)
-	case p.Ahead < 1:
-		return errors.New("outbox: Partitioning.Ahead must be at least 1 (0: the default)")
-	case p.LockTimeout < time.Millisecond:
-		// Postgres takes lock_timeout in milliseconds, and 0 as no timeout.
-		return errors.New("outbox: Partitioning.LockTimeout must be at least 1ms (0: the default)")
-	}
-	return nil
+	return pgtable.CheckPartitioning("outbox: Partitioning", p.Interval, p.Ahead, p.LockTimeout)
 }
 
 // The first partition, and the prefix of the others' names.

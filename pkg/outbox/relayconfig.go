@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"cmp"
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -11,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/outboxref/outbox-inbox/pkg/internal/check"
 )
 
 // maxShards bounds RelayConfig.Shards: a shard is a lease row, and a relay
@@ -157,40 +156,28 @@ func (c *RelayConfig) setDefaults() {
 // Validate reports the first invalid field. NewRelay calls it after filling
 // in the defaults of zero fields, so zero is valid wherever a default exists.
 func (c RelayConfig) Validate() error {
-	switch {
-	case c.Pool == nil:
-		return errors.New("outbox: RelayConfig.Pool is required")
-	case c.Publisher == nil:
-		return errors.New("outbox: RelayConfig.Publisher is required")
-	case c.BatchSize < 0:
-		return errors.New("outbox: RelayConfig.BatchSize must not be negative (0: the default)")
-	case c.PollInterval < 0 || c.PollInterval > 0 && c.PollInterval < time.Millisecond:
-		return errors.New("outbox: RelayConfig.PollInterval must be at least 1ms (0: the default)")
-	case c.Retention < 0:
-		return errors.New("outbox: RelayConfig.Retention must not be negative (0: the default)")
+	f := check.Config("outbox: RelayConfig")
+	f.Required("Pool", c.Pool != nil)
+	f.Required("Publisher", c.Publisher != nil)
+	check.NotNegative(f, "BatchSize", c.BatchSize)
+	check.NotNegative(f, "PollInterval", c.PollInterval)
+	check.AtLeast(f, "PollInterval", c.PollInterval, time.Millisecond)
+	check.NotNegative(f, "Retention", c.Retention)
 	// Negative values below slip past setDefaults: a negative
 	// RetentionInterval panics in time.NewTicker inside Run, a negative
 	// BatchTimeout fails every batch, a negative RetentionBatch every DELETE.
-	case c.ErrorBackoff < 0:
-		return errors.New("outbox: RelayConfig.ErrorBackoff must not be negative (0: the default)")
-	case c.MaxErrorBackoff != 0 && c.MaxErrorBackoff < c.ErrorBackoff:
-		return errors.New("outbox: RelayConfig.MaxErrorBackoff must not be below RelayConfig.ErrorBackoff")
-	case c.MaxMessageBytes < 0:
-		return errors.New("outbox: RelayConfig.MaxMessageBytes must not be negative (0: the default)")
-	case c.BatchTimeout < 0:
-		return errors.New("outbox: RelayConfig.BatchTimeout must not be negative (0: the default)")
-	case c.RetentionInterval < 0:
-		return errors.New("outbox: RelayConfig.RetentionInterval must not be negative (0: the default)")
-	case c.RetentionBatch < 0:
-		return errors.New("outbox: RelayConfig.RetentionBatch must not be negative (0: the default)")
-	case c.Shards < 0 || c.Shards > maxShards:
-		return fmt.Errorf("outbox: RelayConfig.Shards must be between 0 and %d", maxShards)
-	case c.Shards > 1 && c.Parallel:
-		return errors.New("outbox: RelayConfig.Shards and RelayConfig.Parallel exclude each other: shards keep each key's order, Parallel gives it up")
-	case c.Partitions != nil && c.Partitions.withDefaults().validate() != nil:
-		return c.Partitions.withDefaults().validate()
-	case c.LeaseTTL < 0 || c.LeaseTTL > 0 && c.LeaseTTL < 30*time.Millisecond:
-		return errors.New("outbox: RelayConfig.LeaseTTL must be at least 30ms (0: the default)")
+	check.NotNegative(f, "ErrorBackoff", c.ErrorBackoff)
+	f.That(c.MaxErrorBackoff == 0 || c.MaxErrorBackoff >= c.ErrorBackoff, "MaxErrorBackoff must not be below RelayConfig.ErrorBackoff")
+	check.NotNegative(f, "MaxMessageBytes", c.MaxMessageBytes)
+	check.NotNegative(f, "BatchTimeout", c.BatchTimeout)
+	check.NotNegative(f, "RetentionInterval", c.RetentionInterval)
+	check.NotNegative(f, "RetentionBatch", c.RetentionBatch)
+	f.That(c.Shards >= 0 && c.Shards <= maxShards, "Shards must be between 0 and %d", maxShards)
+	f.That(c.Shards <= 1 || !c.Parallel, "Shards and RelayConfig.Parallel exclude each other: shards keep each key's order, Parallel gives it up")
+	check.NotNegative(f, "LeaseTTL", c.LeaseTTL)
+	check.AtLeast(f, "LeaseTTL", c.LeaseTTL, 30*time.Millisecond)
+	if c.Partitions != nil {
+		f.Also(c.Partitions.withDefaults().validate())
 	}
-	return nil
+	return f.Err()
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxref/outbox-inbox/pkg/internal/check"
 )
 
 // DB is what the conversions and the partitions' upkeep run their
@@ -37,4 +38,23 @@ func FirstLine(s string) string {
 		s = s[:i]
 	}
 	return s
+}
+
+// The defaults the inbox's and the outbox's Partitioning share.
+const (
+	DefaultInterval    = 24 * time.Hour
+	DefaultAhead       = 3
+	DefaultLockTimeout = 500 * time.Millisecond
+)
+
+// CheckPartitioning checks the fields the inbox's and the outbox's
+// Partitioning share, their defaults filled in; name is the caller's
+// ("inbox: Partitioning").
+func CheckPartitioning(name string, interval time.Duration, ahead int, lockTimeout time.Duration) error {
+	f := check.Config(name)
+	f.That(interval >= time.Minute && interval%time.Minute == 0, "Interval %s is not a whole number of minutes", interval)
+	f.That(ahead >= 1, "Ahead must be at least 1 (0: the default)")
+	// Postgres takes lock_timeout in milliseconds, and 0 as no timeout.
+	f.That(lockTimeout >= time.Millisecond, "LockTimeout must be at least 1ms (0: the default)")
+	return f.Err()
 }
