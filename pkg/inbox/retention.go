@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
+	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 )
 
 // Sweep deletes inbox rows and stale attempt counters older than Retention,
@@ -43,38 +43,23 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 		}
 		table = partitionDefault
 	}
-	// Each batch starts where the last one ended ($8, the newest
-	// processed_at it deleted), not at the oldest row: the rows a batch
-	// deleted stay in the index until vacuum, and while any snapshot older
-	// than the delete is open (a long transaction anywhere in the
-	// database) every scan from the start visits each of them in the heap
-	// again, so a backlog of n expired rows cost n²/2/batch visits
-	// (BenchmarkSweepBacklog). A row left behind (not sweepable yet) is
-	// looked at again by the next Sweep.
-	var total int64
-	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	for {
-		var n int64
-		var last pgtype.Timestamptz
-		err := in.cfg.Pool.QueryRow(ctx, `
-			WITH gone AS (
-				DELETE FROM `+table+`
-				WHERE (consumer, message_id) IN (
-					SELECT m.consumer, m.message_id FROM `+table+` m
-					WHERE m.consumer = $1 AND m.processed_at >= $8 AND `+sweepable+`
-					ORDER BY m.processed_at
-					LIMIT $7)
-				RETURNING processed_at)
-			SELECT count(*), max(processed_at) FROM gone`, planEachTime,
-			in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts, in.cfg.RetentionBatch, from).Scan(&n, &last)
-		if err != nil {
-			return total, fmt.Errorf("inbox: sweep: %w", err)
-		}
-		total += n
-		if n < int64(in.cfg.RetentionBatch) {
-			break
-		}
-		from = last
+	// Batch after batch, each from where the last one ended ($8, the
+	// newest processed_at it deleted), not from the oldest row
+	// (pgtable.DeleteByTime says why). A row left behind (not sweepable
+	// yet) is looked at again by the next Sweep.
+	total, err := pgtable.DeleteByTime(ctx, in.cfg.Pool, `
+		WITH gone AS (
+			DELETE FROM `+table+`
+			WHERE (consumer, message_id) IN (
+				SELECT m.consumer, m.message_id FROM `+table+` m
+				WHERE m.consumer = $1 AND m.processed_at >= $8 AND `+sweepable+`
+				ORDER BY m.processed_at
+				LIMIT $7)
+			RETURNING processed_at)
+		SELECT count(*), max(processed_at) FROM gone`, in.cfg.RetentionBatch,
+		in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts, in.cfg.RetentionBatch)
+	if err != nil {
+		return total, fmt.Errorf("inbox: sweep: %w", err)
 	}
 	if _, err := in.cfg.Pool.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND updated_at < now() - $2::interval`,
 		in.cfg.Consumer, in.cfg.Retention); err != nil {
