@@ -255,3 +255,19 @@ func tail(b []byte) string {
 	}
 	return string(b)
 }
+
+// ServerBinaries returns the directory of the Postgres server binaries
+// Start would use (findPGBin), and the OS user a root process must run
+// them as (nil when this process is not root): for a harness that runs
+// the server its own way (a replicated cluster under Patroni).
+func ServerBinaries(ctx context.Context) (binDir string, cred *syscall.Credential, err error) {
+	if binDir, err = findPGBin(ctx); err != nil {
+		return "", nil, err
+	}
+	if os.Geteuid() == 0 {
+		if cred, err = serverUser(); err != nil {
+			return "", nil, err
+		}
+	}
+	return binDir, cred, nil
+}

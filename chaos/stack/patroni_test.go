@@ -1,0 +1,90 @@
+package stack
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// RequirePatroni skips t where Patroni or etcd is not installed, and fails
+// it instead with REQUIRE_PATRONI set (CI installs both), so the failover
+// tests cannot pass there by being skipped.
+func RequirePatroni(t testing.TB) {
+	t.Helper()
+	for _, bin := range []string{"patroni", "patronictl", "etcd"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("REQUIRE_PATRONI") != "" {
+				t.Fatalf("REQUIRE_PATRONI is set: %v", err)
+			}
+			t.Skipf("skipping the replicated-Postgres test: %v", err)
+		}
+	}
+}
+
+// TestPatroniFailover: a synchronous cluster keeps every acknowledged
+// commit across a switchover and a SIGKILL of its primary, and the same
+// pool, through the multi-host URL, reaches each new primary by itself;
+// the killed node comes back as a replica of the new one.
+func TestPatroniFailover(t *testing.T) {
+	RequirePatroni(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	c, err := StartPatroni(ctx, PatroniOptions{Synchronous: true, Log: t.Logf})
+	require.NoError(t, err)
+	defer c.Close()
+
+	url, err := c.CreateDatabase(ctx, "failover")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `CREATE TABLE acked (n int PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	acked := 0
+	write := func(n int) {
+		t.Helper()
+		// A write fails while no primary answers; it is tried again until
+		// one does. Only a write that returned is counted as acknowledged.
+		require.NoError(t, c.waitFor(ctx, 2*time.Minute, "a write to commit", func() bool {
+			_, err := pool.Exec(ctx, `INSERT INTO acked VALUES ($1) ON CONFLICT DO NOTHING`, n)
+			return err == nil
+		}))
+		acked++
+	}
+	for n := 1; n <= 50; n++ {
+		write(n)
+	}
+
+	first := c.Primary()
+	second, err := c.Switchover(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, first.Name, second.Name)
+	for n := 51; n <= 100; n++ {
+		write(n)
+	}
+
+	// In synchronous mode only the standby the primary named may be
+	// promoted: a primary killed before it named one leaves none to
+	// promote until it returns (WaitHealthy's doc). Kill it once it has.
+	require.NoError(t, c.WaitHealthy(ctx))
+	second.Kill()
+	third, err := c.WaitPrimary(ctx, 2*time.Minute)
+	require.NoError(t, err)
+	require.NotEqual(t, second.Name, third.Name)
+	for n := 101; n <= 150; n++ {
+		write(n)
+	}
+	var count int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM acked`).Scan(&count))
+	require.Equal(t, acked, count, "every acknowledged commit survives the switchover and the kill")
+
+	require.NoError(t, second.Start())
+	require.NoError(t, c.WaitHealthy(ctx), "the killed node rejoins as a replica")
+	require.False(t, second.Primary())
+}
