@@ -143,6 +143,10 @@ chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, brok
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-proof,apache)
 
+.PHONY: failover
+failover: ## The replicated-Postgres tests (Patroni, etcd and Debian's postgresql-15 installed): a failover keeps every acknowledged commit (chaos/stack/patroni_test.go)
+	REQUIRE_PATRONI=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run 'Patroni' ./chaos/stack/
+
 .PHONY: e2e-apache
 e2e-apache: ## The end-to-end tests on real Apache Kafka (STACK_KAFKA=apache) instead of the embedded broker
 	STACK_KAFKA=apache $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./chaos/e2e/

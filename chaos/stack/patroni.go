@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,12 +90,7 @@ func StartPatroni(ctx context.Context, opts PatroniOptions) (_ *PatroniCluster, 
 	if c.log == nil {
 		c.log = func(string, ...any) {}
 	}
-	for _, bin := range []string{"patroni", "etcd"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			return nil, fmt.Errorf("stack: %s is not installed (Debian: apt-get install patroni etcd-server python3-etcd): %w", bin, err)
-		}
-	}
-	if c.bin, c.cred, err = pgtest.ServerBinaries(ctx); err != nil {
+	if c.bin, c.cred, err = patroniParts(ctx); err != nil {
 		return nil, err
 	}
 	if c.dir, err = os.MkdirTemp("", "outbox-patroni-"); err != nil {
@@ -143,6 +139,41 @@ func StartPatroni(ctx context.Context, opts PatroniOptions) (_ *PatroniCluster, 
 	}
 	c.log("postgres: Patroni cluster of %d nodes, %s replication, in %s", len(c.nodes), mode, c.dir)
 	return c, nil
+}
+
+// patroniParts finds what a Patroni cluster needs: Patroni, etcd, and a
+// whole set of Postgres server binaries (Patroni runs pg_controldata,
+// pg_basebackup and pg_rewind; the registry's embedded-postgres binaries
+// are only initdb, pg_ctl and postgres), with the OS user to run them as.
+func patroniParts(ctx context.Context) (bin string, cred *syscall.Credential, err error) {
+	for _, b := range []string{"patroni", "patronictl", "etcd"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return "", nil, fmt.Errorf("stack: %s is not installed (Debian: apt-get install patroni etcd-server python3-etcd): %w", b, err)
+		}
+	}
+	if bin, cred, err = pgtest.ServerBinaries(ctx); err != nil {
+		return "", nil, err
+	}
+	for _, b := range []string{"pg_controldata", "pg_basebackup", "pg_rewind"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return "", nil, fmt.Errorf("stack: Patroni needs Postgres's %s, which %s lacks (Debian: apt-get install postgresql-15)", b, bin)
+		}
+	}
+	return bin, cred, nil
+}
+
+// RequirePatroni skips t where a Patroni cluster cannot be started here
+// (patroniParts says why), and fails it instead with REQUIRE_PATRONI set
+// (make failover, in CI), so the failover tests cannot pass there by
+// being skipped.
+func RequirePatroni(t testing.TB) {
+	t.Helper()
+	if _, _, err := patroniParts(context.Background()); err != nil {
+		if os.Getenv("REQUIRE_PATRONI") != "" {
+			t.Fatalf("REQUIRE_PATRONI is set: %v", err)
+		}
+		t.Skipf("skipping the replicated-Postgres test: %v", err)
+	}
 }
 
 func (c *PatroniCluster) startEtcd(ctx context.Context) error {
@@ -222,6 +253,7 @@ bootstrap:
   - encoding: UTF8
   - no-locale
   - auth: trust
+  - username: postgres
   pg_hba:
   - local all all trust
   - host replication all 127.0.0.1/32 trust
@@ -545,8 +577,10 @@ func (c *PatroniCluster) Close() {
 func (c *PatroniCluster) Logs() string {
 	var b bytes.Buffer
 	for _, n := range c.nodes {
-		out, _ := os.ReadFile(filepath.Join(n.dir, "patroni.out"))
-		fmt.Fprintf(&b, "--- %s ---\n%s\n", n.Name, tail(out))
+		for _, f := range []string{"patroni.out", "patroni.log"} { // Postgres's output; Patroni's own
+			out, _ := os.ReadFile(filepath.Join(n.dir, f))
+			fmt.Fprintf(&b, "--- %s %s ---\n%s\n", n.Name, f, tail(out))
+		}
 	}
 	return b.String()
 }

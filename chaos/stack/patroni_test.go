@@ -2,29 +2,12 @@ package stack
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
-
-// RequirePatroni skips t where Patroni or etcd is not installed, and fails
-// it instead with REQUIRE_PATRONI set (CI installs both), so the failover
-// tests cannot pass there by being skipped.
-func RequirePatroni(t testing.TB) {
-	t.Helper()
-	for _, bin := range []string{"patroni", "patronictl", "etcd"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("REQUIRE_PATRONI") != "" {
-				t.Fatalf("REQUIRE_PATRONI is set: %v", err)
-			}
-			t.Skipf("skipping the replicated-Postgres test: %v", err)
-		}
-	}
-}
 
 // TestPatroniFailover: a synchronous cluster keeps every acknowledged
 // commit across a switchover and a SIGKILL of its primary, and the same
