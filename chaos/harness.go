@@ -82,6 +82,7 @@ type harness struct {
 	faults      faultInjector
 	apache      *apacheFaults        // the real-Kafka profile's broker faults, or nil
 	net         *netFaults           // its network faults, or nil
+	failovers   *dbFailovers         // the replicated Postgres's failovers (profile.Failover), or nil
 	lags        []judge.PartitionLag // the groups' offsets when a drain missed its deadline (diagnoseStall)
 	probes      []*probeWriter       // each service's probe stream (probe.go)
 	fpLog       string
@@ -211,7 +212,17 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		serviceDBURL = h.net.postgresURL
 		kopts.Apache.AdvertiseClient = h.net.kafkaAddr
 	}
+	var pg system.Postgres
+	if h.p.Failover != "" {
+		c, err := stack.StartPatroni(ctx, stack.PatroniOptions{Synchronous: h.p.Failover == "sync", Log: h.say})
+		if err != nil {
+			return nil, fmt.Errorf("starting the replicated postgres: %w", err)
+		}
+		pg = c // system.Stop stops it
+		h.failovers = &dbFailovers{c: c, say: h.say}
+	}
 	sys, err := system.Start(ctx, system.Options{
+		Postgres:     pg,
 		ServiceDBURL: serviceDBURL,
 		Work:         work,
 		Replicas:     map[string]int{"orders": 2, "inventory": 3},
@@ -225,6 +236,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"KAFKA_STALL_TIMEOUT=20s",
 			"RELAY_POLL_INTERVAL=100ms",
 			"RELAY_LEASE_TTL=2s",
+			// Every outbox row stays for the judge: an applied event whose
+			// row is gone is a ghost (judge.NoGhosts), not one retention took.
+			"RELAY_RETENTION=24h",
 			"INBOX_RETRY_BACKOFF=20ms",
 			"INBOX_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),
@@ -308,6 +322,10 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	hostile := newHostile(sys, h.seed, h.inbox)
 	pgAt := restartPoints(h.p.Orders, h.p.PGRestarts)
 	clusterAt := restartPoints(h.p.Orders, h.p.ClusterRestarts)
+	var failAt []int64
+	if h.failovers != nil {
+		failAt = restartPoints(h.p.Orders, len(failoverKinds)*h.p.Failovers)
+	}
 	for i := range clusterAt { // a third of the way between Postgres restarts, not on them
 		clusterAt[i] += int64(h.p.Orders / (3 * (h.p.ClusterRestarts + 1)))
 	}
@@ -342,6 +360,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			if h.apache != nil && slices.Contains(clusterAt, n) {
 				h.apache.restartCluster()
 			}
+			if i := slices.Index(failAt, n); i >= 0 {
+				h.failovers.start(ctx, failoverKinds[i%len(failoverKinds)]) // one at a time, in turn
+			}
 		},
 	})
 	if loadErr != nil {
@@ -356,6 +377,10 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	h.mu.Unlock()
 	stopChaos()
 	wg.Wait()
+	if h.failovers != nil {
+		h.say("waiting for the last failover")
+		h.failovers.wait()
+	}
 	for _, w := range h.probes {
 		h.say("probe stream %s", w.summary())
 	}
@@ -628,6 +653,28 @@ func (h *harness) readKafka(ctx context.Context) ([]judge.Record, error) {
 		case <-time.After(5 * time.Second):
 		}
 	}
+}
+
+// readFlows reads each event topic's flow from its producer's outbox to
+// its consumer's inbox, and its group's committed offsets, as they stand
+// after the run (judge.ReadFlow).
+func (h *harness) readFlows(ctx context.Context) ([]judge.FlowState, error) {
+	var flows []judge.FlowState
+	for _, f := range []struct{ topic, producer, consumer string }{
+		{events.TopicOrders, "orders", "inventory"},
+		{events.TopicInventory, "inventory", "orders"},
+	} {
+		lags, err := judge.GroupLag(ctx, h.sys.Kafka.DirectBrokers(), f.consumer, f.topic)
+		if err != nil {
+			return nil, fmt.Errorf("reading group %s's offsets: %w", f.consumer, err)
+		}
+		st, err := judge.ReadFlow(ctx, judge.Flow{Topic: f.topic, Producer: h.sys.Pools[f.producer], Consumer: h.sys.Pools[f.consumer], Name: f.consumer}, lags)
+		if err != nil {
+			return nil, err
+		}
+		flows = append(flows, st)
+	}
+	return flows, nil
 }
 
 // diagnoseStall says, when the drain missed its deadline, where each

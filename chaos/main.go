@@ -42,7 +42,7 @@ func main() {
 
 func run(ctx context.Context) error {
 	var (
-		profileName = flag.String("profile", "ci", "ci, apache (real Kafka), long or smoke")
+		profileName = flag.String("profile", "ci", "ci, apache (real Kafka), failover (real Kafka on a replicated Postgres), long or smoke")
 		seed        = flag.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seeds every random choice; printed, reusable")
 		reportPath  = flag.String("report", "", "write the JSON report here")
 		inboxFlag   = flag.String("inbox", "on", "on, or off for the control runs: the guard must then catch every redelivery")
@@ -151,6 +151,12 @@ type profile struct {
 	// so that they claim interleaved runs of the outbox and a key's
 	// messages overtake each other: ordered-per-key must fail.
 	RelayParallel bool
+	// Failover, when set, runs the system on a replicated Postgres (three
+	// nodes under Patroni, stack.StartPatroni) replicating "sync"
+	// (synchronous_mode_strict) or "async", and fails its primary over
+	// Failovers times each way (failover.go) during the load.
+	Failover  string
+	Failovers int
 }
 
 // setRelay applies -relay: "" keeps the profile's relays.
@@ -202,6 +208,9 @@ var profiles = map[string]profile{
 		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 6 * time.Second, Drain: 4 * time.Minute,
 		Broker: stack.ImplApache, Nodes: 3, NetFault: 4 * time.Second, MinBrokerKills: 5, MinPauses: 1, ClusterRestarts: 1, MinNetKinds: 3,
 		RelayShards: 8},
+	"failover": {Name: "failover", Orders: 5_000, Rate: 25, MinPerWindow: 5, MinKills: 50,
+		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 8 * time.Second, Drain: 4 * time.Minute,
+		Broker: stack.ImplApache, Nodes: 3, MinBrokerKills: 2, RelayShards: 8, Failover: "sync", Failovers: 2},
 	"long": {Name: "long", Orders: 50_000, Rate: 70, MinPerWindow: 50, MinKills: 700, PGRestarts: 4,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 5 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 2 * time.Second, Drain: 5 * time.Minute},
 }

@@ -32,6 +32,7 @@ type Report struct {
 	BrokerFaults         map[string]int                 `json:"broker_faults"` // by class (and leader_changes they caused)
 	BrokerKills          int                            `json:"broker_kills"`
 	NetworkFaults        map[string]int                 `json:"network_faults"`        // "<postgres|kafka>_<kind>" → times applied
+	Failovers            []failoverRow                  `json:"failovers"`             // the replicated Postgres's, in order (failover.go)
 	DuplicatesSuppressed int64                          `json:"duplicates_suppressed"` // caught by the inbox, the first layer
 	Refused              map[string]int                 `json:"refused"`               // per service, caught by the domain guard, the second layer
 	RefusedNotHostile    int                            `json:"refused_not_hostile"`   // of those, refusals of the system's own messages: redeliveries
@@ -139,6 +140,11 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 	}
 	least := judge.Minimums{PerWindow: h.p.MinPerWindow, Kills: h.p.MinKills, PostgresRestarts: h.p.PGRestarts,
 		BrokerKills: h.p.MinBrokerKills, Pauses: h.p.MinPauses, ClusterRestarts: h.p.ClusterRestarts, Kinds: h.p.MinNetKinds}
+	if h.failovers != nil {
+		r.Failovers = h.failovers.report()
+		reach.Failovers = h.failovers.counts()
+		least.Failovers, least.FailoverKinds = h.p.Failovers, failoverKinds
+	}
 
 	records, err := h.readKafka(ctx)
 	if err != nil {
@@ -203,6 +209,15 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		return r, err
 	}
 	r.Invariants[judge.OrderedPerKey], r.Details[judge.OrderedPerKey] = judge.OrderedVerdict(r.OrderedPerKey)
+
+	// What a failover can break and one node cannot: events applied whose
+	// cause is gone, offsets committed past messages never applied.
+	flows, err := h.readFlows(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.Invariants[judge.NoGhosts], r.Details[judge.NoGhosts] = judge.GhostsVerdict(flows, hostile.ids())
+	r.Invariants[judge.CommittedApplied], r.Details[judge.CommittedApplied] = judge.CommittedVerdict(flows, records, hostile.ids())
 
 	// The run's reach last: a report cut short by an error shows no verdict
 	// on it.

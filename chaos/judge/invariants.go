@@ -89,6 +89,10 @@ var Rules = []Rule{
 		"chaos/judge/hostile.go HostileOutcome, chaos/judge/hostile.go BrokerRefusedOutcome, chaos/judge/hostile.go HTTPOutcome, chaos/judge/invariants.go HostileVerdict", []Control{
 			{"chaos/judge/hostile_test.go", "TestHostileOutcome"},
 			{"chaos/judge/invariants_test.go", "TestHostileVerdict"}}},
+	{NoGhosts, "every event a consumer applied has its outbox row, the record of its cause, in its producer's database as it stands after the run",
+		"chaos/judge/failover.go GhostsVerdict", []Control{{"chaos/judge/failover_test.go", "TestGhostsVerdict"}}},
+	{CommittedApplied, "every record below its group's committed offset is in its consumer's inbox: nothing committed and never applied",
+		"chaos/judge/failover.go CommittedVerdict", []Control{{"chaos/judge/failover_test.go", "TestCommittedVerdict"}}},
 	{FaultsBit, "the run reached its profile's minimums: kills in every window, restarts, broker and network faults, duplicates suppressed",
 		"chaos/judge/invariants.go FaultsBitVerdict", []Control{{"chaos/judge/invariants_test.go", "TestFaultsBitVerdict"}}},
 }
@@ -144,12 +148,15 @@ type Reach struct {
 	BrokerKills, LeaderChanges, Pauses, ClusterRestarts int
 	Net                                                 bool // network faults were injected
 	NetFaults, NetKinds                                 int
+	Failovers                                           map[string]int // the replicated Postgres's failovers by kind; nil on one node
 }
 
 // Minimums are a profile's: what its run must reach to prove anything.
 type Minimums struct {
 	PerWindow, Kills, PostgresRestarts          int
 	BrokerKills, Pauses, ClusterRestarts, Kinds int
+	Failovers                                   int // of each kind
+	FailoverKinds                               []string
 }
 
 // FaultsBitVerdict judges whether the faults bit: every window reached its
@@ -187,6 +194,11 @@ func FaultsBitVerdict(r Reach, least Minimums) (ok bool, detail string, total in
 	if r.Net && r.NetKinds < least.Kinds {
 		short = append(short, fmt.Sprintf("%d network fault kinds < %d", r.NetKinds, least.Kinds))
 	}
+	for _, kind := range least.FailoverKinds {
+		if r.Failovers[kind] < least.Failovers {
+			short = append(short, fmt.Sprintf("%d postgres failovers by %s < %d", r.Failovers[kind], kind, least.Failovers))
+		}
+	}
 	if r.Inbox && r.Suppressed == 0 {
 		short = append(short, "no duplicate was suppressed: the faults did not bite")
 	}
@@ -198,6 +210,9 @@ func FaultsBitVerdict(r Reach, least Minimums) (ok bool, detail string, total in
 	}
 	if r.Net {
 		detail += fmt.Sprintf(", %d network faults of %d kinds", r.NetFaults, r.NetKinds)
+	}
+	if r.Failovers != nil {
+		detail += fmt.Sprintf(", postgres failovers %v", r.Failovers)
 	}
 	if len(short) > 0 {
 		detail += ": " + strings.Join(short, "; ")

@@ -336,6 +336,64 @@ func (n *PGNode) Kill() {
 	// The postmaster's children see it die and exit on their own.
 }
 
+// Freeze stops every process of the node with SIGSTOP: Patroni, the
+// postmaster and each of its children. To the rest of the cluster it is a
+// node cut off by the network: it renews no lock and answers nothing, and
+// its Postgres, thawed, still holds the connections it had. (A stand-in
+// for a partition: this test bed has no network of its own between the
+// nodes; connections time out only where a client set a timeout.)
+func (n *PGNode) Freeze() error { return n.signalAll(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen node: its Patroni finds another leader, if one
+// was elected meanwhile, and demotes its Postgres to a replica of it.
+func (n *PGNode) Thaw() error { return n.signalAll(syscall.SIGCONT) }
+
+func (n *PGNode) signalAll(sig syscall.Signal) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return fmt.Errorf("stack: %s is not running", n.Name)
+	}
+	pids := []int{}
+	if pm := n.postmasterPID(); pm > 0 {
+		pids = append(pids, pm) // first, so that it forks no child after the others stop
+		pids = append(pids, childrenOf(pm)...)
+	}
+	pids = append(pids, n.cmd.Process.Pid)
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("stack: signalling %s's pid %d: %w", n.Name, pid, err)
+		}
+	}
+	return nil
+}
+
+// childrenOf lists the processes whose parent is pid (/proc).
+func childrenOf(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []int
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 {
+			if ppid, _ := strconv.Atoi(f[1]); ppid == pid {
+				child, _ := strconv.Atoi(filepath.Base(filepath.Dir(st)))
+				out = append(out, child)
+			}
+		}
+	}
+	return out
+}
+
 // Running reports whether the node's Patroni runs.
 func (n *PGNode) Running() bool {
 	n.mu.Lock()
@@ -557,6 +615,29 @@ func (c *PatroniCluster) CreateDatabase(ctx context.Context, name string) (strin
 		return "", fmt.Errorf("stack: creating database %s: %w", name, err)
 	}
 	return c.URL(name), nil
+}
+
+// External is false: the harness started the cluster (system.Postgres).
+func (c *PatroniCluster) External() bool { return false }
+
+// Restart kills every node at once, as a power cut of the whole cluster,
+// starts them again, and waits until it is healthy.
+func (c *PatroniCluster) Restart(ctx context.Context) error {
+	for _, n := range c.nodes {
+		n.Kill()
+	}
+	for _, n := range c.nodes {
+		if err := n.Start(); err != nil {
+			return err
+		}
+	}
+	return c.WaitHealthy(ctx)
+}
+
+// Stop is Close, for system.Postgres.
+func (c *PatroniCluster) Stop() error {
+	c.Close()
+	return nil
 }
 
 // Close kills every node and etcd, and removes the directory.

@@ -60,8 +60,9 @@ type Options struct {
 	// DBPrefix prefixes the two database names, so several systems can
 	// share one Postgres. Defaults to "".
 	DBPrefix string
-	// Postgres, when set, is used instead of starting one.
-	Postgres *pgtest.Server
+	// Postgres, when set, is used instead of starting one: a server of the
+	// caller's, or a replicated cluster (stack.PatroniCluster).
+	Postgres Postgres
 	// ServiceDBURL, when set, rewrites the database URL the services are
 	// given (e.g. to a TCP proxy in front of Postgres); Pools and DBURL keep
 	// the direct one.
@@ -80,10 +81,27 @@ type Options struct {
 	Unsigned bool
 }
 
+// Postgres is the database the system runs on: one throwaway server
+// (pgtest.Server, the default) or a replicated cluster that fails over
+// (stack.PatroniCluster).
+type Postgres interface {
+	// CreateDatabase creates a database and returns its URL.
+	CreateDatabase(ctx context.Context, name string) (string, error)
+	// External reports a database the system did not start (DATABASE_URL).
+	External() bool
+	// Dir is where its data and logs are.
+	Dir() string
+	// Restart stops every server at once, without a shutdown (a power cut),
+	// and starts them again.
+	Restart(ctx context.Context) error
+	// Stop stops it and removes what it wrote.
+	Stop() error
+}
+
 // System is a started system.
 type System struct {
 	Work     string
-	PG       *pgtest.Server
+	PG       Postgres
 	Kafka    *stack.Kafka
 	DBURL    map[string]string        // service (and "provider") → database URL
 	Pools    map[string]*pgxpool.Pool // service (and "provider") → pool, for checks
@@ -124,10 +142,11 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	}
 
 	if s.PG = opts.Postgres; s.PG == nil {
-		if s.PG, err = pgtest.Start(ctx); err != nil {
+		pg, err := pgtest.Start(ctx)
+		if err != nil {
 			return nil, fmt.Errorf("starting postgres: %w", err)
 		}
-		s.ownPG = true
+		s.PG, s.ownPG = pg, true
 	}
 	if s.PG.External() {
 		log("postgres: DATABASE_URL")

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/outboxref/outbox-inbox/chaos/stack"
+)
+
+// The replicated Postgres's failovers (profile.Failover): its primary
+// killed (SIGKILL of Patroni and Postgres), cut off (frozen: a partition's
+// stand-in), or switched over on purpose (patronictl), one at a time, each
+// once the cluster is healthy again: in synchronous mode only the standby
+// the primary named may be promoted, and a failover before it named one
+// would wait for the old primary to return (stack.PatroniCluster's
+// WaitHealthy).
+type dbFailovers struct {
+	c   *stack.PatroniCluster
+	say func(string, ...any)
+
+	mu   sync.Mutex // one failover at a time
+	rows []failoverRow
+	tally
+	wg sync.WaitGroup
+}
+
+// failoverRow is one failover, as the report gives it.
+type failoverRow struct {
+	Kind string `json:"kind"`
+	From string `json:"from"`
+	To   string `json:"to"`
+	// NoPrimaryS is the time from the fault until a primary took writes
+	// again.
+	NoPrimaryS float64 `json:"no_primary_s"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// The failover kinds.
+const (
+	failoverKilled = "primary_killed"
+	failoverCutOff = "primary_cut_off"
+	failoverSwitch = "switchover"
+)
+
+var failoverKinds = []string{failoverKilled, failoverCutOff, failoverSwitch}
+
+// start runs failover kind in the background; wait waits for every one
+// started.
+func (f *dbFailovers) start(ctx context.Context, kind string) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		f.fail(ctx, kind)
+	}()
+}
+
+func (f *dbFailovers) wait() { f.wg.Wait() }
+
+// fail makes one failover of kind and brings the old primary back as a
+// replica.
+func (f *dbFailovers) fail(ctx context.Context, kind string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	row := failoverRow{Kind: kind}
+	defer func() {
+		if row.Error != "" {
+			f.say("postgres: %s failed: %s", kind, row.Error)
+		}
+		f.rows = append(f.rows, row)
+	}()
+	if err := f.c.WaitHealthy(ctx); err != nil {
+		row.Error = "the cluster was not healthy before it: " + err.Error()
+		return
+	}
+	old := f.c.Primary()
+	if old == nil {
+		row.Error = "no primary"
+		return
+	}
+	row.From = old.Name
+	start := time.Now()
+	switch kind {
+	case failoverKilled:
+		old.Kill()
+	case failoverCutOff:
+		if err := old.Freeze(); err != nil {
+			row.Error = err.Error()
+			return
+		}
+	case failoverSwitch:
+		if _, err := f.c.Switchover(ctx); err != nil {
+			row.Error = err.Error()
+			return
+		}
+	}
+	var next *stack.PGNode
+	err := func() error {
+		for {
+			p, err := f.c.WaitPrimary(ctx, 3*time.Minute)
+			if err != nil {
+				return err
+			}
+			if p != old {
+				next = p
+				return nil
+			}
+		}
+	}()
+	row.NoPrimaryS = time.Since(start).Seconds()
+	switch kind { // the old primary returns, and Patroni makes it a replica of the new one
+	case failoverKilled:
+		if serr := old.Start(); err == nil {
+			err = serr
+		}
+	case failoverCutOff:
+		if terr := old.Thaw(); err == nil {
+			err = terr
+		}
+	}
+	if err != nil {
+		row.Error = err.Error()
+		return
+	}
+	row.To = next.Name
+	f.add(kind)
+	f.say("postgres: %s: %s → %s, %.1fs without a primary", kind, row.From, row.To, row.NoPrimaryS)
+}
+
+// report returns the failovers made, in order.
+func (f *dbFailovers) report() []failoverRow {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]failoverRow(nil), f.rows...)
+}
