@@ -79,6 +79,16 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 		return
 	}
 	row.From = old.Name
+	if !f.c.Synchronous() && kind != failoverSwitch {
+		// Asynchronous replication with replicas behind: the primary
+		// commits (and answers, and the relay publishes, and the
+		// consumers acknowledge) what no replica has when it dies. A
+		// switchover waits for its candidate to catch up: nothing to lose.
+		if err := f.lag(old); err != nil {
+			row.Error = err.Error()
+			return
+		}
+	}
 	start := time.Now()
 	switch kind {
 	case failoverKilled:
@@ -125,6 +135,23 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 	row.To = next.Name
 	f.add(kind)
 	f.say("postgres: %s: %s → %s, %.1fs without a primary", kind, row.From, row.To, row.NoPrimaryS)
+}
+
+// lagFor is how long the primary of an asynchronous cluster stops
+// sending WAL before it fails: the transactions it commits meanwhile are
+// the ones the failover loses (well under Patroni's
+// maximum_lag_on_failover, so a replica is still promoted).
+const lagFor = 2 * time.Second
+
+// lag stops the primary's WAL senders and lets it commit for lagFor.
+func (f *dbFailovers) lag(primary *stack.PGNode) error {
+	n, err := primary.StopSending()
+	if err != nil {
+		return err
+	}
+	f.say("postgres: %s stopped sending WAL to its %d replicas for %s: it commits on without them (asynchronous)", primary.Name, n, lagFor)
+	time.Sleep(lagFor)
+	return nil
 }
 
 // report returns the failovers made, in order.

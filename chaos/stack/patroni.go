@@ -368,6 +368,31 @@ func (n *PGNode) signalAll(sig syscall.Signal) error {
 	return nil
 }
 
+// StopSending stops the node's WAL senders (SIGSTOP) and returns how
+// many it stopped: its replicas fall behind, as over a slow link, and
+// under asynchronous replication it commits on without them. (Stopping a
+// replica's receiver instead loses nothing: the sender goes on filling
+// the socket's buffers, which the receiver reads when it resumes.) They
+// resume with the node (Thaw), or die with it (Kill).
+func (n *PGNode) StopSending() (int, error) {
+	pm := n.postmasterPID()
+	if pm == 0 {
+		return 0, nil
+	}
+	stopped := 0
+	for _, pid := range childrenOf(pm) {
+		title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if !strings.Contains(string(title), "walsender") {
+			continue
+		}
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return stopped, fmt.Errorf("stack: stopping %s's walsender: %w", n.Name, err)
+		}
+		stopped++
+	}
+	return stopped, nil
+}
+
 // childrenOf lists the processes whose parent is pid (/proc).
 func childrenOf(pid int) []int {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")

@@ -71,3 +71,46 @@ func TestPatroniFailover(t *testing.T) {
 	require.NoError(t, c.WaitHealthy(ctx), "the killed node rejoins as a replica")
 	require.False(t, second.Primary())
 }
+
+// TestPatroniAsyncLoses is the control: on asynchronous replication, a
+// primary that stopped sending WAL commits on, and the replica promoted
+// when it dies has none of those commits: acknowledged writes are lost.
+// Without it, TestPatroniFailover's count would prove nothing.
+func TestPatroniAsyncLoses(t *testing.T) {
+	RequirePatroni(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	c, err := StartPatroni(ctx, PatroniOptions{Log: t.Logf})
+	require.NoError(t, err)
+	defer c.Close()
+	url, err := c.CreateDatabase(ctx, "lossy")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `CREATE TABLE acked (n int PRIMARY KEY)`)
+	require.NoError(t, err)
+	for n := 1; n <= 50; n++ {
+		_, err := pool.Exec(ctx, `INSERT INTO acked VALUES ($1)`, n)
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.WaitHealthy(ctx))
+	old := c.Primary()
+	stopped, err := old.StopSending()
+	require.NoError(t, err)
+	require.Equal(t, 2, stopped, "a WAL sender per replica")
+	for n := 51; n <= 100; n++ {
+		_, err := pool.Exec(ctx, `INSERT INTO acked VALUES ($1)`, n) // acknowledged: asynchronous
+		require.NoError(t, err)
+	}
+	old.Kill()
+	_, err = c.WaitPrimary(ctx, 2*time.Minute)
+	require.NoError(t, err)
+	var count int
+	require.NoError(t, c.waitFor(ctx, time.Minute, "the new primary to answer", func() bool {
+		return pool.QueryRow(ctx, `SELECT count(*) FROM acked`).Scan(&count) == nil
+	}))
+	t.Logf("acknowledged 100 commits; the new primary has %d", count)
+	require.Less(t, count, 100, "the commits made while no replica received them are lost")
+	require.GreaterOrEqual(t, count, 50, "what the replicas had before is kept")
+}
