@@ -12,6 +12,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,6 +283,12 @@ func Run(ctx context.Context, c *Client, skus []string, plan Plan) (Result, erro
 				}
 				o, out, err := createAndPay(ctx, c, Lines(r, skus), card, double)
 				mu.Lock()
+				if vanished(err) {
+					// The order it was told was created is gone (a failover
+					// lost it): the checker, holding the database to the
+					// client's account (Unpaid), says so; the load goes on.
+					err = nil
+				}
 				if err != nil && firstEr == nil {
 					firstEr = err
 					cancel()
@@ -307,6 +314,13 @@ func Run(ctx context.Context, c *Client, skus []string, plan Plan) (Result, erro
 	wg.Wait()
 	res.Retries = c.Retries()
 	return res, firstEr
+}
+
+// vanished reports a payment answered 404: the order the client was told
+// was created is not there.
+func vanished(err error) bool {
+	var refused *RefusedError
+	return errors.As(err, &refused) && strings.HasPrefix(refused.Status, "404") && strings.HasSuffix(refused.Path, "/pay")
 }
 
 // outcome is what the client knows of one order's payment.

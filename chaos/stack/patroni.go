@@ -327,13 +327,20 @@ func (n *PGNode) Kill() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if pid := n.postmasterPID(); pid > 0 {
+		// Every child too, as a power loss takes them: a child does exit
+		// when it sees its postmaster gone, but a stopped one
+		// (StopSending) never looks, and would hold the shared memory the
+		// next postmaster needs.
+		children := childrenOf(pid) // before it dies: then init adopts them
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+		for _, child := range children {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
 	}
 	if n.cmd != nil {
 		_ = n.cmd.Process.Kill()
 		n.cmd = nil
 	}
-	// The postmaster's children see it die and exit on their own.
 }
 
 // Freeze stops every process of the node with SIGSTOP: Patroni, the
