@@ -60,9 +60,9 @@ type Partitioning struct {
 
 // The defaults of Partitioning's zero fields.
 const (
-	DefaultPartitionInterval    = pgtable.DefaultInterval    // 24h
-	DefaultPartitionsAhead      = pgtable.DefaultAhead       // 3
-	DefaultPartitionLockTimeout = pgtable.DefaultLockTimeout // 500ms
+	DefaultPartitionInterval    = 24 * time.Hour
+	DefaultPartitionsAhead      = 3
+	DefaultPartitionLockTimeout = 500 * time.Millisecond
 )
 
 // PartitionIDs is how many ids one partition's block holds: the ids of a

@@ -41,13 +41,6 @@ func FirstLine(s string) string {
 	return s
 }
 
-// The defaults the inbox's and the outbox's Partitioning share.
-const (
-	DefaultInterval    = 24 * time.Hour
-	DefaultAhead       = 3
-	DefaultLockTimeout = 500 * time.Millisecond
-)
-
 // CheckPartitioning checks the fields the inbox's and the outbox's
 // Partitioning share, their defaults filled in; name is the caller's
 // ("inbox: Partitioning").
