@@ -35,8 +35,8 @@ func (e transientError) Unwrap() error { return e.err }
 
 // transient reports whether a handler error says the database failed, not
 // the handler: the connection is gone, the server is restarting or shutting
-// down, it ran out of resources, a serialization failure or deadlock, or the
-// attempt timed out. Such failures are not the message's fault: they do not
+// down, it ran out of resources, it is a replica now (a failover), a
+// serialization failure or deadlock, or the attempt timed out. Such failures are not the message's fault: they do not
 // count towards MaxAttempts, and the message is redelivered instead, so a
 // Postgres restart never dead-letters good messages.
 func transient(tx pgx.Tx, err error) bool {
@@ -52,7 +52,9 @@ func transient(tx pgx.Tx, err error) bool {
 		case "08", "40", "53", "57":
 			return true
 		}
-		return false
+		// read_only_sql_transaction: the transaction reached a primary that
+		// a failover has since made a replica.
+		return pgErr.Code == "25006"
 	}
 	return pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err)
 }

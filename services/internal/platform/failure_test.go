@@ -23,6 +23,8 @@ func TestDatabaseUnavailable(t *testing.T) {
 		{&pgconn.PgError{Code: "57P03"}, true},  // cannot_connect_now: starting up
 		{&pgconn.PgError{Code: "08006"}, true},  // connection_failure
 		{&pgconn.PgError{Code: "53300"}, true},  // too_many_connections
+		{&pgconn.PgError{Code: "25006"}, true},  // read_only_sql_transaction: a demoted primary, after a failover
+		{&pgconn.PgError{Code: "25P02"}, false}, // in_failed_sql_transaction: the caller's own mistake
 		{&pgconn.PgError{Code: "23505"}, false}, // unique_violation: refused, not unavailable
 		{&pgconn.PgError{Code: "40001"}, false}, // serialization_failure
 		{&pgconn.PgError{Code: "08P01"}, false}, // protocol_violation: a client's bug

@@ -130,11 +130,12 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if effects.Kind != "" {
 		mtr.registerEffects(effects.Kind)
 	}
-	srv, ln, err := newHTTP(cfg, svc, pool, in, out, effects, mtr, log)
+	primary := &primaryWatch{log: log} // primary.go: readiness, a line per failover
+	srv, ln, err := newHTTP(cfg, svc, pool, in, out, effects, primary, mtr, log)
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, svc, pool, in, out, effects, srv, ln, log)
+	return serve(ctx, cfg, svc, pool, in, out, effects, primary, srv, ln, log)
 }
 
 // checkStart refuses what the process must not do, and says what it will.
@@ -318,17 +319,17 @@ func newIncoming(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, p
 
 // newHTTP makes the service's HTTP server: health, readiness, stats,
 // metrics, and the service's own routes.
-func newHTTP(cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
+func newHTTP(cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, primary *primaryWatch, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
+		st := probePrimary(r.Context(), pool)
+		primary.note(st, time.Now())
 		switch {
-		case pool.Ping(ctx) != nil:
-			http.Error(w, "database unreachable", http.StatusServiceUnavailable)
+		case st.err != nil:
+			http.Error(w, "no primary database answers: "+st.err.Error(), http.StatusServiceUnavailable)
 		case !in.router.IsRunning():
 			http.Error(w, "consumer not running", http.StatusServiceUnavailable)
 		case !in.inbox.Running():
@@ -369,7 +370,7 @@ func newHTTP(cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgo
 
 // serve runs every part until ctx ends, then stops them all, each
 // finishing what it started.
-func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, srv *http.Server, ln net.Listener, log *slog.Logger) error {
+func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, primary *primaryWatch, srv *http.Server, ln net.Listener, log *slog.Logger) error {
 	wlog := newWatermillLogger(log)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -390,6 +391,7 @@ func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in 
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, out.relay, pool, out.publisher, wlog) })
 	g.Go(func() error { return watchStalls(gctx, in.watchdog, log) })
+	g.Go(func() error { return primary.run(gctx, pool, time.Second) })
 	if effects.Run != nil {
 		g.Go(func() error { return effects.Run(gctx) }) // returns once the calls in flight are recorded
 	}
@@ -537,7 +539,8 @@ func DatabaseUnavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return strings.HasPrefix(pgErr.Code, "08") && pgErr.Code != "08P01" || pgErr.Code == "53300" ||
-			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03" ||
+			pgErr.Code == "25006" // read_only_sql_transaction: a connection to a demoted primary, after a failover
 	}
 	var connErr *pgconn.ConnectError
 	var opErr *net.OpError
