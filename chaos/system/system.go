@@ -151,7 +151,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	if s.PG.External() {
 		log("postgres: DATABASE_URL")
 	} else {
-		log("postgres: throwaway cluster in %s", s.PG.Dir())
+		log("postgres: in %s", s.PG.Dir()) // a throwaway server, or the replicated cluster the caller started
 	}
 	for _, name := range slices.Concat(Services, []string{"provider"}) {
 		url, err := s.PG.CreateDatabase(ctx, opts.DBPrefix+name)
