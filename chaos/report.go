@@ -216,8 +216,16 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 	if err != nil {
 		return r, err
 	}
-	r.Invariants[judge.NoGhosts], r.Details[judge.NoGhosts] = judge.GhostsVerdict(flows, hostile.ids())
-	r.Invariants[judge.CommittedApplied], r.Details[judge.CommittedApplied] = judge.CommittedVerdict(flows, records, hostile.ids())
+	if h.inbox {
+		r.Invariants[judge.NoGhosts], r.Details[judge.NoGhosts] = judge.GhostsVerdict(flows, hostile.ids())
+		r.Invariants[judge.CommittedApplied], r.Details[judge.CommittedApplied] = judge.CommittedVerdict(flows, records, hostile.ids())
+	} else {
+		// Both read what the inboxes recorded: with the inbox off (a
+		// control run) no row records what was applied.
+		const off = "not judged: the inbox is off (a control run), so no inbox row records what was applied"
+		r.Invariants[judge.NoGhosts], r.Details[judge.NoGhosts] = true, off
+		r.Invariants[judge.CommittedApplied], r.Details[judge.CommittedApplied] = true, off
+	}
 
 	// The run's reach last: a report cut short by an error shows no verdict
 	// on it.
