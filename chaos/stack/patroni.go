@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -554,26 +555,35 @@ func (c *PatroniCluster) WaitHealthy(ctx context.Context) error {
 		return err
 	}
 	return c.waitFor(ctx, 2*time.Minute, "every replica streaming", func() bool {
-		members, err := p.members()
-		if err != nil {
-			return false
-		}
 		want := 0
 		for _, n := range c.nodes {
 			if n != p && n.Running() {
 				want++
 			}
 		}
-		streaming, sync := 0, 0
-		for _, m := range members {
-			if m.Name != p.Name && (m.State == "streaming" || m.State == "running") && m.Role != "leader" {
+		// Streaming as the primary sees it (pg_stat_replication): a
+		// replica Patroni calls running may not have connected yet.
+		st, err := p.Status()
+		if err != nil {
+			return false
+		}
+		streaming := 0
+		for _, r := range st.Replication {
+			if r.State == "streaming" {
 				streaming++
 			}
-			if m.Role == "sync_standby" {
-				sync++
-			}
 		}
-		return streaming >= want && (!c.opts.Synchronous || want == 0 || sync >= 1)
+		if streaming < want {
+			return false
+		}
+		if !c.opts.Synchronous || want == 0 {
+			return true
+		}
+		members, err := p.members()
+		if err != nil {
+			return false
+		}
+		return slices.ContainsFunc(members, func(m Member) bool { return m.Role == "sync_standby" })
 	})
 }
 

@@ -14,20 +14,7 @@ import (
 // pool, through the multi-host URL, reaches each new primary by itself;
 // the killed node comes back as a replica of the new one.
 func TestPatroniFailover(t *testing.T) {
-	RequirePatroni(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	c, err := StartPatroni(ctx, PatroniOptions{Synchronous: true, Log: t.Logf})
-	require.NoError(t, err)
-	defer c.Close()
-
-	url, err := c.CreateDatabase(ctx, "failover")
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	defer pool.Close()
-	_, err = pool.Exec(ctx, `CREATE TABLE acked (n int PRIMARY KEY)`)
-	require.NoError(t, err)
+	ctx, c, pool := ackedTable(t, PatroniOptions{Synchronous: true})
 
 	acked := 0
 	write := func(n int) {
@@ -77,19 +64,7 @@ func TestPatroniFailover(t *testing.T) {
 // when it dies has none of those commits: acknowledged writes are lost.
 // Without it, TestPatroniFailover's count would prove nothing.
 func TestPatroniAsyncLoses(t *testing.T) {
-	RequirePatroni(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	c, err := StartPatroni(ctx, PatroniOptions{Log: t.Logf})
-	require.NoError(t, err)
-	defer c.Close()
-	url, err := c.CreateDatabase(ctx, "lossy")
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	defer pool.Close()
-	_, err = pool.Exec(ctx, `CREATE TABLE acked (n int PRIMARY KEY)`)
-	require.NoError(t, err)
+	ctx, c, pool := ackedTable(t, PatroniOptions{})
 	for n := 1; n <= 50; n++ {
 		_, err := pool.Exec(ctx, `INSERT INTO acked VALUES ($1)`, n)
 		require.NoError(t, err)
@@ -113,4 +88,26 @@ func TestPatroniAsyncLoses(t *testing.T) {
 	t.Logf("acknowledged 100 commits; the new primary has %d", count)
 	require.Less(t, count, 100, "the commits made while no replica received them are lost")
 	require.GreaterOrEqual(t, count, 50, "what the replicas had before is kept")
+}
+
+// ackedTable starts a cluster (skipping t where none can start here) and a
+// table of acknowledged writes on it, through the multi-host URL; all go
+// when t ends.
+func ackedTable(t *testing.T, opts PatroniOptions) (context.Context, *PatroniCluster, *pgxpool.Pool) {
+	t.Helper()
+	RequirePatroni(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	t.Cleanup(cancel)
+	opts.Log = t.Logf
+	c, err := StartPatroni(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	url, err := c.CreateDatabase(ctx, "acked")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `CREATE TABLE acked (n int PRIMARY KEY)`)
+	require.NoError(t, err)
+	return ctx, c, pool
 }
