@@ -84,7 +84,7 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 		// commits (and answers, and the relay publishes, and the
 		// consumers acknowledge) what no replica has when it dies. A
 		// switchover waits for its candidate to catch up: nothing to lose.
-		if err := f.lag(old); err != nil {
+		if err := f.lag(ctx, old); err != nil {
 			row.Error = err.Error()
 			return
 		}
@@ -143,8 +143,12 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 // maximum_lag_on_failover, so a replica is still promoted).
 const lagFor = 2 * time.Second
 
-// lag stops the primary's WAL senders and lets it commit for lagFor.
-func (f *dbFailovers) lag(primary *stack.PGNode) error {
+// lag stops the primary's WAL senders, once it sends to every replica,
+// and lets it commit for lagFor.
+func (f *dbFailovers) lag(ctx context.Context, primary *stack.PGNode) error {
+	if err := f.c.WaitStreaming(ctx); err != nil {
+		return err
+	}
 	n, err := primary.StopSending()
 	if err != nil {
 		return err

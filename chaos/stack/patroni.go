@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -555,14 +554,44 @@ func (c *PatroniCluster) WaitHealthy(ctx context.Context) error {
 		return err
 	}
 	return c.waitFor(ctx, 2*time.Minute, "every replica streaming", func() bool {
-		want := 0
-		for _, n := range c.nodes {
-			if n != p && n.Running() {
-				want++
+		members, err := p.members()
+		if err != nil {
+			return false
+		}
+		streaming, sync := 0, 0
+		for _, m := range members {
+			if m.Name != p.Name && (m.State == "streaming" || m.State == "running") && m.Role != "leader" {
+				streaming++
+			}
+			if m.Role == "sync_standby" {
+				sync++
 			}
 		}
-		// Streaming as the primary sees it (pg_stat_replication): a
-		// replica Patroni calls running may not have connected yet.
+		want := c.runningReplicas(p)
+		return streaming >= want && (!c.opts.Synchronous || want == 0 || sync >= 1)
+	})
+}
+
+// runningReplicas counts the running nodes other than the primary p.
+func (c *PatroniCluster) runningReplicas(p *PGNode) int {
+	want := 0
+	for _, n := range c.nodes {
+		if n != p && n.Running() {
+			want++
+		}
+	}
+	return want
+}
+
+// WaitStreaming waits until the primary sends WAL to every running replica
+// as it sees them itself (pg_stat_replication): a replica Patroni calls
+// running may not have connected yet.
+func (c *PatroniCluster) WaitStreaming(ctx context.Context) error {
+	p, err := c.WaitPrimary(ctx, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	return c.waitFor(ctx, 2*time.Minute, "the primary streaming to every replica", func() bool {
 		st, err := p.Status()
 		if err != nil {
 			return false
@@ -573,17 +602,7 @@ func (c *PatroniCluster) WaitHealthy(ctx context.Context) error {
 				streaming++
 			}
 		}
-		if streaming < want {
-			return false
-		}
-		if !c.opts.Synchronous || want == 0 {
-			return true
-		}
-		members, err := p.members()
-		if err != nil {
-			return false
-		}
-		return slices.ContainsFunc(members, func(m Member) bool { return m.Role == "sync_standby" })
+		return streaming >= c.runningReplicas(p)
 	})
 }
 

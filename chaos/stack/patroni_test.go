@@ -69,7 +69,7 @@ func TestPatroniAsyncLoses(t *testing.T) {
 		_, err := pool.Exec(ctx, `INSERT INTO acked VALUES ($1)`, n)
 		require.NoError(t, err)
 	}
-	require.NoError(t, c.WaitHealthy(ctx))
+	require.NoError(t, c.WaitStreaming(ctx))
 	old := c.Primary()
 	stopped, err := old.StopSending()
 	require.NoError(t, err)
