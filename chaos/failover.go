@@ -21,8 +21,7 @@ type dbFailovers struct {
 
 	mu   sync.Mutex // one failover at a time
 	rows []failoverRow
-	tally
-	wg sync.WaitGroup
+	wg   sync.WaitGroup
 }
 
 // failoverRow is one failover, as the report gives it.
@@ -133,7 +132,6 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 		return
 	}
 	row.To = next.Name
-	f.add(kind)
 	f.say("postgres: %s: %s → %s, %.1fs without a primary", kind, row.From, row.To, row.NoPrimaryS)
 }
 
@@ -156,6 +154,19 @@ func (f *dbFailovers) lag(ctx context.Context, primary *stack.PGNode) error {
 	f.say("postgres: %s stopped sending WAL to its %d replicas for %s: it commits on without them (asynchronous)", primary.Name, n, lagFor)
 	time.Sleep(lagFor)
 	return nil
+}
+
+// counts returns the failovers made, by kind: the rows without an error.
+func (f *dbFailovers) counts() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := map[string]int{}
+	for _, r := range f.rows {
+		if r.Error == "" {
+			n[r.Kind]++
+		}
+	}
+	return n
 }
 
 // report returns the failovers made, in order.
