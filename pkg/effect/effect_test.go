@@ -678,3 +678,9 @@ func TestClaimsAndRecordsStayCheapAsTheTableGrows(t *testing.T) {
 	require.GreaterOrEqual(t, records, 2000/effect.DefaultWorkers, "the records of 2,000 effects were not all explained")
 	require.GreaterOrEqual(t, retries, 2000, "the retries of 2,000 effects were not all explained") // more if a record failed
 }
+
+func (w *world) callCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // Defaults of Config.
@@ -75,6 +76,11 @@ type Config[R any] struct {
 	// the outside system remembers a key (Stripe: 24 hours), after which a
 	// repeated call would be performed again. 0: no limit.
 	MaxAge time.Duration
+	// Standby, on a Postgres that replicates asynchronously, holds each
+	// claim's calls until the standbys a failover would promote hold the
+	// effects it claimed (see package standby). Nil: called once claimed
+	// (one node, or synchronous replication).
+	Standby *standby.Gate
 	// Logger receives what goes wrong (and, at Info, what an operator
 	// wants to know, like a call retried). Defaults to discarding it.
 	Logger *slog.Logger
@@ -237,8 +243,42 @@ func (r *Runner[R]) Run(ctx context.Context) error {
 // held a few rows, it became a merge join that walked the primary key from
 // the first effect ever made to the newest due one: every claim read the
 // whole table.
+//
+// With Config.Standby the claim is marked, and returns once the standbys a
+// failover would promote hold the effects it took: no call goes out for an
+// effect a failover can take back (the outside world would keep a capture
+// of an order that, after the failover, was never paid).
 func (r *Runner[R]) claim(ctx context.Context, n int) ([]Effect, error) {
-	rows, err := r.cfg.Pool.Query(ctx, `
+	if r.cfg.Standby == nil {
+		return r.claimIn(ctx, r.cfg.Pool, n)
+	}
+	var effects []Effect
+	var ticket standby.Ticket
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) (err error) {
+		if effects, err = r.claimIn(ctx, tx, n); err != nil || len(effects) == 0 {
+			return err
+		}
+		ticket, err = r.cfg.Standby.Mark(ctx, tx)
+		return err
+	})
+	if err != nil || len(effects) == 0 {
+		return nil, err
+	}
+	// An effect claimed and not released waits out its lease, like one
+	// whose runner died.
+	if err := r.cfg.Standby.Wait(ctx, ticket); err != nil {
+		return nil, fmt.Errorf("effect: %w", err)
+	}
+	return effects, nil
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (r *Runner[R]) claimIn(ctx context.Context, q querier, n int) ([]Effect, error) {
+	rows, err := q.Query(ctx, `
 		UPDATE effects SET attempts = attempts + 1, due_at = now() + $3::interval
 		WHERE id = ANY(ARRAY(
 		      SELECT id FROM effects

@@ -179,6 +179,13 @@ func (in *Inbox) inBatchTx(items []*batchItem, apply func(ctx context.Context, t
 				failpoint.Hit(failpoint.AfterHandlerBeforeCommit, it.d.id)
 			}
 		}
+		ds := make([]*delivery, len(items))
+		for i, it := range items {
+			ds[i] = it.d
+		}
+		if err := in.markForStandbys(ctx, tx, ds...); err != nil {
+			return err
+		}
 		return tx.Commit(ctx)
 	}()
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/internal/check"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // Config configures an Inbox.
@@ -140,6 +141,15 @@ type Config struct {
 	// wants to know, like a retry or a retention sweep). Defaults to
 	// discarding it.
 	Logger *slog.Logger
+
+	// Standby, on a Postgres that replicates asynchronously, holds each
+	// message's acknowledgement (the broker's offset) until the standbys a
+	// failover would promote hold the transaction that settled it (see
+	// package standby): no message is acknowledged whose inbox row a
+	// failover can take back (lost: the broker would not deliver it
+	// again). Nil: acknowledged once committed (one node, or synchronous
+	// replication).
+	Standby *standby.Gate
 	// log is Logger as Watermill's adapter, the form the code logs through.
 	log watermill.LoggerAdapter
 

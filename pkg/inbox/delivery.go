@@ -15,6 +15,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // read returns the delivery of msg, and why it must be quarantined unread
@@ -81,6 +83,11 @@ type delivery struct {
 	key     string // its partition key, when it can be held (HoldKey)
 	parked  bool   // a parked message a released key applies (hold.go)
 	release bool   // its attempt released its key, or found it released: drain it
+
+	// ticket marks the transaction that settled it, for Config.Standby:
+	// its offset waits until the standbys hold it (heldByStandbys).
+	ticket standby.Ticket
+	marked bool
 }
 
 func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {

@@ -140,13 +140,19 @@ func (in *Inbox) deliver(a applier) message.HandlerFunc {
 		failpoint.Hit(failpoint.BeforeBegin, msg.UUID)
 		d, reason := in.read(msg)
 		if reason != "" {
-			return nil, in.quarantineInvalid(d, reason)
+			if err := in.quarantineInvalid(d, reason); err != nil {
+				return nil, err
+			}
+			return nil, in.heldByStandbys(d)
 		}
 		if err := in.checkShape(d); err != nil {
 			return nil, err
 		}
 
 		committed, err := in.run(d, a)
+		if err == nil {
+			err = in.heldByStandbys(d) // applied, seen before, parked or dead-lettered: the offset may go
+		}
 		if err != nil || !committed {
 			return nil, err
 		}
@@ -237,7 +243,7 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 			return nil, err
 		}
 		if settled != "" {
-			if err := tx.Commit(ctx); err != nil {
+			if err := in.commit(ctx, tx, d); err != nil {
 				return nil, fmt.Errorf("inbox: commit: %w", err)
 			}
 			in.settle(d, settled, reason)
@@ -270,7 +276,7 @@ func (in *Inbox) applyAndCommit(ctx context.Context, tx pgx.Tx, d *delivery, a a
 	if !d.parked { // a parked message was acknowledged when it parked: no window to open
 		failpoint.Hit(failpoint.AfterHandlerBeforeCommit, d.id)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := in.commit(ctx, tx, d); err != nil {
 		if commitRefused(tx, err) {
 			return fmt.Errorf("commit refused: %w", err), nil
 		}
@@ -278,6 +284,48 @@ func (in *Inbox) applyAndCommit(ctx context.Context, tx pgx.Tx, d *delivery, a a
 	}
 	in.settle(d, Applied, "")
 	return nil, nil
+}
+
+// commit commits tx, which settles d, marked for Config.Standby.
+func (in *Inbox) commit(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	if err := in.markForStandbys(ctx, tx, d); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// markForStandbys marks tx, which settles d (and whatever else it settles),
+// for Config.Standby.
+func (in *Inbox) markForStandbys(ctx context.Context, tx pgx.Tx, ds ...*delivery) error {
+	if in.cfg.Standby == nil {
+		return nil
+	}
+	ticket, err := in.cfg.Standby.Mark(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
+	for _, d := range ds {
+		d.ticket, d.marked = ticket, true
+	}
+	return nil
+}
+
+// heldByStandbys waits, with Config.Standby, until the standbys a failover
+// would promote hold the transaction that settled d: the broker's offset
+// moves past a message only once a failover cannot take its inbox row back
+// (the broker would never deliver it again: lost). An error leaves the
+// offset; the message comes again, and its inbox row, if it survived,
+// settles it as seen before.
+func (in *Inbox) heldByStandbys(d *delivery) error {
+	if !d.marked {
+		return nil
+	}
+	ctx, cancel := in.txContext(d)
+	defer cancel()
+	if err := in.cfg.Standby.Wait(ctx, d.ticket); err != nil {
+		return fmt.Errorf("inbox: message %s: %w", d.id, err)
+	}
+	return nil
 }
 
 // recordAttempt counts a failed attempt in its own transaction (the handler's
@@ -316,6 +364,11 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 	var settled Outcome
 	var seenReason string
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) (err error) {
+		// Marked whatever settles d here (another delivery's row, seen,
+		// is held once this transaction is).
+		if err := in.markForStandbys(ctx, tx, d); err != nil {
+			return err
+		}
 		// The inbox row and the quarantine, as its key's policy writes them
 		// (hold.go: under HoldKey the key is held too).
 		settled, seenReason, err = in.keys.recordDeadLetter(ctx, tx, d, reason)
@@ -343,6 +396,9 @@ func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
 	ctx, cancel := in.txContext(d)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		if err := in.markForStandbys(ctx, tx, d); err != nil {
+			return err
+		}
 		return in.insertQuarantine(ctx, tx, d, "invalid", reason, nil)
 	})
 	if err != nil {

@@ -284,6 +284,9 @@ func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
 			return err
 		}
 		failpoint.Hit(failpoint.AfterClaimBeforePublish, batch[0].msgID)
+		if err := r.heldByStandbys(ctx, tx); err != nil {
+			return err
+		}
 
 		res = r.send(batch)
 		if res.err != nil && res.published == 0 && len(res.parked) == 0 {
@@ -310,6 +313,17 @@ func (r *Relay) relayOnce(ctx context.Context) (sent, error) {
 			errors.New(p.reason), watermill.LogFields{"row": p.id, "message_id": p.msgID, "topic": p.topic, "key": p.key})
 	}
 	return res, res.err
+}
+
+// heldByStandbys waits, with RelayConfig.Standby, until the primary's
+// standbys hold the rows the batch claimed in tx (they committed before the
+// claim): an event leaves only once a failover cannot take its cause back.
+func (r *Relay) heldByStandbys(ctx context.Context, tx pgx.Tx) error {
+	ticket, err := r.cfg.Standby.Mark(ctx, tx)
+	if err != nil {
+		return err
+	}
+	return r.cfg.Standby.Wait(ctx, ticket)
 }
 
 // listen holds a connection that LISTENs on its schema's NotifyChannel and

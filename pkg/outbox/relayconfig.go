@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outboxref/outbox-inbox/pkg/internal/check"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // maxShards bounds RelayConfig.Shards: a shard is a lease row, and a relay
@@ -103,6 +104,13 @@ type RelayConfig struct {
 	// all published and past Retention, instead of deleting rows. The relay
 	// refuses to run on an unpartitioned table with it.
 	Partitions *Partitioning
+
+	// Standby, on a Postgres that replicates asynchronously, holds each
+	// batch back until the standbys a failover would promote hold its rows
+	// (see package standby): no event leaves whose cause a failover can
+	// take back (a ghost). Nil: batches leave once committed (one node, or
+	// synchronous replication).
+	Standby *standby.Gate
 
 	// Logger receives what goes wrong (and, at Info, what an operator
 	// wants to know, like a shard moving). Defaults to discarding it.

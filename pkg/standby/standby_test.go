@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -22,41 +21,6 @@ import (
 var pg *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
-
-// fakeStandby is a physical replication connection on a slot of its own
-// that reports, as a standby does, the position it flushed: whatever the
-// test says. The primary's walsender and slot are real.
-type fakeStandby struct {
-	t    *testing.T
-	slot string
-	conn *pgconn.PgConn
-}
-
-func startStandby(t *testing.T, pool *pgxpool.Pool, slot string) *fakeStandby {
-	t.Helper()
-	ctx := t.Context()
-	_, err := pool.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true)`, slot)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot) //nolint:errcheck // the server goes with the test run
-	})
-	conn, err := pgconn.Connect(ctx, pg.URL("postgres")+"&replication=true")
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) }) //nolint:errcheck
-	var start pglogrepl.LSN
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&start))
-	require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{Mode: pglogrepl.PhysicalReplication}))
-	s := &fakeStandby{t: t, slot: slot, conn: conn}
-	s.flushed(start)
-	return s
-}
-
-// flushed reports lsn flushed, and waits until the primary's slot says so.
-func (s *fakeStandby) flushed(lsn pglogrepl.LSN) {
-	s.t.Helper()
-	require.NoError(s.t, pglogrepl.SendStandbyStatusUpdate(s.t.Context(), s.conn,
-		pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn}))
-}
 
 // commit commits one row in a transaction of its own, marked, and returns
 // the ticket and the position the commit ended at.
@@ -95,7 +59,10 @@ func flushedNow(t *testing.T, pool *pgxpool.Pool) pglogrepl.LSN {
 // tWriter logs through t.
 type tWriter struct{ t *testing.T }
 
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 // waitAsync runs Wait in the background.
 func waitAsync(g *standby.Gate, ctx context.Context, ticket standby.Ticket) <-chan error {
@@ -121,20 +88,19 @@ func stillWaiting(t *testing.T, g *standby.Gate, done <-chan error, n int64) {
 
 func TestWaitReleasesOnceTheStandbyHolds(t *testing.T) {
 	pool, g := setup(t, standby.Config{})
-	slot := fmt.Sprintf("fake_%d", time.Now().UnixNano())
-	s := startStandby(t, pool, slot)
+	s := pg.StartStandby(t, pool)
 
 	ticket, end := commit(t, pool, g)
 	done := waitAsync(g, t.Context(), ticket)
 	stillWaiting(t, g, done, 5)
 
-	s.flushed(end - 1) // one byte short
+	s.Flushed(end - 1) // one byte short
 	stillWaiting(t, g, done, 5)
 
 	// What the primary flushed by now (the gate's target, and whatever
 	// the server wrote since, such as its periodic running-transactions
 	// record).
-	s.flushed(flushedNow(t, pool))
+	s.CatchUp()
 	require.NoError(t, <-done)
 	require.Equal(t, int64(1), g.Stats().Released)
 }
@@ -142,7 +108,7 @@ func TestWaitReleasesOnceTheStandbyHolds(t *testing.T) {
 func TestStandbysCountsStreamingSlotsOnly(t *testing.T) {
 	t.Run("two needed, one streams", func(t *testing.T) {
 		pool, g := setup(t, standby.Config{Standbys: 2})
-		s := startStandby(t, pool, fmt.Sprintf("fake_%d", time.Now().UnixNano()))
+		s := pg.StartStandby(t, pool)
 		// A slot whose standby does not stream does not count, whatever it
 		// says it holds.
 		_, err := pool.Exec(t.Context(), `SELECT pg_create_physical_replication_slot($1, true)`, fmt.Sprintf("idle_%d", time.Now().UnixNano()))
@@ -151,7 +117,7 @@ func TestStandbysCountsStreamingSlotsOnly(t *testing.T) {
 		ticket, _ := commit(t, pool, g)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := waitAsync(g, ctx, ticket)
-		s.flushed(flushedNow(t, pool))
+		s.CatchUp()
 		stillWaiting(t, g, done, 10)
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)
@@ -159,11 +125,11 @@ func TestStandbysCountsStreamingSlotsOnly(t *testing.T) {
 	})
 	t.Run("a slot left out", func(t *testing.T) {
 		pool, g := setup(t, standby.Config{Slots: []string{"a_slot_of_a_delayed_standby"}})
-		s := startStandby(t, pool, fmt.Sprintf("fake_%d", time.Now().UnixNano()))
+		s := pg.StartStandby(t, pool)
 		ticket, _ := commit(t, pool, g)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := waitAsync(g, ctx, ticket)
-		s.flushed(flushedNow(t, pool))
+		s.CatchUp()
 		stillWaiting(t, g, done, 10)
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)
