@@ -199,6 +199,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	}
 	h.fpLog = filepath.Join(work, "failpoints.log")
 	h.say("seed %d, profile %s (%d orders at %.0f/s), inbox %s, domain guard %s, relays %s", h.seed, h.p.Name, h.p.Orders, h.p.Rate, onOff(h.inbox), onOff(h.guard), h.p.relay())
+	if h.p.Failover != "" {
+		h.say("postgres: three nodes replicating %s; what leaves a transaction waits for %d standbys (DATABASE_STANDBYS)", h.p.Failover, h.p.Standbys)
+	}
 	h.say("logs in %s", work)
 
 	kopts := stack.KafkaOptions{MinSessionTimeout: 500 * time.Millisecond, Impl: h.p.Broker, Nodes: h.p.Nodes, Topics: probeTopics()}
@@ -249,6 +252,10 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"EFFECT_MIN_BACKOFF=50ms",
 			"EFFECT_MAX_BACKOFF=1s",
 			fmt.Sprintf("EFFECT_KEYS_DISABLED=%t", !h.keys),
+			// -standbys: what leaves a transaction waits for its
+			// standbys (pkg/standby), the mode that makes asynchronous
+			// replication safe.
+			fmt.Sprintf("DATABASE_STANDBYS=%d", h.p.Standbys),
 			"FAILPOINT_LOG="+h.fpLog,
 			// Every window traced: the judge checks the trace against the model
 			// and asks whether a killed subject was seen again.
@@ -265,6 +272,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			// connection (a Postgres restart) is taken over after this.
 			"PROVIDER_KEY_LOCK_TIMEOUT=3s",
 			fmt.Sprintf("PROVIDER_SEED=%d", h.seed),
+			fmt.Sprintf("PROVIDER_DATABASE_STANDBYS=%d", h.p.Standbys),
 		},
 		Kafka:   kopts,
 		EnvHook: h.arm,

@@ -50,6 +50,7 @@ func run(ctx context.Context) error {
 		keysFlag    = flag.String("effect-keys", "on", "idempotency keys on payment captures: on, or off for the effect control run, which must fail with double captures")
 		scenario    = flag.String("scenario", "", "learning mode: one order, one kill at this window, narrated")
 		orders      = flag.Int("orders", 0, "override the profile's order count")
+		standbys    = flag.Int("standbys", 0, "with a replicated Postgres (failover profiles): how many standbys must hold a transaction before anything that rests on it leaves a service (DATABASE_STANDBYS); failover-async passes with 1")
 		relay       = flag.String("relay", "", "the services' relays: leader (one leads each outbox), sharded (RELAY_SHARDS), or parallel for the ordering control run, which must fail ordered-per-key; default: the profile's")
 	)
 	flag.Parse()
@@ -67,6 +68,10 @@ func run(ctx context.Context) error {
 	if err := p.setRelay(*relay); err != nil {
 		return err
 	}
+	if *standbys < 0 || *standbys > 0 && p.Failover == "" {
+		return fmt.Errorf("-standbys needs a failover profile and a count of at least 0, not %d on %s", *standbys, p.Name)
+	}
+	p.Standbys = *standbys
 	if *inboxFlag != "on" && *inboxFlag != "off" {
 		return fmt.Errorf("-inbox must be on or off, not %q", *inboxFlag)
 	}
@@ -157,6 +162,10 @@ type profile struct {
 	// Failovers times each way (failover.go) during the load.
 	Failover  string
 	Failovers int
+	// Standbys (-standbys), with Failover, is DATABASE_STANDBYS for the
+	// services and the provider: what leaves a transaction waits until
+	// that many standbys hold it (pkg/standby). 0: nothing waits.
+	Standbys int
 }
 
 // setRelay applies -relay: "" keeps the profile's relays.

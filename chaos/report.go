@@ -33,6 +33,7 @@ type Report struct {
 	BrokerKills          int                            `json:"broker_kills"`
 	NetworkFaults        map[string]int                 `json:"network_faults"`        // "<postgres|kafka>_<kind>" → times applied
 	Failovers            []failoverRow                  `json:"failovers"`             // the replicated Postgres's, in order (failover.go)
+	Standbys             int                            `json:"standbys"`              // DATABASE_STANDBYS (-standbys): what leaves a transaction waited for this many standbys
 	DuplicatesSuppressed int64                          `json:"duplicates_suppressed"` // caught by the inbox, the first layer
 	Refused              map[string]int                 `json:"refused"`               // per service, caught by the domain guard, the second layer
 	RefusedNotHostile    int                            `json:"refused_not_hostile"`   // of those, refusals of the system's own messages: redeliveries
@@ -90,7 +91,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		return nil, fmt.Errorf("checking the trace against the model: %w", err)
 	}
 	r := &Report{
-		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, EffectKeys: h.keys, Relay: h.p.relay(), Refused: final.Refused,
+		Seed: h.seed, Profile: h.p.Name, Inbox: h.inbox, Guard: h.guard, EffectKeys: h.keys, Relay: h.p.relay(), Standbys: h.p.Standbys, Refused: final.Refused,
 		DurationS:            time.Since(h.start).Seconds(),
 		OrdersPaid:           final.OrdersPaid,
 		Kills:                map[string]int{},

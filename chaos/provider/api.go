@@ -19,6 +19,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // Headers of the idempotency protocol, as Stripe names them.
@@ -193,19 +195,29 @@ func (p *Provider) insertCapture(ctx context.Context, c Capture, key, token, req
 		(id, amount, currency, reference, source, status, decline_code, idempotency_key, request_id, created_at)
 		SELECT $1, $2, $3, $4, $5, $6, NULLIF($7, ''), NULLIF($8, ''), $9, $10`
 	args := []any{c.ID, c.Amount, c.Currency, c.Reference, c.Source, c.Status, c.DeclineCode, key, reqID, now}
-	if key == "" {
-		_, err := p.pool.Exec(ctx, insert, args...)
-		return err
+	statement := insert
+	if key != "" {
+		statement, args = completeKey+insert+` WHERE EXISTS (SELECT FROM completed)`, append(args, token, status, body)
 	}
-	tag, err := p.pool.Exec(ctx, completeKey+insert+` WHERE EXISTS (SELECT FROM completed)`,
-		append(args, token, status, body)...)
+	var tag pgconn.CommandTag
+	var ticket standby.Ticket
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) (err error) {
+		if tag, err = tx.Exec(ctx, statement, args...); err != nil {
+			return err
+		}
+		ticket, err = p.standby.Mark(ctx, tx) // nothing without PROVIDER_DATABASE_STANDBYS
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("storing the capture and its response: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if key != "" && tag.RowsAffected() == 0 {
 		return errLostKey
 	}
-	return nil
+	// Answered once its standbys hold it. If they do not confirm it, the
+	// client's retry under the same key finds the stored response, or,
+	// if a failover took it, captures anew: once either way.
+	return p.standby.Wait(ctx, ticket)
 }
 
 // loseResponse closes the connection without answering, after

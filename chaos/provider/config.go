@@ -32,6 +32,11 @@ type Config struct {
 	// DatabaseURL is the provider's own database. PROVIDER_DATABASE_URL,
 	// or DATABASE_URL when that is unset. Required.
 	DatabaseURL string `env:"PROVIDER_DATABASE_URL"`
+	// DatabaseStandbys, when over 0, is how many of the database's
+	// streaming standbys must hold a capture before the provider answers it
+	// (pkg/standby): a real provider's answer is durable, and on an
+	// asynchronously replicated test bed this one's is too.
+	DatabaseStandbys int64 `env:"PROVIDER_DATABASE_STANDBYS"`
 	// HTTPAddr defaults to DefaultHTTPAddr.
 	HTTPAddr string `env:"HTTP_ADDR"`
 	// HTTPToken, when set, is the API key every POST must carry

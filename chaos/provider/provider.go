@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/migrate"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 //go:embed migrations/*.sql
@@ -34,9 +35,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // Provider is the payment provider stand-in: its HTTP API (Handler) over
 // its ledger, and the faults it injects.
 type Provider struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	log  *slog.Logger
+	pool    *pgxpool.Pool
+	standby *standby.Gate // Config.DatabaseStandbys, or nil
+	cfg     Config
+	log     *slog.Logger
 
 	mu   sync.Mutex // guards rng
 	rng  *mrand.Rand
@@ -58,10 +60,18 @@ func New(pool *pgxpool.Pool, cfg Config) (*Provider, error) {
 		rand.Read(b[:]) //nolint:errcheck // crypto/rand.Read does not fail
 		seed = binary.LittleEndian.Uint64(b[:])
 	}
-	return &Provider{
+	p := &Provider{
 		pool: pool, cfg: cfg, log: cfg.Logger, seed: seed, stopping: make(chan struct{}),
 		rng: mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-	}, nil
+	}
+	if cfg.DatabaseStandbys > 0 {
+		gate, err := standby.New(standby.Config{Pool: pool, Standbys: int(cfg.DatabaseStandbys), Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("PROVIDER_DATABASE_STANDBYS: %w", err)
+		}
+		p.standby = gate
+	}
+	return p, nil
 }
 
 // stop ends the silences of lost responses (LostResponseDelay), so that a

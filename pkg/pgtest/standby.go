@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"sync/atomic"
 	"testing"
 
@@ -32,7 +33,7 @@ var standbys atomic.Int64
 func (p *Server) StartStandby(t testing.TB, pool *pgxpool.Pool) *Standby {
 	t.Helper()
 	ctx := t.Context()
-	slot := fmt.Sprintf("pgtest_standby_%d_%d", standbys.Add(1), postmasterPIDOrZero(p))
+	slot := fmt.Sprintf("pgtest_standby_%d_%d", os.Getpid(), standbys.Add(1)) // unique on a server test processes share
 	if _, err := pool.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true)`, slot); err != nil {
 		t.Fatalf("pgtest: creating the standby's slot: %v", err)
 	}
@@ -63,13 +64,6 @@ func (p *Server) StartStandby(t testing.TB, pool *pgxpool.Pool) *Standby {
 	}
 	s.Flushed(start)
 	return s
-}
-
-func postmasterPIDOrZero(p *Server) int {
-	if p.External() {
-		return 0
-	}
-	return postmasterPID(p.dataDir())
 }
 
 // primaryFlushed is where the server's WAL is flushed now.

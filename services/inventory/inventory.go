@@ -61,7 +61,8 @@ type Stock struct {
 	Sold      int64  `json:"sold"`
 }
 
-func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
+func routes(mux *http.ServeMux, db platform.DB, _ platform.Config) {
+	pool := db.Pool // reads
 	// PUT /stock sets the available quantity of each SKU given (seeding).
 	mux.HandleFunc("PUT /stock", func(w http.ResponseWriter, r *http.Request) {
 		var items []StockLevel
@@ -88,7 +89,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 				return
 			}
 		}
-		if err := setStock(r.Context(), pool, items); err != nil {
+		if err := setStock(r.Context(), db, items); err != nil {
 			platform.WriteFailure(w, err)
 			return
 		}
@@ -121,16 +122,19 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, _ platform.Config) {
 	})
 }
 
-func setStock(ctx context.Context, pool *pgxpool.Pool, items []StockLevel) error {
+func setStock(ctx context.Context, db platform.DB, items []StockLevel) error {
 	skus := make([]string, len(items))
 	avail := make([]int32, len(items))
 	for i, it := range items {
 		skus[i], avail[i] = it.SKU, int32(it.Available)
 	}
-	_, err := pool.Exec(ctx, `
-		INSERT INTO stock (sku, available)
-		SELECT * FROM unnest($1::text[], $2::int[])
-		ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available, updated_at = now()`, skus, avail)
+	err := db.Write(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
+			INSERT INTO stock (sku, available)
+			SELECT * FROM unnest($1::text[], $2::int[])
+			ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available, updated_at = now()`, skus, avail)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("setting stock: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -299,7 +301,7 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 	require.NoError(t, err)
 	// The catalogue grows too, through the stock API, behind a running
 	// service: 20,000 more SKUs.
-	require.NoError(t, setStock(ctx, base, stockLevels(20000)))
+	require.NoError(t, setStock(ctx, platform.DB{Pool: base}, stockLevels(20000)))
 	plans.Take()
 	for range 3 {
 		order()

@@ -22,7 +22,7 @@ func TestOrderBodiesReadOneWay(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	mux := http.NewServeMux()
-	routes(mux, pool, platform.Config{APIBatchSize: 1, APIBatchWorkers: 1})
+	routes(mux, platform.DB{Pool: pool}, platform.Config{APIBatchSize: 1, APIBatchWorkers: 1})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
@@ -70,7 +70,7 @@ func TestDatabaseOutageAnswers503(t *testing.T) {
 
 	for name, pool := range map[string]*pgxpool.Pool{"down": down, "up": newDB(t)} {
 		mux := http.NewServeMux()
-		routes(mux, pool, platform.Config{APIBatchSize: 1, APIBatchWorkers: 1})
+		routes(mux, platform.DB{Pool: pool}, platform.Config{APIBatchSize: 1, APIBatchWorkers: 1})
 		srv := httptest.NewServer(mux)
 		t.Cleanup(srv.Close)
 		id := "0190f1a2-0000-7000-8000-000000000001" // no such order

@@ -58,10 +58,11 @@ type Order struct {
 	CaptureAttempts int `json:"capture_attempts,omitempty"`
 }
 
-func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
+func routes(mux *http.ServeMux, db platform.DB, cfg platform.Config) {
+	pool := db.Pool // reads
 	// Payments that arrive together commit together (API_BATCH_SIZE).
 	payments := platform.NewGroup(cfg.APIBatchSize, cfg.APIBatchWorkers, cfg.APIBatchLinger, 30*time.Second,
-		func(ctx context.Context, ids []string) ([]payment, error) { return payOrders(ctx, pool, ids) })
+		func(ctx context.Context, ids []string) ([]payment, error) { return payOrders(ctx, db, ids) })
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Lines []events.Line `json:"lines"`
@@ -89,7 +90,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "order refused: card must be a card token (tok_ and 1 to 64 letters, digits or _)")
 			return
 		}
-		o, err := createOrder(r.Context(), pool, req.Lines, req.Card)
+		o, err := createOrder(r.Context(), db, req.Lines, req.Card)
 		if err != nil {
 			platform.WriteFailure(w, err)
 			return
@@ -124,7 +125,7 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 			platform.WriteError(w, http.StatusBadRequest, "retry refused: card must be a card token (tok_ and 1 to 64 letters, digits or _)")
 			return
 		}
-		o, err := retryCapture(r.Context(), pool, r.PathValue("id"), req.Card) // payment.go
+		o, err := retryCapture(r.Context(), db, r.PathValue("id"), req.Card) // payment.go
 		var refused errRetryRefused
 		switch {
 		case errors.Is(err, errNotFound):
@@ -165,10 +166,13 @@ func routes(mux *http.ServeMux, pool *pgxpool.Pool, cfg platform.Config) {
 
 var errNotFound = errors.New("order not found")
 
-func createOrder(ctx context.Context, pool *pgxpool.Pool, lines []events.Line, card string) (Order, error) {
+func createOrder(ctx context.Context, db platform.DB, lines []events.Line, card string) (Order, error) {
 	o := Order{ID: uuid.Must(uuid.NewV7()).String(), Status: "created", Lines: lines, Amount: events.Amount(lines)}
-	if _, err := pool.Exec(ctx, `INSERT INTO orders (id, lines, amount, card) VALUES ($1, $2, $3, $4)`,
-		o.ID, lines, o.Amount, card); err != nil {
+	err := db.Write(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO orders (id, lines, amount, card) VALUES ($1, $2, $3, $4)`, o.ID, lines, o.Amount, card)
+		return err
+	})
+	if err != nil {
 		return Order{}, fmt.Errorf("creating order: %w", err)
 	}
 	return o, nil
@@ -186,7 +190,7 @@ type payment struct {
 // after a lost response) changes nothing and publishes nothing: the status
 // transition is the idempotency key. The statements are set-based, so a
 // batch costs the same few statements however many orders it holds.
-func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment, error) {
+func payOrders(ctx context.Context, db platform.DB, ids []string) ([]payment, error) {
 	res := make([]payment, len(ids))
 	canonical := make([]string, len(ids)) // as Postgres prints them
 	var valid []string
@@ -200,7 +204,7 @@ func payOrders(ctx context.Context, pool *pgxpool.Pool, ids []string) ([]payment
 		valid = append(valid, canonical[i])
 	}
 	orders := map[string]Order{}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := db.Write(ctx, func(tx pgx.Tx) error { // answered once its standbys hold it
 		rows, err := tx.Query(ctx, `
 			UPDATE orders SET status = 'paid', paid_at = now()
 			WHERE id = ANY($1::uuid[]) AND status = 'created'

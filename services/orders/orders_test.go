@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 
+	"github.com/outboxref/outbox-inbox/services/internal/platform"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -38,7 +40,7 @@ var oneLine = []events.Line{{SKU: "a", Quantity: 1}}
 
 func newOrder(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	o, err := createOrder(t.Context(), pool, oneLine, defaultCard)
+	o, err := createOrder(t.Context(), platform.DB{Pool: pool}, oneLine, defaultCard)
 	require.NoError(t, err)
 	return o.ID
 }
@@ -57,11 +59,11 @@ func TestPayOrders(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	a, b, before := newOrder(t, pool), newOrder(t, pool), newOrder(t, pool)
-	_, err := payOrders(t.Context(), pool, []string{before})
+	_, err := payOrders(t.Context(), platform.DB{Pool: pool}, []string{before})
 	require.NoError(t, err)
 	unknown := uuid.NewString()
 
-	res, err := payOrders(t.Context(), pool, []string{a, before, b, a, unknown, "not-a-uuid"})
+	res, err := payOrders(t.Context(), platform.DB{Pool: pool}, []string{a, before, b, a, unknown, "not-a-uuid"})
 	require.NoError(t, err)
 	require.Len(t, res, 6)
 	for i, id := range []string{a, before, b, a} {
@@ -94,7 +96,7 @@ func TestSettleOrders(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	reserved, rejected, created := newOrder(t, pool), newOrder(t, pool), newOrder(t, pool)
-	_, err := payOrders(t.Context(), pool, []string{reserved, rejected})
+	_, err := payOrders(t.Context(), platform.DB{Pool: pool}, []string{reserved, rejected})
 	require.NoError(t, err)
 	settle := func(msgs ...*message.Message) error {
 		return pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error { return settleOrders(t.Context(), tx, msgs) })
@@ -117,7 +119,7 @@ func TestSettleOrders(t *testing.T) {
 	require.Equal(t, 1, scalar[int](t, pool, `SELECT count(*) FROM refusals WHERE order_id = $1`, rejected), "but refused with its reason")
 
 	other := newOrder(t, pool)
-	_, err = payOrders(t.Context(), pool, []string{other})
+	_, err = payOrders(t.Context(), platform.DB{Pool: pool}, []string{other})
 	require.NoError(t, err)
 	err = settle(answer(t, events.InventoryReserved{Envelope: events.NewEnvelope(events.TypeInventoryReserved, other), Lines: []events.Line{{SKU: "a", Quantity: 2}}}))
 	require.True(t, inbox.IsPermanent(err), "other lines than the order's: %v", err)
@@ -140,7 +142,7 @@ func TestSettleOrdersUnguarded(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
 	id := newOrder(t, pool)
-	_, err := payOrders(t.Context(), pool, []string{id})
+	_, err := payOrders(t.Context(), platform.DB{Pool: pool}, []string{id})
 	require.NoError(t, err)
 	for range 2 {
 		require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {

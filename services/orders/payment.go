@@ -35,7 +35,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -85,14 +84,14 @@ func (e errRetryRefused) Error() string { return "retry refused: " + e.reason }
 // order's move back to 'capturing'. Only a reserved order whose last
 // capture was declined or failed may be retried: a captured one is paid,
 // one still capturing is being made.
-func retryCapture(ctx context.Context, pool *pgxpool.Pool, id, card string) (Order, error) {
+func retryCapture(ctx context.Context, db platform.DB, id, card string) (Order, error) {
 	u, err := uuid.Parse(id)
 	if err != nil {
 		return Order{}, errNotFound
 	}
 	id = u.String() // any spelling uuid.Parse takes, as Postgres prints it
 	var o Order
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = db.Write(ctx, func(tx pgx.Tx) error {
 		var c capture
 		var attempt int
 		err := tx.QueryRow(ctx, `
@@ -144,13 +143,13 @@ type captured struct {
 
 // captures returns the capture runner: it reads PROVIDER_URL, and with
 // EFFECT_KEYS_DISABLED (the chaos harness's control run) sends no key.
-func captures(pool *pgxpool.Pool, cfg platform.Config, log *slog.Logger) (platform.Effects, error) {
+func captures(db platform.DB, cfg platform.Config, log *slog.Logger) (platform.Effects, error) {
 	if cfg.ProviderURL == "" {
 		return platform.Effects{Kind: captureKind}, nil // recorded, counted, not called
 	}
 	c := &captureClient{url: strings.TrimSuffix(cfg.ProviderURL, "/") + "/v1/captures", keys: !cfg.EffectKeysDisabled, token: cfg.ProviderToken, log: log}
 	r, err := effect.NewRunner(effect.Config[captured]{
-		Pool: pool, Kind: captureKind, Do: c.do, RecordBatch: recordCaptures, Logger: log,
+		Pool: db.Pool, Standby: db.Standby, Kind: captureKind, Do: c.do, RecordBatch: recordCaptures, Logger: log,
 		Workers: cfg.EffectWorkers, Lease: cfg.EffectLease, MinBackoff: cfg.EffectMinBackoff, MaxBackoff: cfg.EffectMaxBackoff,
 		// The provider remembers a key for 24 hours; a capture still
 		// pending after 23 is handed to a person, never called again.

@@ -41,9 +41,9 @@ func startProvider(t *testing.T, cfg provider.Config) (url string, ledger *pgxpo
 // InventoryReserved, as the consumer would.
 func reserve(t *testing.T, pool *pgxpool.Pool, card string, lines []events.Line) string {
 	t.Helper()
-	o, err := createOrder(t.Context(), pool, lines, card)
+	o, err := createOrder(t.Context(), platform.DB{Pool: pool}, lines, card)
 	require.NoError(t, err)
-	_, err = payOrders(t.Context(), pool, []string{o.ID})
+	_, err = payOrders(t.Context(), platform.DB{Pool: pool}, []string{o.ID})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
 		return settleOrders(t.Context(), tx, answers(t, events.InventoryReserved{
@@ -65,7 +65,7 @@ func answers(t *testing.T, evs ...any) []*message.Message {
 func runCaptures(t *testing.T, pool *pgxpool.Pool, cfg platform.Config) {
 	t.Helper()
 	cfg.EffectMinBackoff, cfg.EffectMaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-	eff, err := captures(pool, cfg, slog.New(slog.DiscardHandler))
+	eff, err := captures(platform.DB{Pool: pool}, cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -94,7 +94,7 @@ func TestCaptureOnReserve(t *testing.T) {
 	}
 	declined := reserve(t, pool, "tok_declined", lines)
 	rejected := newOrder(t, pool)
-	_, err := payOrders(t.Context(), pool, []string{rejected})
+	_, err := payOrders(t.Context(), platform.DB{Pool: pool}, []string{rejected})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
 		return settleOrders(t.Context(), tx, answers(t, events.InventoryRejected{
@@ -158,10 +158,10 @@ func TestRetryDeclinedCapture(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "declined", o.Payment)
 
-	o, err = retryCapture(t.Context(), pool, declined, "tok_mastercard")
+	o, err = retryCapture(t.Context(), platform.DB{Pool: pool}, declined, "tok_mastercard")
 	require.NoError(t, err)
 	require.Equal(t, "capturing", o.Payment)
-	_, err = retryCapture(t.Context(), pool, declined, "")
+	_, err = retryCapture(t.Context(), platform.DB{Pool: pool}, declined, "")
 	require.ErrorAs(t, err, new(errRetryRefused), "a capture being made is not retried")
 	runCaptures(t, pool, platform.Config{ProviderURL: url})
 
@@ -173,12 +173,12 @@ func TestRetryDeclinedCapture(t *testing.T) {
 	require.Equal(t, o.CaptureID, scalar[string](t, ledger, `SELECT id FROM captures WHERE reference = $1 AND status = 'captured'`, declined))
 	require.Equal(t, []string{o.CaptureID}, capturedEvents(t, pool, declined), "captured on the retry: the order ends")
 
-	_, err = retryCapture(t.Context(), pool, paid, "")
+	_, err = retryCapture(t.Context(), platform.DB{Pool: pool}, paid, "")
 	require.ErrorContains(t, err, "payment is captured")
 	unpaid := newOrder(t, pool)
-	_, err = retryCapture(t.Context(), pool, unpaid, "")
+	_, err = retryCapture(t.Context(), platform.DB{Pool: pool}, unpaid, "")
 	require.ErrorContains(t, err, "is created")
-	_, err = retryCapture(t.Context(), pool, uuid.NewString(), "")
+	_, err = retryCapture(t.Context(), platform.DB{Pool: pool}, uuid.NewString(), "")
 	require.ErrorIs(t, err, errNotFound)
 }
 
@@ -273,13 +273,13 @@ func TestStatementsStayCheapAsTheTablesGrow(t *testing.T) {
 		// it again, a second answer for it, retrying its capture.
 		_, err = getOrder(ctx, pool, id)
 		require.NoError(t, err)
-		_, err = payOrders(ctx, pool, []string{id})
+		_, err = payOrders(ctx, platform.DB{Pool: pool}, []string{id})
 		require.NoError(t, err)
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			return settleOrders(ctx, tx, answers(t, events.InventoryReserved{
 				Envelope: events.NewEnvelope(events.TypeInventoryReserved, id), Lines: oneLine}))
 		}))
-		_, err = retryCapture(ctx, pool, id, "")
+		_, err = retryCapture(ctx, platform.DB{Pool: pool}, id, "")
 		require.ErrorAs(t, err, new(errRetryRefused))
 	}
 	for range 2 { // a new deployment: tables of a few rows, analyzed (see inventory's test)

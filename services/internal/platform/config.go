@@ -22,9 +22,19 @@ import (
 // and 0 means the library's default (inbox.DefaultMaxAttempts, …): the
 // defaults are written once, in the library.
 type Config struct {
-	DatabaseURL  string   `env:"DATABASE_URL" required:"true"`
-	KafkaBrokers []string `env:"KAFKA_BROKERS" required:"true"`
-	HTTPAddr     string   `env:"HTTP_ADDR" default:"127.0.0.1:8080"`
+	DatabaseURL string `env:"DATABASE_URL" required:"true"`
+	// DatabaseStandbys, on a Postgres that replicates asynchronously, is
+	// how many of the primary's streaming standbys must hold a transaction
+	// before anything that rests on it leaves the service: an answer to a
+	// client, an event the relay publishes, a Kafka offset the consumer
+	// commits, a call the effect runner makes (pkg/standby; docs/failover.md).
+	// 0: nothing waits (one node, or synchronous replication).
+	DatabaseStandbys int `env:"DATABASE_STANDBYS" default:"0"`
+	// DatabaseStandbySlots, when set, are the replication slots of the
+	// standbys a failover may promote; empty: every streaming standby's.
+	DatabaseStandbySlots []string `env:"DATABASE_STANDBY_SLOTS"`
+	KafkaBrokers         []string `env:"KAFKA_BROKERS" required:"true"`
+	HTTPAddr             string   `env:"HTTP_ADDR" default:"127.0.0.1:8080"`
 	// HTTPAllowedHosts are the host names (or name:port) the HTTP server
 	// answers besides loopback and HTTP_ADDR's host; any other Host header
 	// is refused with 421 (services/runtime/httpserve: DNS rebinding).

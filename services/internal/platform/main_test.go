@@ -114,10 +114,10 @@ func setup(t *testing.T) *pair {
 		Topic: p.invTopic,
 		Migrations: fstest.MapFS{"001_orders.sql": {Data: []byte(
 			`CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL)`)}},
-		Routes: func(mux *http.ServeMux, pool *pgxpool.Pool, _ Config) {
+		Routes: func(mux *http.ServeMux, db DB, _ Config) {
 			mux.HandleFunc("POST /pay/{id}", func(w http.ResponseWriter, r *http.Request) {
 				id := r.PathValue("id")
-				err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
+				err := db.Write(r.Context(), func(tx pgx.Tx) error {
 					if _, err := tx.Exec(r.Context(), `INSERT INTO orders (id, status) VALUES ($1, 'paid')`, id); err != nil {
 						return err
 					}
@@ -144,7 +144,7 @@ func setup(t *testing.T) *pair {
 		Topic: p.ordersTopic,
 		Migrations: fstest.MapFS{"001_inventory.sql": {Data: []byte(
 			`CREATE TABLE reservations (order_id text NOT NULL, message_id text NOT NULL)`)}},
-		Routes: func(*http.ServeMux, *pgxpool.Pool, Config) {},
+		Routes: func(*http.ServeMux, DB, Config) {},
 		Apply: always(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 			for _, msg := range msgs {
 				id := string(msg.Payload)

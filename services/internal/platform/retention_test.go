@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/chaos/procs"
@@ -38,7 +37,7 @@ func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
 
 	svc := Service{
 		Name: name, Topic: name, Migrations: fstest.MapFS{},
-		Routes: func(*http.ServeMux, *pgxpool.Pool, Config) {},
+		Routes: func(*http.ServeMux, DB, Config) {},
 		Apply:  always(func(context.Context, pgx.Tx, []*message.Message) error { return nil }),
 	}
 	err = Run(ctx, cfg, svc)

@@ -53,11 +53,13 @@ type Service struct {
 	// It is made from the configuration (DOMAIN_GUARD_DISABLED).
 	Apply func(Config) inbox.BatchFunc
 	// Routes adds the service's HTTP endpoints.
-	Routes func(mux *http.ServeMux, pool *pgxpool.Pool, cfg Config)
+	// Its writes answer through db.Write.
+	Routes func(mux *http.ServeMux, db DB, cfg Config)
 	// Effects, when set, makes the runner of the service's effects outside
 	// the database (pkg/effect); the effects table is migrated for it. A
 	// zero Effects runs none (the effects wait, recorded).
-	Effects func(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (Effects, error)
+	// Its runner waits for db.Standby (effect.Config.Standby).
+	Effects func(db DB, cfg Config, log *slog.Logger) (Effects, error)
 }
 
 // Effects is a running service's effect runner.
@@ -106,7 +108,11 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
-	effects, err := newEffects(cfg, svc, pool, log)
+	db, err := newDB(cfg, pool, log) // db.go: DATABASE_STANDBYS
+	if err != nil {
+		return err
+	}
+	effects, err := newEffects(cfg, svc, db, log)
 	if err != nil {
 		return err
 	}
@@ -117,12 +123,12 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	}
 	signing.warn(log, svc.Topic)
 
-	out, err := newOutgoing(cfg, svc, pool, signing, tables.outbox, log)
+	out, err := newOutgoing(cfg, svc, db, signing, tables.outbox, log)
 	if err != nil {
 		return err
 	}
 	defer out.publisher.Close()
-	in, err := newIncoming(cfg, svc, pool, signing, tables.inbox, mtr, log)
+	in, err := newIncoming(cfg, svc, db, signing, tables.inbox, mtr, log)
 	if err != nil {
 		return err
 	}
@@ -131,7 +137,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		mtr.registerEffects(effects.Kind)
 	}
 	primary := &primaryWatch{log: log} // primary.go: readiness, a line per failover
-	srv, ln, err := newHTTP(cfg, svc, pool, in, out, effects, primary, mtr, log)
+	srv, ln, err := newHTTP(cfg, svc, db, in, out, effects, primary, mtr, log)
 	if err != nil {
 		return err
 	}
@@ -213,11 +219,11 @@ func migrateAll(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool
 }
 
 // newEffects makes the service's effect runner, if it has effects.
-func newEffects(cfg Config, svc Service, pool *pgxpool.Pool, log *slog.Logger) (Effects, error) {
+func newEffects(cfg Config, svc Service, db DB, log *slog.Logger) (Effects, error) {
 	var effects Effects
 	var err error
 	if svc.Effects != nil {
-		if effects, err = svc.Effects(pool, cfg, log); err != nil {
+		if effects, err = svc.Effects(db, cfg, log); err != nil {
 			return Effects{}, fmt.Errorf("effects: %w", err)
 		}
 		if effects.Run == nil {
@@ -238,7 +244,7 @@ type outgoing struct {
 
 // newOutgoing makes the relay of the service's outbox, publishing to Kafka
 // through signing's publisher.
-func newOutgoing(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, partitions *outbox.Partitioning, log *slog.Logger) (outgoing, error) {
+func newOutgoing(cfg Config, svc Service, db DB, signing signing, partitions *outbox.Partitioning, log *slog.Logger) (outgoing, error) {
 	publisher, err := newRelayPublisher(cfg, svc.Name, marshaler(), log) // relay.go
 	if err != nil {
 		return outgoing{}, err
@@ -249,7 +255,7 @@ func newOutgoing(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, p
 		return outgoing{}, err
 	}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		Pool: pool, Publisher: signed, Logger: log,
+		Pool: db.Pool, Standby: db.Standby, Publisher: signed, Logger: log,
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
 		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
@@ -280,13 +286,13 @@ type incoming struct {
 }
 
 // newIncoming makes the inbox and the Kafka consumer that feeds it.
-func newIncoming(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, partitions *inbox.Partitioning, mtr *metrics, log *slog.Logger) (incoming, error) {
+func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *inbox.Partitioning, mtr *metrics, log *slog.Logger) (incoming, error) {
 	onDeadLetter, err := deadLetterPolicy(cfg.InboxOnDeadLetter)
 	if err != nil {
 		return incoming{}, err
 	}
 	ibx, err := inbox.New(withControls(cfg, inbox.Config{
-		Pool: pool, Consumer: svc.Name, Logger: log, OnDeadLetter: onDeadLetter,
+		Pool: db.Pool, Standby: db.Standby, Consumer: svc.Name, Logger: log, OnDeadLetter: onDeadLetter,
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		Retention: cfg.InboxRetention, Partitions: partitions,
@@ -319,13 +325,13 @@ func newIncoming(cfg Config, svc Service, pool *pgxpool.Pool, signing signing, p
 
 // newHTTP makes the service's HTTP server: health, readiness, stats,
 // metrics, and the service's own routes.
-func newHTTP(cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, primary *primaryWatch, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
+func newHTTP(cfg Config, svc Service, db DB, in incoming, out outgoing, effects Effects, primary *primaryWatch, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		st := probePrimary(r.Context(), pool)
+		st := probePrimary(r.Context(), db.Pool)
 		primary.note(st, time.Now())
 		switch {
 		case st.err != nil:
@@ -355,7 +361,7 @@ func newHTTP(cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgo
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	crashRoute(mux, log) // POST /debug/crash, in a failpoint build only
-	svc.Routes(mux, pool, cfg)
+	svc.Routes(mux, db, cfg)
 	// Timeouts, known hosts only, no cross-site writes, JSON bodies only.
 	// A credential on every state-changing route when HTTP_TOKEN is set
 	// (checked at the start of Run when the server listens beyond loopback).
@@ -533,6 +539,9 @@ func WriteFailure(w http.ResponseWriter, err error) {
 // connections leaked, times out against a database that is up, and that
 // is a bug to see, not a 503.
 func DatabaseUnavailable(err error) bool {
+	if errors.As(err, new(standbyError)) {
+		return true // committed, not confirmed held: the client asks again
+	}
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
