@@ -310,6 +310,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	// its pace in messages per service.
 	for _, svc := range system.Services {
 		w := newProbeWriter(svc, h.seed)
+		w.standbys = h.p.Standbys
 		h.probes = append(h.probes, w)
 		wg.Add(1)
 		go func() { defer wg.Done(); w.run(chaosCtx, sys.DBURL[svc], h.p.Rate/3, h.say) }()

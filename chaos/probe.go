@@ -34,6 +34,7 @@ import (
 	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 const (
@@ -65,6 +66,10 @@ type probeWriter struct {
 	rng    *rand.Rand
 	next   [probeKeys]int // each key's next seq
 	ledger judge.ProbeLedger
+	// standbys (-standbys): a commit counts only once that many standbys
+	// hold it, as the services' answers do (pkg/standby); one they do not
+	// confirm is of unknown outcome, which resolve settles.
+	standbys int
 	// Transactions by outcome; their sum numbers the next one.
 	committed, unknown, rolledBack int
 	settled                        int // of the unknown ones, those resolve found committed
@@ -164,6 +169,13 @@ func (w *probeWriter) run(ctx context.Context, dbURL string, perSecond float64, 
 		return
 	}
 	defer pool.Close()
+	var gate *standby.Gate
+	if w.standbys > 0 {
+		if gate, err = standby.New(standby.Config{Pool: pool, Standbys: w.standbys}); err != nil {
+			say("probe stream of %s: %v", w.service, err)
+			return
+		}
+	}
 	t := time.NewTicker(time.Duration(probeMeanTick / perSecond * float64(time.Second)))
 	defer t.Stop()
 	for {
@@ -174,7 +186,7 @@ func (w *probeWriter) run(ctx context.Context, dbURL string, perSecond float64, 
 		}
 		keys := w.rng.Perm(probeKeys)[:probeKeysPerTx]
 		for range probeTxPerTick {
-			w.commitOne(ctx, pool, keys)
+			w.commitOne(ctx, pool, gate, keys)
 		}
 	}
 }
@@ -191,7 +203,7 @@ const (
 // commitOne writes one batch and records it by its outcome. The seqs a
 // transaction took are never given out again, so one that was rolled back
 // and turns up in Kafka is a phantom.
-func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool, keys []int) {
+func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool, gate *standby.Gate, keys []int) {
 	tx := w.committed + w.unknown + w.rolledBack + 1
 	batch := w.batch(keys)
 	msgs := make([]*message.Message, len(batch))
@@ -206,7 +218,7 @@ func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool, keys []
 	// not make its last COMMIT one of unknown outcome.
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	out := publishProbes(tctx, pool, probeTopic(w.service), msgs)
+	out := publishProbes(tctx, pool, gate, probeTopic(w.service), msgs)
 	switch out {
 	case committed:
 		w.committed++
@@ -226,17 +238,24 @@ func (w *probeWriter) commitOne(ctx context.Context, pool *pgxpool.Pool, keys []
 
 // publishProbes commits msgs to topic in a transaction of their own. It
 // does not use pgx.BeginFunc: a failure before COMMIT and a failed COMMIT
-// mean different things here.
-func publishProbes(ctx context.Context, pool *pgxpool.Pool, topic string, msgs []*message.Message) outcome {
+// mean different things here. With gate, a commit its standbys did not
+// confirm is of unknown outcome: a failover may have taken it back.
+func publishProbes(ctx context.Context, pool *pgxpool.Pool, gate *standby.Gate, topic string, msgs []*message.Message) outcome {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return rolledBack
 	}
-	if err := outbox.PublishTx(ctx, tx, topic, msgs...); err != nil {
+	ticket, err := gate.Mark(ctx, tx) // nothing without a gate
+	if err == nil {
+		err = outbox.PublishTx(ctx, tx, topic, msgs...)
+	}
+	if err != nil {
 		tx.Rollback(ctx) //nolint:errcheck // nothing was committed, whatever Rollback says
 		return rolledBack
 	}
 	switch err := tx.Commit(ctx); {
+	case err == nil && gate.Wait(ctx, ticket) != nil:
+		return unknown
 	case err == nil:
 		return committed
 	case errors.Is(err, pgx.ErrTxCommitRollback):

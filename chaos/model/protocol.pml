@@ -42,6 +42,21 @@
  *   GUARD_OFF           the domain guard off                                  row 2
  *   MARK_BEFORE_PUBLISH the relay commits its mark, then publishes           row 1
  *   NO_EFFECT_LEASE     a claimed effect never becomes due again             row 3
+ *
+ * A lossy database failover (-DFAILOVER, rows 1 and 2): a standby holds a
+ * prefix of each database's commits, caught up at any moment (asynchronous
+ * replication) or at each commit (-DSYNC_REPL: synchronous); a failover
+ * promotes it, and the commits it did not hold are gone: a suffix of
+ * committed transactions lost. Every session dies with the old primary,
+ * the leases are past their time, and the timeline (epoch) moves on.
+ * -DSTANDBY_GATE is pkg/standby: what leaves a transaction (a batch
+ * published, a payment answered, an offset committed) waits until the
+ * standby holds every commit made before the wait, or fails when the
+ * timeline moved. Its properties: no ghost event (a copy on the partition
+ * whose row the producer's database no longer holds), no answered payment
+ * lost, no lost message (an offset committed past a message whose inbox row
+ * is gone). Asynchronous replication without the gate must fail them
+ * (check.sh: failover-async-ghost, failover-async-lost).
  */
 
 #ifndef ROW
@@ -83,6 +98,9 @@ mtype = { /* the model's only mtype, so printf's %e names a window */
 #endif
 #ifndef MAXPFAIL
 #define MAXPFAIL   1   /* row 3: provider calls that fail: nothing done, or done and the answer lost */
+#endif
+#ifndef MAXFAILOVER
+#define MAXFAILOVER 1  /* -DFAILOVER: lossy failovers of the row's database */
 #endif
 #ifdef NO_EFFECT_LEASE
 /* the control has no lease to expire */
@@ -156,6 +174,31 @@ bool order_bad;            /* a row's first copy published before an earlier row
 bool decided_twice;        /* an order decided twice */
 bool captured_twice;       /* the provider captured an order twice */
 byte crashes, pauses, expiries, releases, dups, effloss, pubfails, dbfails, pfails;
+
+/* ---- the standby and its failovers (-DFAILOVER) ---- */
+byte epoch;                /* the timeline: failovers so far */
+byte failovers;
+bool answered[NORD];       /* row 1: the client was told its payment succeeded */
+bool ghost;                /* row 1: a copy on the partition whose row the producer's database no longer holds */
+bool answer_lost;          /* row 1: an answered payment gone */
+bool lost;                 /* row 2: an offset committed past a message whose inbox row is gone */
+/* row 1: what the standby holds of the producer's database */
+byte rep_n;
+bool rep_pub[NROWS];
+bool rep_paid[NORD];
+byte rep_owner[NSHARD];
+byte rep_tok[NSHARD];
+/* row 2: what the standby holds of the consumer's database; commits made
+ * and held, counted */
+byte rep_inbox[NIDS];
+bool rep_dead[NIDS];
+byte rep_attempts[NIDS];
+byte rep_decided[NORD];
+byte rep_effect[NORD];
+byte rep_applied[NIDS];
+bool rep_got[NROWS];
+byte c2, rep_c2;
+bool dirty1;               /* row 1: a commit the standby does not hold yet */
 byte j;                    /* scratch, always 0 between steps */
 
 /* ---- the safety properties: an assertion where a ghost turns true.
@@ -165,6 +208,9 @@ byte j;                    /* scratch, always 0 between steps */
 #define P_order    3
 #define P_guard    4
 #define P_capture  5
+#define P_ghost    6
+#define P_answer   7
+#define P_lost     8
 #if !defined(CHECK) || CHECK == P_once
 #define CHECK_once     assert(!twice)
 #else
@@ -190,6 +236,73 @@ byte j;                    /* scratch, always 0 between steps */
 #else
 #define CHECK_capture  skip
 #endif
+#if !defined(CHECK) || CHECK == P_ghost
+#define CHECK_ghost    assert(!ghost)
+#else
+#define CHECK_ghost    skip
+#endif
+#if !defined(CHECK) || CHECK == P_answer
+#define CHECK_answer   assert(!answer_lost)
+#else
+#define CHECK_answer   skip
+#endif
+#if !defined(CHECK) || CHECK == P_lost
+#define CHECK_lost     assert(!lost)
+#else
+#define CHECK_lost     skip
+#endif
+
+/* ---- the standby: caught up (a copy of the database's state) ---- */
+inline replicate1() {
+	rep_n = ob_n;
+	j = 0;
+	do
+	:: j < NROWS -> rep_pub[j] = ob_pub[j]; j++
+	:: else -> break
+	od;
+	rep_paid[0] = paid[0]; rep_paid[1] = paid[1];
+	rep_owner[0] = lease_owner[0]; rep_owner[1] = lease_owner[1];
+	rep_tok[0] = lease_tok[0]; rep_tok[1] = lease_tok[1];
+	dirty1 = 0;
+	j = 0
+}
+inline replicate2() {
+	j = 0;
+	do
+	:: j < NIDS -> rep_inbox[j] = inbox[j]; rep_dead[j] = dead[j]; rep_attempts[j] = attempts[j]; rep_applied[j] = applied[j]; j++
+	:: else -> break
+	od;
+	j = 0;
+	do
+	:: j < NROWS -> rep_got[j] = got[j]; j++
+	:: else -> break
+	od;
+	rep_decided[0] = decided[0]; rep_decided[1] = decided[1];
+	rep_effect[0] = effect[0]; rep_effect[1] = effect[1];
+	rep_c2 = c2;
+	j = 0
+}
+/* a commit of the row's database: with synchronous replication it returns
+ * once the standby holds it */
+#if defined(FAILOVER) && defined(SYNC_REPL)
+#define COMMIT1 replicate1()
+#define COMMIT2 c2++; replicate2()
+#elif defined(FAILOVER)
+#define COMMIT1 dirty1 = 1
+#define COMMIT2 c2++
+#else
+#define COMMIT1 skip
+#define COMMIT2 skip
+#endif
+
+/* ---- pkg/standby: wait until the standby holds every commit made before
+ * the wait (target: the commits so far), unless the timeline moved (the
+ * wait fails: ep is the timeline the transaction was marked on) ---- */
+#if defined(FAILOVER) && defined(STANDBY_GATE)
+#define GATE 1
+#else
+#define GATE 0
+#endif
 
 /* ---- a crash window: the process may die here (within the budget) ---- */
 #define CRASH(w, die, where) \
@@ -201,6 +314,9 @@ byte j;                    /* scratch, always 0 between steps */
 /* a copy of id on the partition. Row 1 keeps only the ghosts (which ids
  * have a copy, the order check); row 2 keeps the log the consumer reads. */
 inline append(id, pay) {
+#ifdef FAILOVER
+	if :: (id) < NROWS && (id) >= ob_n -> ghost = 1; printf("MSC: row %d reaches the partition, but the producer's database no longer holds it: a ghost\n", id); CHECK_ghost :: else fi;
+#endif
 #if ROW == 2
 	assert(log_n < LOGMAX);
 	log_id[log_n] = id; log_pay[log_n] = pay; log_n++;
@@ -224,17 +340,32 @@ inline append(id, pay) {
 
 /* ================= row 1: the producer ================= */
 proctype Producer() {
-	byte o = 0;
+	byte o = 0, tgt = 0, ep = 0;
 	do
 	:: o < NORD ->
 pay:		/* POST /orders/{o}/pay: one transaction, the status and the outbox row */
-		atomic { if :: !paid[o] -> paid[o] = 1; assert(ob_n == o); ob_n++; printf("MSC: producer commits order %d paid and row %d\n", o, o) :: else -> printf("MSC: order %d already paid: nothing written\n", o) fi }
+		atomic {
+			if
+			:: !paid[o] && ob_n == o -> paid[o] = 1; ob_n++; COMMIT1; printf("MSC: producer commits order %d paid and row %d\n", o, o)
+			:: paid[o] -> printf("MSC: order %d already paid: nothing written\n", o)
+			:: !paid[o] && ob_n != o -> printf("MSC: a failover took back rows before order %d's: the client's history is gone\n", o); goto done
+			fi;
+			tgt = ob_n; ep = epoch
+		}
 		CRASH(after_commit_before_response, skip, pay); /* the client pays again */
+#if GATE
+		if
+		:: atomic { epoch == ep && rep_n >= tgt -> printf("MSC: the standby holds order %d's payment: answered\n", o) }
+		:: atomic { epoch != ep -> printf("MSC: the primary changed before the standby held order %d's payment: 503, the client pays again\n", o) }; goto pay
+		fi;
+#endif
+		answered[o] = 1;
 		o++
 	:: else -> break
 	od;
-	atomic { assert(ob_n == NORD); ob_n++; printf("MSC: producer commits row 2 (order 0 again)\n") }
-	o = 0
+	atomic { ob_n == NORD -> ob_n++; COMMIT1; printf("MSC: producer commits row 2 (order 0 again)\n") }
+done:
+	o = 0; tgt = 0; ep = 0
 }
 
 /* ================= row 1: the relays ================= */
@@ -275,7 +406,7 @@ inline abort_tx(r) {
 #define STALE(s) (snap[s] != 0 && (lease_owner[s] != r+1 || lease_tok[s] != snap[s] || lease_exp[s]))
 
 inline take(s) {
-	lease_owner[s] = r+1; lease_tok[s]++; lease_exp[s] = 0; snap[s] = lease_tok[s];
+	lease_owner[s] = r+1; lease_tok[s]++; lease_exp[s] = 0; snap[s] = lease_tok[s]; COMMIT1;
 	printf("MSC: relay %d takes shard %d, token %d\n", r, s, lease_tok[s])
 }
 inline renew(s) {
@@ -295,6 +426,7 @@ inline commit_marks() {
 		od;
 		i = 0;
 		abort_tx(r);
+		COMMIT1;
 		printf("MSC: relay %d commits its marks\n", r)
 	:: else -> printf("MSC: relay %d cannot commit: the fence ended its session\n", r)
 	fi
@@ -303,9 +435,9 @@ inline commit_marks() {
 proctype Relay(byte r) {
 	byte snap[NSHARD];      /* the leases this relay believes it holds: shard -> token */
 	byte bat[BATCH];        /* the claimed rows, in id order */
-	byte nb, i;
+	byte nb, i, tgt, ep;
 restart:
-	atomic { snap[0] = 0; snap[1] = 0; nb = 0; i = 0; bat[0] = 0; bat[1] = 0 }
+	atomic { snap[0] = 0; snap[1] = 0; nb = 0; i = 0; bat[0] = 0; bat[1] = 0; tgt = 0; ep = 0 }
 end_relay:
 	do
 #ifndef PARALLEL_RELAYS
@@ -315,7 +447,7 @@ end_relay:
 	:: atomic { STALE(0) -> renew(0) }
 	:: atomic { STALE(1) -> renew(1) }
 	:: atomic { releases < MAXRELEASE && snap[0] != 0 && lease_owner[0] == r+1 && lease_tok[0] == snap[0] && lease_share[0] == 0 ->
-		releases++; lease_owner[0] = 0; lease_exp[0] = 0; snap[0] = 0; printf("MSC: relay %d gives shard 0 back\n", r) }
+		releases++; lease_owner[0] = 0; lease_exp[0] = 0; snap[0] = 0; COMMIT1; printf("MSC: relay %d gives shard 0 back\n", r) }
 #endif
 	/* a batch: claim (one statement), publish in id order, mark (commit) */
 	:: atomic {
@@ -331,6 +463,7 @@ end_relay:
 		if :: OWNS(0) -> lease_share[0] = r+1 :: else fi;
 		if :: OWNS(1) -> lease_share[1] = r+1 :: else fi;
 #endif
+		tgt = ob_n; ep = epoch;
 		if
 		:: nb == 1 -> printf("MSC: relay %d claims row %d\n", r, bat[0])
 		:: else -> printf("MSC: relay %d claims rows %d and %d\n", r, bat[0], bat[1])
@@ -340,11 +473,19 @@ end_relay:
 #endif
 	};
 		CRASH(after_claim_before_publish, relay_die(), restart);
+#if GATE
+		/* the claim was marked (ep); the rows committed before the wait */
+		if
+		:: atomic { epoch == ep && rep_n >= tgt -> printf("MSC: relay %d: the standby holds its rows\n", r) }
+		:: atomic { epoch != ep -> printf("MSC: relay %d: the primary changed before the standby held its rows: the batch fails, nothing sent\n", r);
+			abort_tx(r); nb = 0; i = 0; bat[0] = 0; bat[1] = 0; tgt = 0; ep = 0 }; goto end_relay
+		fi;
+#endif
 		do
 		:: i < nb -> atomic { printf("MSC: relay %d publishes row %d\n", r, bat[i]); append(bat[i], GOOD); i++ }
 		:: atomic { i == 0 && nb > 0 && pubfails < MAXPUBFAIL -> pubfails++;
 			printf("MSC: relay %d: publishing row %d fails (the broker is down): nothing sent, the claim rolls back\n", r, bat[i]);
-			abort_tx(r); nb = 0; i = 0; bat[0] = 0; bat[1] = 0 }; goto end_relay
+			abort_tx(r); nb = 0; i = 0; bat[0] = 0; bat[1] = 0; tgt = 0; ep = 0 }; goto end_relay
 		:: else -> i = 0; break
 		od;
 		CRASH(after_publish_before_mark, relay_die(), restart);
@@ -352,7 +493,7 @@ end_relay:
 #ifndef MARK_BEFORE_PUBLISH
 			commit_marks();
 #endif
-			nb = 0; i = 0; bat[0] = 0; bat[1] = 0
+			nb = 0; i = 0; bat[0] = 0; bat[1] = 0; tgt = 0; ep = 0
 		}
 	od
 }
@@ -410,12 +551,28 @@ inline apply(id, pay) {
 	fi
 }
 
+/* row 2: the offset is committed past messages whose inbox rows are all
+ * there */
+inline check_lost() {
+#ifdef FAILOVER
+	j = 0;
+	do
+	:: j < committed_off -> if :: inbox[log_id[j]] == 0 -> lost = 1; printf("MSC: offset %d is committed, but message %d's inbox row is gone: lost\n", j, log_id[j]); CHECK_lost :: else fi; j++
+	:: else -> break
+	od;
+	j = 0
+#else
+	skip
+#endif
+}
+
 proctype Consumer() {
 	byte pos, id;
 	bit pay;
 	bool fresh;
+	byte tgt, ep; /* the gate's: the commits made, and the timeline, of the transaction that settled the message */
 restart:
-	atomic { pos = committed_off; id = 0; pay = 0; fresh = 0; printf("MSC: consumer (re)starts at the committed offset %d\n", pos) }
+	atomic { pos = committed_off; id = 0; pay = 0; fresh = 0; tgt = 0; ep = 0; printf("MSC: consumer (re)starts at the committed offset %d\n", pos) }
 end_consumer:
 	do
 	:: atomic { pos < log_n -> id = log_id[pos]; pay = log_pay[pos]; printf("MSC: consumer gets offset %d: message %d payload %d\n", pos, id, pay) }
@@ -433,6 +590,7 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 		fi;
 #ifndef INBOX_OFF
 		atomic {
+			ep = epoch; /* the transaction's timeline */
 			if
 			:: inbox[id] == 0 -> fresh = 1
 			:: inbox[id] == pay + 1 -> fresh = 0; printf("MSC: inbox: message %d is a duplicate\n", id)
@@ -441,7 +599,7 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 		};
 		if
 		:: fresh -> CRASH(after_inbox_insert, skip, restart)
-		:: else -> goto settled /* its transaction commits what the inbox records of it; nothing applied */
+		:: else -> atomic { tgt = c2 }; goto settled /* its transaction commits what the inbox records of it; nothing applied */
 		fi;
 #else
 		fresh = 1;
@@ -449,10 +607,10 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 		if
 		:: id == POISON ->
 			/* the handler fails: rolled back; the attempt counted on its own */
-			atomic { attempts[id]++; printf("MSC: handler fails on message %d: attempt %d\n", id, attempts[id]) };
+			atomic { attempts[id]++; COMMIT2; printf("MSC: handler fails on message %d: attempt %d\n", id, attempts[id]) };
 			if
 			:: attempts[id] >= MAXATT ->
-				atomic { inbox[id] = pay + 1; dead[id] = 1; fresh = 0; printf("MSC: message %d dead-lettered\n", id) };
+				atomic { inbox[id] = pay + 1; dead[id] = 1; fresh = 0; COMMIT2; tgt = c2; ep = epoch; printf("MSC: message %d dead-lettered\n", id) };
 				goto ack
 			:: else -> goto attempt
 			fi
@@ -460,12 +618,20 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 			CRASH(after_handler_before_commit, skip, restart);
 			if
 			:: atomic {
+#ifdef FAILOVER
+				epoch == ep ->
+#endif
 #ifndef INBOX_OFF
 				inbox[id] = pay + 1;
 #endif
-				apply(id, pay); fresh = 0;
+				apply(id, pay); fresh = 0; COMMIT2; tgt = c2;
 				printf("MSC: consumer commits message %d\n", id)
 			}
+#ifdef FAILOVER
+			:: atomic { epoch != ep -> fresh = 0;
+				printf("MSC: the commit of message %d fails: its session died with the old primary; the message is delivered again\n", id) };
+				goto deliver
+#endif
 			:: atomic { dbfails < MAXDBFAIL -> dbfails++; fresh = 0;
 				printf("MSC: the commit of message %d fails (the database went away): nothing written, the message is delivered again\n", id) };
 				goto deliver
@@ -477,11 +643,17 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 settled:
 		CRASH(after_commit_before_ack, skip, restart);
 ack:
+#if GATE
+		if
+		:: atomic { epoch == ep && rep_c2 >= tgt -> printf("MSC: the standby holds message %d's transaction\n", id) }
+		:: atomic { epoch != ep -> printf("MSC: the primary changed before the standby held message %d's transaction: not acknowledged, delivered again\n", id) }; goto deliver
+		fi;
+#endif
 		/* the ack marks the offset; Sarama commits marked offsets now and
 		 * then: here, or with a later ack (a crash before it redelivers) */
 		if
-		:: atomic { pos++; committed_off = pos; id = 0; pay = 0; printf("MSC: consumer acks; offset %d committed\n", pos) }
-		:: atomic { pos++; id = 0; pay = 0; printf("MSC: consumer acks; offset %d not committed yet\n", pos) }
+		:: atomic { pos++; committed_off = pos; id = 0; pay = 0; tgt = 0; ep = 0; printf("MSC: consumer acks; offset %d committed\n", pos); check_lost() }
+		:: atomic { pos++; id = 0; pay = 0; tgt = 0; ep = 0; printf("MSC: consumer acks; offset %d not committed yet\n", pos) }
 		fi
 	od
 }
@@ -547,6 +719,68 @@ end_runner:	/* claim a due capture: its lease begins (Runner.claim) */
 	goto restart
 }
 
+/* ================= the standby and the failover (-DFAILOVER, rows 1 and 2) ================= */
+#ifdef FAILOVER
+/* the standby promoted: what it did not hold is gone; every session dies
+ * with the old primary; the failover outlasts every lease */
+inline failover1() {
+	ob_n = rep_n;
+	j = 0;
+	do
+	:: j < NROWS -> ob_pub[j] = rep_pub[j]; ob_lock[j] = 0; if :: inlog[j] && j >= ob_n -> ghost = 1; printf("MSC: row %d is on the partition, but the failover took it back: a ghost\n", j); CHECK_ghost :: else fi; j++
+	:: else -> break
+	od;
+	j = 0;
+	paid[0] = rep_paid[0]; paid[1] = rep_paid[1];
+	lease_owner[0] = rep_owner[0]; lease_owner[1] = rep_owner[1];
+	lease_tok[0] = rep_tok[0]; lease_tok[1] = rep_tok[1];
+	lease_exp[0] = (lease_owner[0] != 0); lease_exp[1] = (lease_owner[1] != 0);
+	lease_share[0] = 0; lease_share[1] = 0;
+	tx_alive[0] = 0; tx_alive[1] = 0;
+	dirty1 = 0;
+	if :: (answered[0] && !paid[0]) || (answered[1] && !paid[1]) -> answer_lost = 1; printf("MSC: a payment the client was told of is gone\n"); CHECK_answer :: else fi
+}
+inline failover2() {
+	j = 0;
+	do
+	:: j < NIDS -> inbox[j] = rep_inbox[j]; dead[j] = rep_dead[j]; attempts[j] = rep_attempts[j]; applied[j] = rep_applied[j]; j++
+	:: else -> break
+	od;
+	j = 0;
+	do
+	:: j < NROWS -> got[j] = rep_got[j]; j++
+	:: else -> break
+	od;
+	j = 0;
+	decided[0] = rep_decided[0]; decided[1] = rep_decided[1];
+	effect[0] = rep_effect[0]; effect[1] = rep_effect[1];
+	eff_due[0] = (effect[0] == PENDING); eff_due[1] = (effect[1] == PENDING);
+	c2 = rep_c2;
+	check_lost()
+}
+
+proctype Standby() {
+end_standby:
+	do
+#ifndef SYNC_REPL
+#if ROW == 1
+	:: atomic { dirty1 -> replicate1(); printf("MSC: the standby catches up\n") }
+#else
+	:: atomic { rep_c2 < c2 -> replicate2(); printf("MSC: the standby catches up\n") }
+#endif
+#endif
+	:: atomic { failovers < MAXFAILOVER -> failovers++; epoch++;
+		printf("MSC: failover: the standby is promoted, what it did not hold is gone\n");
+#if ROW == 1
+		failover1()
+#else
+		failover2()
+#endif
+	}
+	od
+}
+#endif
+
 /* ================= the environment (rows 1 and 3) ================= */
 #if ROW != 2
 proctype Env() {
@@ -571,11 +805,14 @@ end_env:
 init {
 	atomic {
 #if ROW == 1
-		run Producer(); run Relay(0); run Relay(1); run Env()
+		run Producer(); run Relay(0); run Relay(1); run Env();
 #elif ROW == 2
-		run Broker(); run Hostile(); run Consumer()
+		run Broker(); run Hostile(); run Consumer();
 #else
 		run Enqueuer(); run Runner(0); run Runner(1); run Env()
+#endif
+#if defined(FAILOVER) && ROW != 3
+		run Standby()
 #endif
 	}
 }
