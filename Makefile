@@ -46,7 +46,7 @@ build: ## Build the service binaries into bin/
 
 SEED ?= 7
 # FRESH_SEED: a schedule no earlier run used, drawn once per make (chaos-ci
-# proves both profiles on it beside SEED; chaos-seeds draws one per run).
+# proves the apache profile on it beside SEED; chaos-seeds draws one per run).
 ifndef FRESH_SEED
 FRESH_SEED := $(shell od -An -N4 -tu4 /dev/urandom | awk '{print $$1 % 1000000}')
 endif
@@ -58,18 +58,30 @@ define trace-ok
 	@grep -Eq '"trace-in-model": true' $(1) || { echo "FAIL: $(1): the run's failpoint trace is not a behaviour of the model (see \"trace\" in it)"; exit 1; }
 endef
 
-# chaos-proof PROFILE [ORDERS]: the profile must pass, and the same run with the
-# inbox and the services' domain guard off (the second control) must fail,
-# with double-applies and not for another reason: double-applies of the
-# crash windows' own messages (it sends no hostile ones), every copy that
-# met an effect committed before its kill applied twice (the floor, see
-# chaos/judge/attribution.go). ORDERS, when given, shortens the control
-# run: it needs double-applies, not the profile's reach.
+# chaos-proof PROFILE [ORDERS]: the profile must pass on SEED and on
+# FRESH_SEED (chaos-two-seeds), and the same run with the inbox and the
+# services' domain guard off (the second control) must fail (chaos-double).
 define chaos-proof
+	$(call chaos-two-seeds,$(1))
+	$(call chaos-double,$(1),$(2))
+endef
+
+# chaos-two-seeds PROFILE: the profile must pass on SEED and on FRESH_SEED.
+define chaos-two-seeds
 	./bin/chaos -profile $(1) -seed $(SEED) -report chaos-report-$(1).json
 	@echo "== $(1) on the fresh seed $(FRESH_SEED) =="
 	@./bin/chaos -profile $(1) -seed $(FRESH_SEED) -report chaos-report-$(1)-fresh.json || { \
 		echo "FAIL: the $(1) profile failed on the fresh seed $(FRESH_SEED) (replay: go run ./chaos -profile $(1) -seed $(FRESH_SEED))"; exit 1; }
+endef
+
+# chaos-double PROFILE [ORDERS]: the second control, the inbox and the
+# services' domain guard off, must fail with double-applies and not for
+# another reason: double-applies of the crash windows' own messages (it
+# sends no hostile ones), every copy that met an effect committed before its
+# kill applied twice (the floor, see chaos/judge/attribution.go). ORDERS,
+# when given, shortens the run: it needs double-applies, not the profile's
+# reach.
+define chaos-double
 	@echo "== control run 2 ($(1)): inbox and domain guard off; the checker must catch double-applies =="
 	@if ./bin/chaos -profile $(1) $(if $(2),-orders $(2)) -seed $(SEED) -inbox=off -guard=off -report chaos-control-$(1).json; then \
 		echo "FAIL: the $(1) control run 2 passed, so the checker cannot see double-applies"; exit 1; fi
@@ -80,12 +92,12 @@ define chaos-proof
 	@echo "control run 2 ($(1)) failed with the crash windows' double-applies, each copy that met a committed effect applied twice, as it must"
 endef
 
-# chaos-guard PROFILE: the first control, the inbox off: the run must pass
-# on the domain guard alone, which must have refused redeliveries (the
-# "layers" invariant counts them).
+# chaos-guard PROFILE [ORDERS]: the first control, the inbox off: the run
+# must pass on the domain guard alone, which must have refused redeliveries
+# (the "layers" invariant counts them).
 define chaos-guard
 	@echo "== control run 1 ($(1)): the inbox switched off; the domain guard must refuse every redelivery =="
-	./bin/chaos -profile $(1) -seed $(SEED) -inbox=off -report chaos-control-inbox-off-$(1).json
+	./bin/chaos -profile $(1) $(if $(2),-orders $(2)) -seed $(SEED) -inbox=off -report chaos-control-inbox-off-$(1).json
 	@grep -Eq '"refused_not_hostile": [1-9]' chaos-control-inbox-off-$(1).json || { echo "FAIL: the $(1) control run 1 had no redelivery reach the guard"; exit 1; }
 	@grep -Eq '"attribution": true' chaos-control-inbox-off-$(1).json || { echo "FAIL: the $(1) control run 1: a crash window's copy was not refused by the guard (see attribution)"; exit 1; }
 endef
@@ -129,17 +141,18 @@ define chaos-order
 endef
 
 .PHONY: chaos-ci
-chaos-ci: ## The chaos proof CI runs: ci (kfake) and apache (real Kafka, 3 brokers) profiles must pass on SEED=7 and on a fresh seed (FRESH_SEED, printed first); with inbox and guard off (4,000 orders) they must fail; ci with the inbox alone off must pass on the guard; smoke with parallel relays must fail ordered-per-key; apache with effect keys off must fail with double captures
+chaos-ci: ## The chaos proof CI runs: apache (real Kafka, 3 brokers) must pass on SEED=7 and on a fresh seed (FRESH_SEED, printed first), ci (kfake) on SEED=7; ci with inbox and guard off (4,000 orders) must fail; ci with the inbox alone off must pass on the guard; smoke with parallel relays must fail ordered-per-key; apache with effect keys off must fail with double captures
 	@echo "chaos-ci: seeds $(SEED) (fixed) and $(FRESH_SEED) (fresh; replay a failure with FRESH_SEED=$(FRESH_SEED))"
 	$(GO) build -o bin/chaos ./chaos
-	$(call chaos-proof,ci,4000)
+	./bin/chaos -profile ci -seed $(SEED) -report chaos-report-ci.json
+	$(call chaos-double,ci,4000)
 	$(call chaos-guard,ci)
 	$(call chaos-order)
-	$(call chaos-proof,apache,4000)
+	$(call chaos-two-seeds,apache)
 	$(call chaos-effects,apache,3000)
 
 .PHONY: chaos-apache
-chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) on SEED=7 and FRESH_SEED, and its control run
+chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, broker and network faults) on SEED=7 and FRESH_SEED, and its control run with inbox and guard off
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-proof,apache)
 
@@ -148,7 +161,8 @@ chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, brok
 # switched over during the load must pass every invariant; on asynchronous
 # replication with the primary's last commits never sent, the failover
 # loses them, and the run must fail on no-ghost-events and
-# committed-applied, the two invariants a failover can break.
+# committed-applied, the two invariants a failover can break; the same
+# asynchronous run with DATABASE_STANDBYS=1 (pkg/standby) must pass.
 define chaos-failover
 	@echo "== failover: real Kafka on three Postgres nodes under Patroni (synchronous, strict), the primary failed over 6 times: must PASS =="
 	./bin/chaos -profile failover -seed $(SEED) -report chaos-report-failover.json
@@ -159,10 +173,13 @@ define chaos-failover
 	@grep -Eq '"no-ghost-events": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but found no ghost event (see no-ghost-events)"; exit 1; }
 	@grep -Eq '"committed-applied": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but found no committed message unapplied (see committed-applied)"; exit 1; }
 	@echo "the failover control failed with ghost events and committed messages never applied, as it must"
+	@echo "== failover on asynchronous replication, what leaves a transaction waiting for a standby (DATABASE_STANDBYS=1, pkg/standby): must PASS =="
+	./bin/chaos -profile failover-async -orders $(1) -standbys 1 -seed $(SEED) -report chaos-report-failover-standbys.json
+	$(call trace-ok,chaos-report-failover-standbys.json)
 endef
 
 .PHONY: failover
-failover: ## The proof on a replicated Postgres (Patroni, etcd and Debian's postgresql-15 installed): its tests (a failover keeps every acknowledged commit), the failover profile on synchronous replication must pass, its asynchronous control must fail with ghosts and lost messages (docs/failover.md)
+failover: ## The proof on a replicated Postgres (Patroni, etcd and Debian's postgresql-15 installed): its tests (a failover keeps every acknowledged commit), the failover profile on synchronous replication must pass, its asynchronous control must fail with ghosts and lost messages, and asynchronous replication with DATABASE_STANDBYS=1 must pass (docs/failover.md)
 	REQUIRE_PATRONI=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run 'Patroni' ./chaos/stack/
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-failover,2500)

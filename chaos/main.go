@@ -217,7 +217,7 @@ var profiles = map[string]profile{
 		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 6 * time.Second, Drain: 4 * time.Minute,
 		Broker: stack.ImplApache, Nodes: 3, NetFault: 4 * time.Second, MinBrokerKills: 5, MinPauses: 1, ClusterRestarts: 1, MinNetKinds: 3,
 		RelayShards: 8},
-	"failover": {Name: "failover", Orders: 5_000, Rate: 25, MinPerWindow: 5, MinKills: 50,
+	"failover": {Name: "failover", Orders: 4_000, Rate: 25, MinPerWindow: 5, MinKills: 50,
 		GraceMin: 1500 * time.Millisecond, GraceMax: 4 * time.Second, RandomKill: 3 * time.Second, BrokerFault: 8 * time.Second, Drain: 4 * time.Minute,
 		Broker: stack.ImplApache, Nodes: 3, MinBrokerKills: 2, RelayShards: 8, Failover: "sync", Failovers: 2},
 	// failover's control: the same on asynchronous replication with the

@@ -30,6 +30,12 @@ cc=${CC:-gcc}
 command -v spin >/dev/null || { echo "model: spin is not installed (Debian: apt-get install spin)"; exit 2; }
 command -v "$cc" >/dev/null || { echo "model: $cc is not installed"; exit 2; }
 
+# The failover searches' bounds: one lossy failover; row 1 without the
+# other faults (each alone multiplies its states by ten and more), row 2
+# with one crash (a kill between a commit and its ack, beside the failover).
+FAILOVER1="-DMAXCRASH=0 -DMAXPAUSE=0 -DMAXEXPIRE=0 -DMAXRELEASE=0 -DMAXPUBFAIL=0"
+FAILOVER2="-DMAXCRASH=1 -DMAXDUP=0 -DMAXDBFAIL=0"
+
 # name | spin -D flags | search | expected
 #   search:   safety (every assertion, invalid end states), or live:PROP (pan -a -f -N PROP)
 #   expected: pass, or the error pan must report
@@ -50,6 +56,17 @@ RUNS=(
 	"guard-off|-DROW=2 -DGUARD_OFF -DCHECK=P_guard|safety|assertion violated  !(decided_twice)"
 	"mark-before-publish|-DROW=1 -DMARK_BEFORE_PUBLISH -DCHECK=0|live:published|acceptance cycle"
 	"no-effect-lease|-DROW=3 -DNO_EFFECT_LEASE -DCHECK=0|live:captured|acceptance cycle"
+
+	# A lossy failover (FAILOVER1, FAILOVER2: the bounds below): synchronous
+	# replication and pkg/standby's gate on asynchronous replication hold
+	# every property; asynchronous replication without the gate must fail.
+	"failover-sync-row1|-DROW=1 -DFAILOVER -DSYNC_REPL $FAILOVER1|safety|pass"
+	"failover-gate-row1|-DROW=1 -DFAILOVER -DSTANDBY_GATE $FAILOVER1|safety|pass"
+	"failover-sync-row2|-DROW=2 -DFAILOVER -DSYNC_REPL $FAILOVER2|safety|pass"
+	"failover-gate-row2|-DROW=2 -DFAILOVER -DSTANDBY_GATE $FAILOVER2|safety|pass"
+	"failover-async-ghost|-DROW=1 -DFAILOVER -DCHECK=P_ghost $FAILOVER1|safety|assertion violated  !(ghost)"
+	"failover-async-answer|-DROW=1 -DFAILOVER -DCHECK=P_answer $FAILOVER1|safety|assertion violated  !(answer_lost)"
+	"failover-async-lost|-DROW=2 -DFAILOVER -DCHECK=P_lost $FAILOVER2|safety|assertion violated  !(lost)"
 )
 
 # The controls search without the failures the model has for the chaos
@@ -64,6 +81,7 @@ mkdir -p "$out"
 echo "== chaos/model/protocol.pml: bounds"
 sed -n 's/^#define \(MAX[A-Z]*\|BATCH\|NRELAY\|NSHARD\|NORD\|NROWS\|NRUNNER\|MAXATT\|LOGMAX\) *\([0-9]*\) *\/\* *\(.*\) \*\/$/  \1 = \2: \3/p' "$model"
 echo "  messages: rows 0 (order 0), 1 (order 1), 2 (order 0) committed in that order; hostile: id 0 with another payload, a poison message, a second decision for order 0"
+echo "  failover searches: MAXFAILOVER = 1; row 1: $FAILOVER1; row 2: $FAILOVER2"
 echo
 
 # run NAME FLAGS SEARCH EXPECTED: one search in $out/NAME; writes $out/NAME/result
@@ -176,7 +194,10 @@ done
 # A statement is reached when its row's protocol search (safety, complete)
 # does not list its line among the unreached ones.
 unreached() { # unreached ROW LINE: the row's search lists a printf of LINE as unreached
-	grep -qE "protocol\.pml:$2, state [0-9]+, \"printf\('MSC:" "$out/row$1/pan.txt"
+	unreached_in "row$1" "$2"
+}
+unreached_in() { # unreached_in RUN LINE: RUN's search lists a printf of LINE as unreached
+	grep -qE "protocol\.pml:$2, state [0-9]+, \"printf\('MSC:" "$out/$1/pan.txt"
 }
 row_of() { # row_of LINE: the row whose processes hold the model's line LINE
 	local proc
@@ -233,6 +254,30 @@ for sc in "${SCENARIOS[@]}"; do
 		printf '  ok    %-46s row %s, line %s\n' "$text" "$row" "$line"
 	else
 		printf '  FAIL  %-46s row %s, line %s: never reached\n' "$text" "$row" "${line:-?}"
+		failed=1
+	fi
+done
+
+# The failover's scenarios, each reached in the gate's search of its row:
+# the gate must have met a promotion under a wait, not only waits that end
+# well.
+FAILOVER_SCENARIOS=(
+	"failover-gate-row1|failover: the standby is promoted"
+	"failover-gate-row1|before the standby held order %d's payment: 503"
+	"failover-gate-row1|the primary changed before the standby held its rows"
+	"failover-gate-row1|the standby holds its rows"
+	"failover-gate-row2|not acknowledged, delivered again"
+	"failover-gate-row2|its session died with the old primary"
+	"failover-gate-row2|the standby holds message %d's transaction"
+)
+echo "== the failover's scenarios: each reached in the gate's search"
+for sc in "${FAILOVER_SCENARIOS[@]}"; do
+	IFS='|' read -r run text <<<"$sc"
+	line=$(grep -n -F "${text}" "$model" | grep -F 'printf("MSC:' | head -1 | cut -d: -f1 || true)
+	if [[ -n $line ]] && ! unreached_in "$run" "$line"; then
+		printf '  ok    %-56s %s, line %s\n' "$text" "$run" "$line"
+	else
+		printf '  FAIL  %-56s %s, line %s: never reached\n' "$text" "$run" "${line:-?}"
 		failed=1
 	fi
 done

@@ -300,8 +300,10 @@ inline replicate2() {
  * wait fails: ep is the timeline the transaction was marked on) ---- */
 #if defined(FAILOVER) && defined(STANDBY_GATE)
 #define GATE 1
+#define MARK(t, v, e) t = v; e = epoch /* the commit's timeline, and the commits the wait is for */
 #else
 #define GATE 0
+#define MARK(t, v, e) skip
 #endif
 
 /* ---- a crash window: the process may die here (within the budget) ---- */
@@ -314,7 +316,7 @@ inline replicate2() {
 /* a copy of id on the partition. Row 1 keeps only the ghosts (which ids
  * have a copy, the order check); row 2 keeps the log the consumer reads. */
 inline append(id, pay) {
-#ifdef FAILOVER
+#if defined(FAILOVER) && ROW == 1
 	if :: (id) < NROWS && (id) >= ob_n -> ghost = 1; printf("MSC: row %d reaches the partition, but the producer's database no longer holds it: a ghost\n", id); CHECK_ghost :: else fi;
 #endif
 #if ROW == 2
@@ -344,14 +346,18 @@ proctype Producer() {
 	do
 	:: o < NORD ->
 pay:		/* POST /orders/{o}/pay: one transaction, the status and the outbox row */
+#ifndef FAILOVER
+		atomic { if :: !paid[o] -> paid[o] = 1; assert(ob_n == o); ob_n++; printf("MSC: producer commits order %d paid and row %d\n", o, o) :: else -> printf("MSC: order %d already paid: nothing written\n", o) fi }
+#else
 		atomic {
 			if
 			:: !paid[o] && ob_n == o -> paid[o] = 1; ob_n++; COMMIT1; printf("MSC: producer commits order %d paid and row %d\n", o, o)
 			:: paid[o] -> printf("MSC: order %d already paid: nothing written\n", o)
 			:: !paid[o] && ob_n != o -> printf("MSC: a failover took back rows before order %d's: the client's history is gone\n", o); goto done
 			fi;
-			tgt = ob_n; ep = epoch
+			MARK(tgt, ob_n, ep)
 		}
+#endif
 		CRASH(after_commit_before_response, skip, pay); /* the client pays again */
 #if GATE
 		if
@@ -359,13 +365,20 @@ pay:		/* POST /orders/{o}/pay: one transaction, the status and the outbox row */
 		:: atomic { epoch != ep -> printf("MSC: the primary changed before the standby held order %d's payment: 503, the client pays again\n", o) }; goto pay
 		fi;
 #endif
+#ifdef FAILOVER
 		answered[o] = 1;
+#endif
 		o++
 	:: else -> break
 	od;
+#ifndef FAILOVER
+	atomic { assert(ob_n == NORD); ob_n++; printf("MSC: producer commits row 2 (order 0 again)\n") }
+	o = 0
+#else
 	atomic { ob_n == NORD -> ob_n++; COMMIT1; printf("MSC: producer commits row 2 (order 0 again)\n") }
 done:
 	o = 0; tgt = 0; ep = 0
+#endif
 }
 
 /* ================= row 1: the relays ================= */
@@ -463,7 +476,7 @@ end_relay:
 		if :: OWNS(0) -> lease_share[0] = r+1 :: else fi;
 		if :: OWNS(1) -> lease_share[1] = r+1 :: else fi;
 #endif
-		tgt = ob_n; ep = epoch;
+		MARK(tgt, ob_n, ep);
 		if
 		:: nb == 1 -> printf("MSC: relay %d claims row %d\n", r, bat[0])
 		:: else -> printf("MSC: relay %d claims rows %d and %d\n", r, bat[0], bat[1])
@@ -599,7 +612,11 @@ attempt:	/* one transaction: the inbox row, the handler, the commit */
 		};
 		if
 		:: fresh -> CRASH(after_inbox_insert, skip, restart)
-		:: else -> atomic { tgt = c2 }; goto settled /* its transaction commits what the inbox records of it; nothing applied */
+		:: else ->
+#if GATE
+			tgt = c2;
+#endif
+			goto settled /* its transaction commits what the inbox records of it; nothing applied */
 		fi;
 #else
 		fresh = 1;
