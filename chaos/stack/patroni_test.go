@@ -2,11 +2,17 @@ package stack
 
 import (
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // TestPatroniFailover: a synchronous cluster keeps every acknowledged
@@ -111,3 +117,96 @@ func ackedTable(t *testing.T, opts PatroniOptions) (context.Context, *PatroniClu
 	require.NoError(t, err)
 	return ctx, c, pool
 }
+
+// TestPatroniStandbyGate: on the same asynchronous cluster as
+// TestPatroniAsyncLoses, a commit counts as acknowledged only once
+// pkg/standby's gate released it. While the primary sends no WAL, no wait
+// is released; the primary dies with those commits, and every commit the
+// gate released is on the new primary. The waits it held end in an error
+// (the primary changed, or their time ran out), never as acknowledged.
+func TestPatroniStandbyGate(t *testing.T) {
+	ctx, c, pool := ackedTable(t, PatroniOptions{})
+	gate, err := standby.New(standby.Config{Pool: pool, Standbys: 1, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var acked []int
+	write := func(n int) error {
+		var ticket standby.Ticket
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			if _, err = tx.Exec(ctx, `INSERT INTO acked VALUES ($1)`, n); err != nil {
+				return err
+			}
+			ticket, err = gate.Mark(ctx, tx)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		defer cancel()
+		if err := gate.Wait(wctx, ticket); err != nil {
+			return err
+		}
+		mu.Lock()
+		acked = append(acked, n)
+		mu.Unlock()
+		return nil
+	}
+	for n := 1; n <= 50; n++ {
+		require.NoError(t, write(n))
+	}
+	require.NoError(t, c.WaitStreaming(ctx))
+	old := c.Primary()
+	stopped, err := old.StopSending()
+	require.NoError(t, err)
+	require.Equal(t, 2, stopped, "a WAL sender per replica")
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for n := 51; n <= 100; n++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- write(n) }()
+	}
+	require.NoError(t, c.waitFor(ctx, time.Minute, "every commit to wait for the standbys", func() bool {
+		return gate.Stats().Waiting == 50
+	}))
+	for reads := gate.Stats().Reads; gate.Stats().Reads < reads+50; {
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	require.Len(t, acked, 50, "no commit is released while no standby receives WAL")
+	mu.Unlock()
+
+	old.Kill()
+	_, err = c.WaitPrimary(ctx, 2*time.Minute)
+	require.NoError(t, err)
+	// The new primary goes on writing, past the old one's positions: a
+	// wait compared with the new primary's standbys would be released.
+	require.NoError(t, c.waitFor(ctx, time.Minute, "the new primary to take writes", func() bool {
+		_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS later AS SELECT generate_series(1, 50000) AS n`)
+		return err == nil
+	}))
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.Error(t, err, "a commit the old primary took with it was released")
+	}
+	var kept []int
+	require.NoError(t, c.waitFor(ctx, time.Minute, "the new primary to answer", func() bool {
+		rows, err := pool.Query(ctx, `SELECT n FROM acked ORDER BY n`)
+		if err != nil {
+			return false
+		}
+		kept, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		return err == nil
+	}))
+	t.Logf("the gate released %d commits; the new primary has %d of the 100 made; %d waits failed with ErrPrimaryChanged",
+		len(acked), len(kept), gate.Stats().PrimaryChanged)
+	require.Subset(t, kept, acked, "every commit the gate released survives the failover")
+	require.Less(t, len(kept), 100, "the failover lost the commits made while no standby received them (else the gate had nothing to hold back)")
+}
+
+// testWriter logs through t.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
