@@ -71,8 +71,9 @@ type Config struct {
 	// not count. Empty: every active physical slot counts.
 	Slots []string
 	// PollInterval is how often, while anything waits, the gate reads the
-	// primary's position and its standbys'. Nothing is read while nothing
-	// waits. Defaults to DefaultPollInterval.
+	// primary's position and its standbys'; a wait that begins is read for
+	// at once. Nothing is read while nothing waits. Defaults to
+	// DefaultPollInterval.
 	PollInterval time.Duration
 	// ReadTimeout bounds one read: a primary that stopped answering (cut
 	// off, frozen) is left for a new connection, which reaches the primary
@@ -85,7 +86,7 @@ type Config struct {
 
 // The defaults of Config's zero fields.
 const (
-	DefaultPollInterval = 2 * time.Millisecond
+	DefaultPollInterval = 500 * time.Microsecond
 	DefaultReadTimeout  = 5 * time.Second
 )
 
@@ -124,7 +125,8 @@ type Gate struct {
 
 	mu      sync.Mutex
 	waiters []*waiter
-	polling bool // a poll loop runs (while waiters is not empty)
+	polling bool          // a poll loop runs (while waiters is not empty)
+	arrived chan struct{} // a wait began: read now, not after PollInterval
 
 	stats struct{ released, changed, reads, readErrors atomic.Int64 }
 }
@@ -155,7 +157,7 @@ func New(cfg Config) (*Gate, error) {
 	}
 	cfg.setDefaults()
 	cfg.Slots = slices.Clone(cfg.Slots)
-	return &Gate{cfg: cfg}, nil
+	return &Gate{cfg: cfg, arrived: make(chan struct{}, 1)}, nil
 }
 
 // Stats returns the gate's counters.
@@ -232,6 +234,11 @@ func (g *Gate) Wait(ctx context.Context, t Ticket) error {
 	g.mu.Unlock()
 	if start {
 		go g.poll()
+	} else {
+		select { // its target is the next read's: no need to wait out the interval
+		case g.arrived <- struct{}{}:
+		default:
+		}
 	}
 	select {
 	case err := <-w.done:
@@ -315,7 +322,14 @@ func (g *Gate) poll() {
 		}
 		failures = 0
 		g.settle(batch, pos)
-		time.Sleep(g.cfg.PollInterval)
+		// The next read once the standbys had time to report, or at once
+		// for a wait that began since this read did.
+		t := time.NewTimer(g.cfg.PollInterval)
+		select {
+		case <-g.arrived:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }
 
