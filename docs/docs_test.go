@@ -78,7 +78,7 @@ type checked struct {
 // build` or alone (`-tags failpoint`).
 var goToolFlags = map[string]bool{
 	"tags": true, "race": true, "count": true, "run": true, "bench": true,
-	"timeout": true, "v": true, "o": true, "cover": true,
+	"timeout": true, "v": true, "o": true, "cover": true, "benchtime": true,
 }
 
 // Environment variables the pages name that code outside this repository
