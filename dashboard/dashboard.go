@@ -124,8 +124,12 @@ type Snapshot struct {
 
 // Service is one service's outbox and inbox, from its database.
 type Service struct {
-	Name             string         `json:"name"`
-	Available        bool           `json:"available"`
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	// Database is what its database answers as: "primary", "read_only"
+	// (a standby, or a primary a failover demoted) or "no_primary" (none
+	// answers: failing over, or down).
+	Database         string         `json:"database"`
 	OutboxPending    int            `json:"outbox_pending"`
 	OldestPendingAge float64        `json:"oldest_pending_age_s"`
 	Applied          int            `json:"applied"`    // inbox rows of messages applied
@@ -214,6 +218,11 @@ func (s *Server) readService(ctx context.Context, name string, pool *pgxpool.Poo
 	st := Service{Name: name, Quarantined: map[string]int{}}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
+	var inRecovery bool
+	err := pool.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery)
+	if st.Database = databaseState(err, inRecovery); st.Database == dbNoPrimary {
+		return st, nil, fmt.Errorf("no primary database answers (failing over, or down): %w", err)
+	}
 	if name == "orders" {
 		counts, err := countBy(ctx, pool, `SELECT status, count(*) FROM orders GROUP BY status`)
 		if err != nil {
@@ -224,7 +233,7 @@ func (s *Server) readService(ctx context.Context, name string, pool *pgxpool.Poo
 			snap.OrdersTotal += n
 		}
 	}
-	err := pool.QueryRow(ctx, `
+	err = pool.QueryRow(ctx, `
 		SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 		FROM outbox_messages WHERE published_at IS NULL`).Scan(&st.OutboxPending, &st.OldestPendingAge)
 	if err != nil {
@@ -258,6 +267,26 @@ func (s *Server) readService(ctx context.Context, name string, pool *pgxpool.Poo
 	}
 	st.Available = true
 	return st, list, nil
+}
+
+// What a service's database answers as (Service.Database).
+const (
+	dbPrimary   = "primary"
+	dbReadOnly  = "read_only"
+	dbNoPrimary = "no_primary"
+)
+
+// databaseState names what a database answered pg_is_in_recovery() with.
+// The page reads a multi-host URL with target_session_attrs=read-write as
+// the services do: while a failover runs, nothing answers it.
+func databaseState(err error, inRecovery bool) string {
+	switch {
+	case err != nil:
+		return dbNoPrimary
+	case inRecovery:
+		return dbReadOnly
+	}
+	return dbPrimary
 }
 
 func countBy(ctx context.Context, pool *pgxpool.Pool, sql string) (map[string]int, error) {

@@ -319,6 +319,31 @@ func TestHealthzWithoutDatabase(t *testing.T) {
 	require.Contains(t, rec.Body.String(), "database")
 }
 
+// TestPageSaysNoPrimary: while no database answers (a failover in
+// progress, or an outage), the page says so per service instead of
+// showing stale numbers, and the snapshot names the state.
+func TestPageSaysNoPrimary(t *testing.T) {
+	down, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	srv, err := dashboard.New(dashboard.Options{Orders: down, Inventory: down, QueryTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Equal(t, 2, strings.Count(rec.Body.String(), "no primary database: failing over, or down"), rec.Body.String())
+
+	rec = httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/snapshot.json", nil))
+	var snap dashboard.Snapshot
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &snap))
+	require.Len(t, snap.Services, 2)
+	for _, svc := range snap.Services {
+		require.Equal(t, "no_primary", svc.Database, svc.Name)
+		require.False(t, svc.Available)
+	}
+}
+
 // lessonStub is a Crasher that records what it was asked.
 type lessonStub struct{ asked []string }
 
