@@ -18,6 +18,7 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // The metric names GET /metrics serves (documented in docs/operate.md).
@@ -44,6 +45,10 @@ const (
 	metricShards             = "outbox_relay_shards"
 	metricGroupLag           = "kafka_consumer_group_lag"
 	metricGroupCommitted     = "kafka_consumer_group_committed_offset"
+	metricPrimaryUp          = "database_primary_up"
+	metricStandbyWaiting     = "database_standby_waiting"
+	metricStandbyReleased    = "database_standby_released_total"
+	metricStandbyChanged     = "database_standby_primary_changed_total"
 )
 
 // pendingQueryTimeout bounds the outbox query a scrape runs: a slow database
@@ -136,6 +141,31 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay, shards int) {
 				}
 				return 0
 			}),
+	)
+}
+
+// registerDatabase adds the database's state: whether a primary answers
+// (the last probe, every second), and the standby gate's waits
+// (DATABASE_STANDBYS; zero without it).
+func (m *metrics) registerDatabase(primary *primaryWatch, gate *standby.Gate) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrimaryUp,
+			Help: "1 when the service's database answered as a writable primary at the last probe (every second); 0 while none does: failing over, or down."},
+			func() float64 {
+				if primary.up() {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricStandbyWaiting,
+			Help: "What waits now for the database's standbys to hold its transaction (DATABASE_STANDBYS): answers, batches, acknowledgements, calls. Growing: the standbys stopped streaming."},
+			func() float64 { return float64(gate.Stats().Waiting) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricStandbyReleased,
+			Help: "Waits the standbys released (DATABASE_STANDBYS)."},
+			func() float64 { return float64(gate.Stats().Released) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricStandbyChanged,
+			Help: "Waits failed because the primary changed before its standbys held the transaction: a failover; what waited is retried (DATABASE_STANDBYS)."},
+			func() float64 { return float64(gate.Stats().PrimaryChanged) }),
 	)
 }
 

@@ -46,6 +46,8 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, 3.0, metric(t, inv, lag), "one commit-to-apply sample per applied message, none for the duplicate")
 	require.Positive(t, metric(t, inv, fmt.Sprintf(`%s_sum{consumer="%s"}`, metricCommitToApply, p.inventory)))
 	require.Equal(t, 3.0, metric(t, inv, metricRelayed), "three answers published")
+	require.Equal(t, 1.0, metric(t, inv, metricPrimaryUp), "its database answers as the primary")
+	require.Equal(t, 0.0, metric(t, inv, metricStandbyWaiting), "no DATABASE_STANDBYS: nothing waits")
 	require.Equal(t, 0.0, metric(t, inv, metricRelayErrors))
 	require.Equal(t, 0.0, metric(t, inv, metricPendingRows))
 	require.Equal(t, 0.0, metric(t, inv, metricOldestPendingAge))

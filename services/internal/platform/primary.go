@@ -50,6 +50,13 @@ type primaryWatch struct {
 	seen    bool
 }
 
+// up reports whether the last look found a primary.
+func (w *primaryWatch) up() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen && w.last.err == nil
+}
+
 // note records one look at now, and logs a change: the primary lost, or a
 // primary back (a failover when it is another server).
 func (w *primaryWatch) note(st primaryState, now time.Time) {

@@ -137,6 +137,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		mtr.registerEffects(effects.Kind)
 	}
 	primary := &primaryWatch{log: log} // primary.go: readiness, a line per failover
+	mtr.registerDatabase(primary, db.Standby)
 	srv, ln, err := newHTTP(cfg, svc, db, in, out, effects, primary, mtr, log)
 	if err != nil {
 		return err
