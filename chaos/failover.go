@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/stack"
 )
 
@@ -32,7 +35,37 @@ type failoverRow struct {
 	// NoPrimaryS is the time from the fault until a primary took writes
 	// again.
 	NoPrimaryS float64 `json:"no_primary_s"`
-	Error      string  `json:"error,omitempty"`
+	// Stalls are, per service, what the failover did to its flow
+	// (measure), from the rows' own timestamps after the run.
+	Stalls map[string]judge.Stall `json:"stalls,omitempty"`
+	Error  string                 `json:"error,omitempty"`
+
+	at, back time.Time // the fault, and a primary again
+}
+
+// stallBefore and stallAfter bound the window measure looks at: from
+// shortly before the fault to two minutes after a primary was back.
+const stallBefore, stallAfter = 10 * time.Second, 2 * time.Minute
+
+// measure fills each failover's Stalls from the services' databases.
+func (f *dbFailovers) measure(ctx context.Context, pools map[string]*pgxpool.Pool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.rows {
+		r := &f.rows[i]
+		if r.Error != "" || r.back.IsZero() {
+			continue
+		}
+		r.Stalls = map[string]judge.Stall{}
+		for svc, pool := range pools {
+			st, err := judge.MeasureStall(ctx, pool, r.at.Add(-stallBefore), r.back.Add(stallAfter), r.back)
+			if err != nil {
+				return fmt.Errorf("measuring %s's stall around the %s failover: %w", svc, r.Kind, err)
+			}
+			r.Stalls[svc] = st
+		}
+	}
+	return nil
 }
 
 // The failover kinds.
@@ -117,6 +150,7 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 		}
 	}()
 	row.NoPrimaryS = time.Since(start).Seconds()
+	row.at, row.back = start, time.Now()
 	switch kind { // the old primary returns, and Patroni makes it a replica of the new one
 	case failoverKilled:
 		if serr := old.Start(); err == nil {

@@ -10,7 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 )
 
@@ -142,7 +144,22 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 	least := judge.Minimums{PerWindow: h.p.MinPerWindow, Kills: h.p.MinKills, PostgresRestarts: h.p.PGRestarts,
 		BrokerKills: h.p.MinBrokerKills, Pauses: h.p.MinPauses, ClusterRestarts: h.p.ClusterRestarts, Kinds: h.p.MinNetKinds}
 	if h.failovers != nil {
+		services := map[string]*pgxpool.Pool{}
+		for _, svc := range system.Services {
+			services[svc] = h.sys.Pools[svc]
+		}
+		if err := h.failovers.measure(ctx, services); err != nil {
+			return nil, err
+		}
 		r.Failovers = h.failovers.report()
+		for _, row := range r.Failovers {
+			for _, svc := range system.Services {
+				if st, ok := row.Stalls[svc]; ok {
+					h.say("postgres: %s (%s → %s, %.1fs without a primary): %s's relay published nothing for %.1fs at most, its consumer applied nothing for %.1fs; its backlog drained %.1fs after",
+						row.Kind, row.From, row.To, row.NoPrimaryS, svc, st.RelayS, st.ConsumerS, st.DrainedS)
+				}
+			}
+		}
 		reach.Failovers = h.failovers.counts()
 		least.Failovers, least.FailoverKinds = h.p.Failovers, failoverKinds
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -144,4 +145,33 @@ func brief(items []string) string {
 		return strings.Join(items, ", ")
 	}
 	return strings.Join(items[:show], ", ") + fmt.Sprintf(", … (%d more)", len(items)-show)
+}
+
+// Stall is one service's flow around one failover, from its rows' own
+// timestamps.
+type Stall struct {
+	// RelayS and ConsumerS are the longest time within the window in which
+	// its relay published nothing (outbox_messages.published_at) and its
+	// consumer applied nothing (inbox_messages.processed_at).
+	RelayS    float64 `json:"relay_stall_s"`
+	ConsumerS float64 `json:"consumer_stall_s"`
+	// DrainedS is how long after back the last outbox row committed
+	// before back was published: the backlog drained.
+	DrainedS float64 `json:"backlog_drained_s"`
+}
+
+// MeasureStall measures a service's Stall in the window [from, to] around a
+// failover whose new primary took writes at back.
+func MeasureStall(ctx context.Context, pool *pgxpool.Pool, from, to, back time.Time) (Stall, error) {
+	var st Stall
+	err := pool.QueryRow(ctx, `
+		SELECT
+		  (SELECT coalesce(max(gap), 0) FROM (SELECT extract(epoch FROM published_at - lag(published_at) OVER (ORDER BY published_at))::float8 AS gap
+		     FROM outbox_messages WHERE published_at BETWEEN $1 AND $2) g),
+		  (SELECT coalesce(max(gap), 0) FROM (SELECT extract(epoch FROM processed_at - lag(processed_at) OVER (ORDER BY processed_at))::float8 AS gap
+		     FROM inbox_messages WHERE processed_at BETWEEN $1 AND $2) g),
+		  (SELECT coalesce(extract(epoch FROM max(published_at) - $3)::float8, 0)
+		     FROM outbox_messages WHERE created_at <= $3 AND published_at >= $3)`,
+		from, to, back).Scan(&st.RelayS, &st.ConsumerS, &st.DrainedS)
+	return st, err
 }
