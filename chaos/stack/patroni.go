@@ -549,11 +549,17 @@ func (c *PatroniCluster) WaitPrimary(ctx context.Context, timeout time.Duration)
 // so a primary killed before it names one leaves no node Patroni will
 // promote until it comes back.
 func (c *PatroniCluster) WaitHealthy(ctx context.Context) error {
-	p, err := c.WaitPrimary(ctx, 2*time.Minute)
-	if err != nil {
+	if _, err := c.WaitPrimary(ctx, 2*time.Minute); err != nil {
 		return err
 	}
 	return c.waitFor(ctx, 2*time.Minute, "every replica streaming", func() bool {
+		// The primary as it is now: a node promoted a moment ago can lose
+		// the lock again (a thawed old primary that renewed it first, seen
+		// in a failover run), and a wait pinned to it never ends.
+		p := c.Primary()
+		if p == nil {
+			return false
+		}
 		members, err := p.members()
 		if err != nil {
 			return false
