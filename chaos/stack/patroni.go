@@ -195,7 +195,9 @@ func (c *PatroniCluster) startEtcd(ctx context.Context) error {
 	c.etcd = exec.Command("etcd", "--name", "etcd", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", "http://"+c.etcdAt, "--advertise-client-urls", "http://"+c.etcdAt,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "etcd="+peerURL, "--log-level", "warn")
+		"--initial-cluster", "etcd="+peerURL, "--log-level", "warn",
+		// Patroni speaks etcd's v2 API to it (patroni.yml's etcd:, below).
+		"--enable-v2=true")
 	c.etcd.Stdout, c.etcd.Stderr = logf, logf
 	c.etcd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.etcd.Start(); err != nil {
@@ -214,6 +216,13 @@ func (c *PatroniCluster) startEtcd(ctx context.Context) error {
 // writeConfig writes the node's patroni.yml. Every port is on 127.0.0.1;
 // authentication is trust from 127.0.0.1 alone, so no password is
 // written anywhere.
+//
+// Patroni reaches etcd through its v2 API (etcd:, not etcd3:). Debian's
+// Patroni 3.0.2 renews the leader key through etcd3 with an unconditional
+// put once its lease has expired (patroni/patroni#2689, fixed in 3.0.3): a
+// cut-off primary, thawed, took the lock back two seconds after a replica
+// was promoted on it, and the promoted node was demoted and rewound. The v2
+// code renews with a compare-and-swap on the key's value.
 func (n *PGNode) writeConfig() error {
 	c := n.c
 	if err := os.MkdirAll(n.dir, 0o700); err != nil {
@@ -228,7 +237,7 @@ log:
 restapi:
   listen: 127.0.0.1:%[3]d
   connect_address: 127.0.0.1:%[3]d
-etcd3:
+etcd:
   hosts: %[4]s
 bootstrap:
   dcs:
