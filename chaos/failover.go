@@ -44,8 +44,21 @@ type failoverRow struct {
 }
 
 // stallBefore and stallAfter bound the window measure looks at: from
-// shortly before the fault to two minutes after a primary was back.
+// shortly before the fault to two minutes after a primary was back (or
+// the next failover, windowEnd).
 const stallBefore, stallAfter = 10 * time.Second, 2 * time.Minute
+
+// windowEnd is where failover i's window ends: stallAfter past its
+// primary's return, or where the next failover began.
+func (f *dbFailovers) windowEnd(i int) time.Time {
+	end := f.rows[i].back.Add(stallAfter)
+	for _, r := range f.rows[i+1:] {
+		if !r.at.IsZero() && r.at.Before(end) {
+			return r.at
+		}
+	}
+	return end
+}
 
 // measure fills each failover's Stalls from the services' databases.
 func (f *dbFailovers) measure(ctx context.Context, pools map[string]*pgxpool.Pool) error {
@@ -58,7 +71,7 @@ func (f *dbFailovers) measure(ctx context.Context, pools map[string]*pgxpool.Poo
 		}
 		r.Stalls = map[string]judge.Stall{}
 		for svc, pool := range pools {
-			st, err := judge.MeasureStall(ctx, pool, r.at.Add(-stallBefore), r.back.Add(stallAfter), r.back)
+			st, err := judge.MeasureStall(ctx, pool, r.at.Add(-stallBefore), f.windowEnd(i), r.back)
 			if err != nil {
 				return fmt.Errorf("measuring %s's stall around the %s failover: %w", svc, r.Kind, err)
 			}
