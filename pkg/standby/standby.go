@@ -8,7 +8,7 @@
 // longer exists (a ghost); if a consumer already committed the offset of a
 // message whose inbox row was in one of them, the message is lost. A Gate
 // closes both: the relay (outbox.RelayConfig.Standby), the inbox
-// (inbox.Config.Standby) and the effect runner (effect.RunnerConfig.Standby)
+// (inbox.Config.Standby) and the effect runner (effect.Config.Standby)
 // mark each transaction whose effects leave the database, and wait, before
 // they leave, until Standbys of the primary's streaming standbys have
 // flushed it. The rest of the database keeps replicating asynchronously: a
@@ -19,7 +19,9 @@
 // reports move), so the cluster must replicate through slots (Patroni's
 // use_slots, the default; CloudNativePG's HA slots). A failover must
 // promote a standby that holds at least what every other reachable standby
-// holds (Patroni promotes the most advanced healthy replica): then, with
+// holds (Patroni promotes the most advanced healthy replica; before 3.0.3,
+// on etcd3, a paused former leader could take the lock back from the
+// replica promoted meanwhile, patroni#2689): then, with
 // Standbys 1, the loss of the primary alone loses nothing that left; with
 // Standbys equal to the number of standbys, any one survivor holds it all,
 // and a standby that stops streaming stops the gate. docs/failover.md says
