@@ -305,14 +305,21 @@ func mustJSON(v any) []byte {
 	return raw
 }
 
-// TestHealthzWithoutDatabase: the container healthcheck fails while a
-// database does not answer.
-func TestHealthzWithoutDatabase(t *testing.T) {
+// serverWithoutDatabase is a page whose databases do not answer.
+func serverWithoutDatabase(t *testing.T) *dashboard.Server {
+	t.Helper()
 	down, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
 	require.NoError(t, err)
 	t.Cleanup(down.Close)
 	srv, err := dashboard.New(dashboard.Options{Orders: down, Inventory: down, QueryTimeout: 2 * time.Second})
 	require.NoError(t, err)
+	return srv
+}
+
+// TestHealthzWithoutDatabase: the container healthcheck fails while a
+// database does not answer.
+func TestHealthzWithoutDatabase(t *testing.T) {
+	srv := serverWithoutDatabase(t)
 	rec := httptest.NewRecorder()
 	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
@@ -323,11 +330,7 @@ func TestHealthzWithoutDatabase(t *testing.T) {
 // progress, or an outage), the page says so per service instead of
 // showing stale numbers, and the snapshot names the state.
 func TestPageSaysNoPrimary(t *testing.T) {
-	down, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(down.Close)
-	srv, err := dashboard.New(dashboard.Options{Orders: down, Inventory: down, QueryTimeout: 2 * time.Second})
-	require.NoError(t, err)
+	srv := serverWithoutDatabase(t)
 	rec := httptest.NewRecorder()
 	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	require.Equal(t, http.StatusOK, rec.Code)

@@ -246,17 +246,23 @@ SCENARIOS=(
 	"3|the provider fails before doing anything"
 	"3|the answer is lost"
 )
+# reached RUN TEXT...: each scenario, the text of a narrated step
+# ("RUN|text"), is reached in RUN's search.
+reached() {
+	local sc run text line
+	for sc in "$@"; do
+		IFS='|' read -r run text <<<"$sc"
+		line=$(grep -n -F "${text}" "$model" | grep -F 'printf("MSC:' | head -1 | cut -d: -f1 || true)
+		if [[ -n $line ]] && ! unreached_in "$run" "$line"; then
+			printf '  ok    %-56s %s, line %s\n' "$text" "$run" "$line"
+		else
+			printf '  FAIL  %-56s %s, line %s: never reached\n' "$text" "$run" "${line:-?}"
+			failed=1
+		fi
+	done
+}
 echo "== the scenarios: each reached in its row's search"
-for sc in "${SCENARIOS[@]}"; do
-	IFS='|' read -r row text <<<"$sc"
-	line=$(grep -n -F "${text}" "$model" | grep -F 'printf("MSC:' | head -1 | cut -d: -f1 || true)
-	if [[ -n $line ]] && ! unreached "$row" "$line"; then
-		printf '  ok    %-46s row %s, line %s\n' "$text" "$row" "$line"
-	else
-		printf '  FAIL  %-46s row %s, line %s: never reached\n' "$text" "$row" "${line:-?}"
-		failed=1
-	fi
-done
+reached "${SCENARIOS[@]/#/row}"
 
 # The failover's scenarios, each reached in the gate's search of its row:
 # the gate must have met a promotion under a wait, not only waits that end
@@ -271,16 +277,7 @@ FAILOVER_SCENARIOS=(
 	"failover-gate-row2|the standby holds message %d's transaction"
 )
 echo "== the failover's scenarios: each reached in the gate's search"
-for sc in "${FAILOVER_SCENARIOS[@]}"; do
-	IFS='|' read -r run text <<<"$sc"
-	line=$(grep -n -F "${text}" "$model" | grep -F 'printf("MSC:' | head -1 | cut -d: -f1 || true)
-	if [[ -n $line ]] && ! unreached_in "$run" "$line"; then
-		printf '  ok    %-56s %s, line %s\n' "$text" "$run" "$line"
-	else
-		printf '  FAIL  %-56s %s, line %s: never reached\n' "$text" "$run" "${line:-?}"
-		failed=1
-	fi
-done
+reached "${FAILOVER_SCENARIOS[@]}"
 
 echo "== the controls: each must fail, with its counterexample"
 for r in "${RUNS[@]}"; do
