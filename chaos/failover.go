@@ -184,8 +184,9 @@ func (f *dbFailovers) fail(ctx context.Context, kind string) {
 
 // lagFor is how long the primary of an asynchronous cluster stops
 // sending WAL before it fails: the transactions it commits meanwhile are
-// the ones the failover loses (well under Patroni's
-// maximum_lag_on_failover, so a replica is still promoted).
+// the ones the failover loses (well under the test bed's
+// maximum_lag_on_failover, chaos/stack's patroniMaxLag, so a replica is
+// still promoted).
 const lagFor = 2 * time.Second
 
 // lag stops the primary's WAL senders, once it sends to every replica,

@@ -74,10 +74,19 @@ type PGNode struct {
 // The cluster's timing (Patroni's dynamic configuration): a leader that
 // stops renewing its lock loses it after ttl seconds; loop_wait + 2 ×
 // retry_timeout must not pass ttl.
+//
+// patroniMaxLag is maximum_lag_on_failover: a replica further behind the
+// leader's last known position is not promoted. Patroni's default, 1 MB,
+// bounds what an asynchronous failover may lose; it does not stop the loss.
+// Here it is larger than the WAL of the 2 s in which the asynchronous
+// control's primary sends none (lagFor in chaos/failover.go), which
+// passed 1 MB when a checkpoint's full-page images fell inside them: no
+// replica was promoted, the run waited for a primary that never came.
 const (
 	patroniTTL          = 20
 	patroniLoopWait     = 1
 	patroniRetryTimeout = 5
+	patroniMaxLag       = 64 << 20
 )
 
 // StartPatroni starts etcd and opts.Nodes Postgres nodes under Patroni,
@@ -244,7 +253,7 @@ bootstrap:
     ttl: %[8]d
     loop_wait: %[9]d
     retry_timeout: %[10]d
-    maximum_lag_on_failover: 1048576
+    maximum_lag_on_failover: %[11]d
     synchronous_mode: %[7]s
     synchronous_mode_strict: %[7]s
     postgresql:
@@ -280,7 +289,7 @@ postgresql:
       username: replicator
   parameters:
     unix_socket_directories: %[2]s
-`, n.Name, n.dir, n.apiPort, c.etcdAt, n.pgPort, c.bin, sync, patroniTTL, patroniLoopWait, patroniRetryTimeout)
+`, n.Name, n.dir, n.apiPort, c.etcdAt, n.pgPort, c.bin, sync, patroniTTL, patroniLoopWait, patroniRetryTimeout, patroniMaxLag)
 	if err := os.WriteFile(n.config(), []byte(cfg), 0o600); err != nil {
 		return err
 	}
@@ -338,8 +347,13 @@ func (n *PGNode) Kill() {
 	if pid := n.postmasterPID(); pid > 0 {
 		// Every child too, as a power loss takes them: a child does exit
 		// when it sees its postmaster gone, but a stopped one
-		// (StopSending) never looks, and would hold the shared memory the
-		// next postmaster needs.
+		// (StopSending) never looks, nor does one asleep on a lock a
+		// killed child held, and either would hold the shared memory the
+		// next postmaster needs. The postmaster is stopped first, so that
+		// no child is forked between the listing and the kill (one forked
+		// there was adopted by init and slept on for good, and the node
+		// never started again).
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
 		children := childrenOf(pid) // before it dies: then init adopts them
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		for _, child := range children {
@@ -691,6 +705,20 @@ func (c *PatroniCluster) CreateDatabase(ctx context.Context, name string) (strin
 		return "", fmt.Errorf("stack: creating database %s: %w", name, err)
 	}
 	return c.URL(name), nil
+}
+
+// DropDatabase drops database name on the primary, closing any sessions
+// still on it.
+func (c *PatroniCluster) DropDatabase(ctx context.Context, name string) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("stack: connecting to the primary: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("stack: dropping database %s: %w", name, err)
+	}
+	return nil
 }
 
 // External is false: the harness started the cluster (system.Postgres).
