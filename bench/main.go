@@ -28,6 +28,7 @@
 //	go run ./bench            # make bench
 //	go run ./bench -smoke     # seconds; what CI runs
 //	go run ./bench -kafka kfake   # without the real-Kafka builds
+//	go run ./bench -replicated    # one Postgres node against three under Patroni (bench/replicated.go)
 package main
 
 import (
@@ -172,6 +173,7 @@ func run(ctx context.Context) error {
 	faults := flag.Bool("faults", false, "run the faults benchmark instead (bench/faults.go): the relay at a steady rate on a 3-node Apache Kafka cluster while a broker is SIGKILLed and its partitions' leaders change; writes bench-faults-report.json (BENCH_FAULTS_REPORT)")
 	soak := flag.Duration("soak", 0, "run the soak instead (bench/soak.go): an inbox and an outbox retiring rows by DELETE beside a pair dropping partitions, at a steady rate (-rate, default 200/s) for this long, with a transaction held open in the middle third; writes bench-soak-report.json (BENCH_SOAK_REPORT); 20m for the goal")
 	history := flag.Int("history", 0, "add the history build: the project build on tables that already hold this many rows each (both services' inbox and outbox; history.go), beside the empty-table figures; 10000000 for the goal")
+	replicated := flag.Bool("replicated", false, "run the replicated benchmark instead (bench/replicated.go): the project build on one Postgres node and on three under Patroni, asynchronous, synchronous and asynchronous with DATABASE_STANDBYS=1 (needs Patroni and etcd, as make failover); writes bench-replicated-report.json (BENCH_REPLICATED_REPORT)")
 	kafkaFlag := flag.String("kafka", "", "brokers to run the service builds on, comma-separated: kfake, apache (one node). Default: both, or kfake alone (said so in the report) where Apache Kafka cannot run; with REQUIRE_APACHE_KAFKA set, that is an error")
 	flag.Parse()
 	p := params{Orders: 20_000, Payers: 32, SKUs: 500, Partitions: 32, LatencyRate: 500, LatencyFor: 8, LimitBatch: 100, Seed: 1}
@@ -216,6 +218,9 @@ func run(ctx context.Context) error {
 			sample = 2 * time.Second
 		}
 		return runSoak(ctx, *soak, cmp.Or(*rate, 200), sample, say)
+	}
+	if *replicated {
+		return runReplicatedBench(ctx, p, say)
 	}
 	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
 	brokers, skipped, err := chooseBrokers(ctx, *kafkaFlag, say)

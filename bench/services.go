@@ -22,12 +22,19 @@ import (
 	"github.com/outboxref/outbox-inbox/chaos/loadgen"
 	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/chaos/system"
-	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
+// database is what the service builds run on: one throwaway server
+// (pgtest.Server) or a replicated cluster (stack.PatroniCluster, the
+// replicated benchmark).
+type database interface {
+	system.Postgres
+	DropDatabase(ctx context.Context, name string) error
+}
+
 // runServices measures one build of the two services, run as processes.
-func runServices(ctx context.Context, pg *pgtest.Server, p params, round int, b build, env []string, latency bool, say func(string, ...any)) (Result, error) {
+func runServices(ctx context.Context, pg database, p params, round int, b build, env []string, latency bool, say func(string, ...any)) (Result, error) {
 	res := Result{Build: b.name, Env: env}
 	prefix := fmt.Sprintf("bench_%s_%s_r%d_", b.name, b.kafka, round)
 	defer dropDatabases(pg, prefix+"orders", prefix+"inventory") // runs after sys.Stop
@@ -488,7 +495,7 @@ func printHops(ctx context.Context, orders, inventory *pgxpool.Pool, ids []strin
 
 // dropDatabases drops a build's databases once it is done, so every round
 // starts on empty tables and the disk does not fill up over rounds.
-func dropDatabases(pg *pgtest.Server, names ...string) {
+func dropDatabases(pg database, names ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, name := range names {
