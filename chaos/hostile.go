@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,7 +33,7 @@ type hostileMsg struct {
 	topic    string
 	id       string            // message id ("" for the missing-id class)
 	storedID string            // the id its quarantine row has, when not id (an id the inbox cannot store as text)
-	key      string            // the record's key, when not "hostile-" + class
+	key      string            // the record's key, when not its producer's (recordKey)
 	payload  []byte            // nil: the record has no value at all (a tombstone)
 	headers  map[string]string // metadata beyond the partition key
 	times    int               // deliveries
@@ -118,6 +117,13 @@ const (
 	hostileCaseKey      = "json_key_case_variant"
 	hostileTrailing     = "data_after_json_value"
 	hostileSurrogate    = "lone_utf16_surrogate"
+
+	// A producer with a bug, signing its bug (#44): records whose envelope
+	// says otherwise than their payload. The inbox must refuse each before
+	// the handler runs (inbox.Config.Envelope, events.RecordEnvelope).
+	hostileEnvKey   = "envelope_key_other_order"     // an OrderPaid keyed under another order
+	hostileEnvType  = "envelope_type_header_other"   // an OrderPaid whose type header says OrderCaptured
+	hostileEnvTopic = "envelope_type_on_other_topic" // an InventoryReserved on orders.events
 )
 
 // nearLimitBytes is the near_broker_limit record's size, as Sarama counts
@@ -261,6 +267,17 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: append(paid(`[{"sku":"sku-01","quantity":1}]`), ` {"order_id":"x"}`...), times: 1, kind: "dead_letter"},
 		{class: hostileSurrogate, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: paid(`[{"sku":"sku-01\ud800","quantity":1}]`), times: 1, kind: "dead_letter"},
+
+		// Signed as orders signs: only the comparison of the record with
+		// its payload can refuse them.
+		{class: hostileEnvKey, consumer: "inventory", topic: events.TopicOrders, id: newID(), key: decided,
+			payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: "invalid", reason: "partition key"},
+		{class: hostileEnvType, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			headers: map[string]string{outbox.TypeMetadata: events.TypeOrderCaptured},
+			payload: paid(`[{"sku":"sku-01","quantity":1}]`), times: 1, kind: "invalid", reason: "type header"},
+		{class: hostileEnvTopic, consumer: "inventory", topic: events.TopicOrders, id: newID(),
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID()),
+			times:   1, kind: "invalid", reason: "travels on"},
 	}
 	if len(h.sys.Keys) > 0 {
 		// Well-formed events nobody who may sign wrote: an OrderPaid for a
@@ -320,8 +337,7 @@ func nearLimit(id string) hostileMsg {
 	head := `{"schema_version":1,"type":"OrderPaid","order_id":"` + id + `","lines":[{"sku":"sku-01","quantity":1}],"pad":"`
 	m.payload = []byte(head + strings.Repeat("x", 65536-len(head)-2) + `"}`)
 	const header = 100_000
-	msg := message.NewMessage(id, m.payload)
-	msg.Metadata.Set(outbox.KeyMetadata, "hostile-"+m.class)
+	msg := m.message()
 	for i := 0; outbox.RecordBytes(msg)+header < nearLimitBytes; i++ {
 		k := fmt.Sprintf("x-pad-%d", i)
 		m.headers[k] = strings.Repeat("h", header)
@@ -331,6 +347,31 @@ func nearLimit(id string) hostileMsg {
 	msg.Metadata.Set(last, "")
 	m.headers[last] = strings.Repeat("h", nearLimitBytes-outbox.RecordBytes(msg))
 	return m
+}
+
+// message is m's record: keyed as its producer would key it
+// (recordKey), marked with judge.HostileHeader, with m's headers.
+func (m hostileMsg) message() *message.Message {
+	msg := message.NewMessage(m.id, m.payload)
+	msg.Metadata.Set(outbox.KeyMetadata, m.recordKey())
+	msg.Metadata.Set(judge.HostileHeader, m.class)
+	for k, v := range m.headers {
+		msg.Metadata.Set(k, v)
+	}
+	return msg
+}
+
+// recordKey is m's key, or the key its producer gives a record: the order
+// id its payload names, so that it meets the checks behind the inbox's
+// comparison of record and payload; hostile-<class> where it names none.
+func (m hostileMsg) recordKey() string {
+	if m.key != "" {
+		return m.key
+	}
+	if env, ok := events.RecordEnvelope(message.NewMessage(m.id, m.payload)); ok {
+		return env.Key
+	}
+	return judge.HostileKeyPrefix + m.class
 }
 
 // quarantinedAs is the message id its quarantine row holds.
@@ -372,11 +413,7 @@ func (h *hostile) send(ctx context.Context) error {
 			continue
 		}
 		for range m.times {
-			msg := message.NewMessage(m.id, m.payload)
-			msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, judge.HostileKeyPrefix+m.class))
-			for k, v := range m.headers {
-				msg.Metadata.Set(k, v)
-			}
+			msg := m.message()
 			h.sign(m, msg)
 			if err := pub.Publish(m.topic, msg); err != nil {
 				return fmt.Errorf("publishing %s: %w", m.class, err)

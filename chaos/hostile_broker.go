@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,11 +8,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
-	"github.com/outboxref/outbox-inbox/chaos/judge"
-	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
@@ -93,7 +89,5 @@ func (h *hostile) record(class string, err error) {
 }
 
 func publishOnce(brokers []string, conf *sarama.Config, m hostileMsg) error {
-	msg := message.NewMessage(m.id, m.payload)
-	msg.Metadata.Set(outbox.KeyMetadata, cmp.Or(m.key, judge.HostileKeyPrefix+m.class))
-	return kafkaconf.PublishOnce(brokers, conf, m.topic, msg)
+	return kafkaconf.PublishOnce(brokers, conf, m.topic, m.message())
 }

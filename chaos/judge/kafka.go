@@ -20,7 +20,16 @@ type Record struct {
 	Key       string // the record key: the message's partition key
 	ID        string // the message id (watermill's UUID header)
 	Payload   []byte
+	// Hostile is the class of a hostile message the chaos driver wrote
+	// itself (its HostileHeader), judged by the hostile table; "" for the
+	// rest.
+	Hostile string
 }
+
+// HostileHeader marks each hostile message the chaos driver writes, with
+// its class: it is keyed as its producer would key it (its order id), so
+// only the header tells it from the producer's own. No service reads it.
+const HostileHeader = "chaos_hostile"
 
 // ReadTopics reads every partition of topics from its first to its last
 // offset, in offset order.
@@ -72,8 +81,11 @@ func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, 
 		case m := <-pc.Messages():
 			r := Record{Topic: topic, Partition: p, Offset: m.Offset, Key: string(m.Key), Payload: m.Value}
 			for _, hd := range m.Headers {
-				if string(hd.Key) == kafka.UUIDHeaderKey {
+				switch string(hd.Key) {
+				case kafka.UUIDHeaderKey:
 					r.ID = string(hd.Value)
+				case HostileHeader:
+					r.Hostile = string(hd.Value)
 				}
 			}
 			records = append(records, r)

@@ -24,7 +24,7 @@ package judge
 // On orders.events and inventory.events, per key: one partition, and the
 // first copies of its messages in the order of their outbox rows' ids,
 // under their rows' keys; a record no outbox wrote is a phantom, the
-// hostile messages (keyed hostile-…, judged by the hostile table) aside.
+// hostile messages (Record.Hostile, judged by the hostile table) aside.
 
 import (
 	"cmp"
@@ -219,7 +219,7 @@ type outboxRow struct {
 }
 
 // HostileKeyPrefix keys the hostile messages the chaos driver puts on the
-// event topics itself (chaos/hostile.go), no outbox's.
+// event topics itself (chaos/hostile.go) whose payload names no order.
 const HostileKeyPrefix = "hostile-"
 
 // judgeDomain holds an event topic's records to their outbox rows:
@@ -228,7 +228,15 @@ const HostileKeyPrefix = "hostile-"
 // message aside), is a phantom.
 func judgeDomain(topic string, records []Record, position map[string]outboxRow) TopicOrder {
 	t := TopicOrder{Topic: topic}
-	keys := byKey(records)
+	var own []Record
+	for _, r := range records {
+		if r.Hostile != "" {
+			t.Unpositioned++ // the hostile table judges it
+			continue
+		}
+		own = append(own, r)
+	}
+	keys := byKey(own)
 	for _, key := range sortedKeys(keys) {
 		t.Keys++
 		rs := keys[key]
@@ -250,9 +258,6 @@ func judgeDomain(topic string, records []Record, position map[string]outboxRow) 
 			t.Messages++
 			row, ok := position[r.ID]
 			switch {
-			case strings.HasPrefix(key, HostileKeyPrefix):
-				t.Unpositioned++ // the hostile table judges it
-				continue
 			case !ok:
 				t.Phantom++
 				t.example("key %s: message %s at %d/%d was written by no outbox", key, r.ID, r.Partition, r.Offset)

@@ -47,6 +47,18 @@ type Config struct {
 	// for its topic, so a record written by anyone else who can write to
 	// the topic (a fresh id the inbox has never seen) is refused.
 	Verify func(*message.Message) error
+	// Envelope, when set, reads what a message's payload says about the
+	// record that carries it (the entity it concerns, its type, the topics
+	// that type travels on, its id; see Envelope): a message whose record
+	// disagrees (another partition key, topic, type header or id) is
+	// quarantined as invalid with the disagreement as its reason, after
+	// Verify and the payload's size limit and before the inbox looks its
+	// id up. ok false (a payload the
+	// handler will refuse itself) skips the comparison.
+	Envelope func(msg *message.Message) (env Envelope, ok bool)
+	// TypeHeader is the metadata entry a record's type header is read
+	// from, for Envelope's Type. Defaults to outbox.TypeMetadata.
+	TypeHeader string
 
 	// MaxAttempts is how many times a failing handler runs before its message
 	// is dead-lettered. Defaults to DefaultMaxAttempts.
@@ -197,6 +209,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = c.Consumer + ".dlq"
+	}
+	if c.TypeHeader == "" {
+		c.TypeHeader = outbox.TypeMetadata
 	}
 	if c.Key == nil {
 		c.Key = KeyFromMetadata(outbox.KeyMetadata)

@@ -62,6 +62,11 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
 		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
 	}
+	if in.cfg.Envelope != nil { // last: it reads the payload
+		if reason := in.disagreement(d); reason != "" {
+			return d, reason
+		}
+	}
 	return d, ""
 }
 

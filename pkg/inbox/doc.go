@@ -39,7 +39,9 @@
 // keeps (a row's duplicates) stops at its maximum rather than overflow.
 // With [Config.Verify] a message is authenticated before its id is looked
 // up (package signature): a forgery under a fresh id is quarantined, never
-// applied. [ListQuarantined] shows what was quarantined;
+// applied. With [Config.Envelope] a record whose partition key, topic, type
+// header or id says otherwise than its payload is quarantined too, naming
+// the disagreement: a producer with a bug signs its bug. [ListQuarantined] shows what was quarantined;
 // [RetryQuarantined] writes a dead letter back to its topic once the handler is
 // fixed, and [DropQuarantined] closes one for good.
 //

@@ -26,6 +26,14 @@ import (
 // lands on the same Kafka partition, in order.
 const KeyMetadata = "partition_key"
 
+// TypeMetadata is the metadata key a producer may keep an event's type in
+// (msg.Metadata.Set(outbox.TypeMetadata, "OrderPaid")), so that a router, a
+// tool or the consumer's inbox reads it without reading the payload. The
+// relay publishes it as a header like any other metadata; the inbox
+// refuses a message whose type header disagrees with its payload
+// (inbox.Config.Envelope).
+const TypeMetadata = "event_type"
+
 // One schema, one outbox. The outbox's tables live in the schema the pool's
 // connections resolve first (their search_path: give the pool
 // search_path=<schema> to keep several outboxes, or yours apart from a

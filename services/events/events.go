@@ -15,8 +15,11 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/runtime/strictjson"
 )
 
@@ -254,20 +257,65 @@ func (e *InventoryReserved) validate() error { return ValidateLines(e.Lines) }
 
 func (e *InventoryRejected) validate() error { return validText("reason", e.Reason, MaxReasonBytes) }
 
+// head returns the envelope of the event that embeds it.
+func (e Envelope) head() Envelope { return e }
+
+// Event is any of the four events, by value or by pointer (what Decode
+// returns).
+type Event interface{ head() Envelope }
+
 // TypeOf names a decoded event's type, for messages.
 func TypeOf(ev any) string {
-	switch e := ev.(type) {
-	case *OrderPaid:
-		return e.Type
-	case *OrderCaptured:
-		return e.Type
-	case *InventoryReserved:
-		return e.Type
-	case *InventoryRejected:
-		return e.Type
+	if e, ok := ev.(Event); ok {
+		return e.head().Type
 	}
 	return fmt.Sprintf("%T", ev)
 }
 
+// TopicOf is the topic an event of type typ travels on, or "" for a type
+// this package does not know.
+func TopicOf(typ string) string {
+	switch typ {
+	case TypeOrderPaid, TypeOrderCaptured:
+		return TopicOrders
+	case TypeInventoryReserved, TypeInventoryRejected:
+		return TopicInventory
+	}
+	return ""
+}
+
 // Encode marshals an event.
 func Encode(ev any) ([]byte, error) { return json.Marshal(ev) }
+
+// Message returns ev as an outbox message: keyed by its order id (every
+// event of an order on one partition, in order), its type in the type
+// header (outbox.TypeMetadata). The consumer's inbox refuses a record that
+// says otherwise than its payload (RecordEnvelope).
+func Message(ev Event) (*message.Message, error) {
+	payload, err := Encode(ev)
+	if err != nil {
+		return nil, err
+	}
+	h := ev.head()
+	msg := outbox.NewMessage(h.OrderID, payload)
+	msg.Metadata.Set(outbox.TypeMetadata, h.Type)
+	return msg, nil
+}
+
+// RecordEnvelope is both services' inbox.Config.Envelope: what an event
+// says about the record that should carry it. Its order id is the record's
+// partition key, its type's topic the topic, its type the type header. A
+// record that disagrees (a producer with a bug keyed it under another
+// order, sent it on the other topic, or labelled it another type) is
+// quarantined before the handler runs: the checks that look at the record
+// (ordering per key, HoldKey, the topic's consumer) would otherwise look at
+// another order than the one the handler changes. A payload that does not
+// decode is left to the handler, which dead-letters it.
+func RecordEnvelope(msg *message.Message) (inbox.Envelope, bool) {
+	ev, err := Decode(msg.Payload)
+	if err != nil {
+		return inbox.Envelope{}, false
+	}
+	h := ev.(Event).head()
+	return inbox.Envelope{Key: h.OrderID, Type: h.Type, Topics: []string{TopicOf(h.Type)}}, true
+}

@@ -32,6 +32,7 @@ func Service() platform.Service {
 		Name:       "inventory",
 		Migrations: migrations,
 		Topic:      events.TopicOrders,
+		Envelope:   events.RecordEnvelope,
 		Apply: func(cfg platform.Config) inbox.BatchFunc {
 			return reserver{unguarded: cfg.DomainGuardDisabled}.apply
 		},
@@ -410,7 +411,7 @@ func (w *writes) reserve(p *events.OrderPaid, want, have map[string]int, msgID s
 		have[sku] -= n
 		w.resOrder, w.resSKU, w.resQty, w.resMsg = append(w.resOrder, p.OrderID), append(w.resSKU, sku), append(w.resQty, int32(n)), append(w.resMsg, msgID)
 	}
-	return w.announce(p.OrderID, events.InventoryReserved{
+	return w.announce(events.InventoryReserved{
 		Envelope: events.NewEnvelope(events.TypeInventoryReserved, p.OrderID), Lines: p.Lines,
 	})
 }
@@ -419,7 +420,7 @@ func (w *writes) reserve(p *events.OrderPaid, want, have map[string]int, msgID s
 func (w *writes) reject(orderID, reason, msgID string) error {
 	w.decide(orderID, "rejected", msgID)
 	w.rejOrder, w.rejReason, w.rejMsg = append(w.rejOrder, orderID), append(w.rejReason, reason), append(w.rejMsg, msgID)
-	return w.announce(orderID, events.InventoryRejected{
+	return w.announce(events.InventoryRejected{
 		Envelope: events.NewEnvelope(events.TypeInventoryRejected, orderID), Reason: reason,
 	})
 }
@@ -435,12 +436,12 @@ func (w *writes) refuse(orderID, msgID, reason string) {
 	w.refOrder, w.refMsg, w.refWhy = append(w.refOrder, orderID), append(w.refMsg, msgID), append(w.refWhy, reason)
 }
 
-func (w *writes) announce(orderID string, ev any) error {
-	payload, err := events.Encode(ev)
+func (w *writes) announce(ev events.Event) error {
+	msg, err := events.Message(ev)
 	if err != nil {
 		return err
 	}
-	w.out = append(w.out, outbox.NewMessage(orderID, payload))
+	w.out = append(w.out, msg)
 	return nil
 }
 

@@ -33,6 +33,7 @@ func Service() platform.Service {
 		Name:       "orders",
 		Migrations: migrations,
 		Topic:      events.TopicInventory,
+		Envelope:   events.RecordEnvelope,
 		Apply: func(cfg platform.Config) inbox.BatchFunc {
 			return settler{unguarded: cfg.DomainGuardDisabled}.apply
 		},
@@ -218,10 +219,10 @@ func payOrders(ctx context.Context, db platform.DB, ids []string) ([]payment, er
 		var amount int64
 		var paidAt time.Time
 		if _, err := pgx.ForEachRow(rows, []any{&id, &lines, &amount, &paidAt}, func() error {
-			payload, err := events.Encode(events.OrderPaid{
+			msg, err := events.Message(events.OrderPaid{
 				Envelope: events.NewEnvelope(events.TypeOrderPaid, id), Lines: lines, PaidAt: paidAt,
 			})
-			msgs = append(msgs, outbox.NewMessage(id, payload))
+			msgs = append(msgs, msg)
 			orders[id] = Order{ID: id, Status: "paid", Lines: lines, Amount: amount}
 			lines = nil // the next row decodes into a new slice
 			return err

@@ -297,13 +297,13 @@ func recordCaptures(ctx context.Context, tx pgx.Tx, outcomes []effect.Outcome[ca
 		if state != "captured" {
 			return nil
 		}
-		payload, err := events.Encode(events.OrderCaptured{
+		msg, err := events.Message(events.OrderCaptured{
 			Envelope: events.NewEnvelope(events.TypeOrderCaptured, id), CaptureID: captureID,
 		})
 		if err != nil {
 			return err
 		}
-		msgs = append(msgs, outbox.NewMessage(id, payload))
+		msgs = append(msgs, msg)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("recording %d captures: %w", len(ids), err)

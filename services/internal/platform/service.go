@@ -52,6 +52,10 @@ type Service struct {
 	// Errors wrapped with inbox.Permanent dead-letter the message at once.
 	// It is made from the configuration (DOMAIN_GUARD_DISABLED).
 	Apply func(Config) inbox.BatchFunc
+	// Envelope reads what a message's payload says about the record that
+	// carries it (inbox.Config.Envelope): a record whose Kafka key, topic or
+	// type header disagrees is quarantined before Apply sees it.
+	Envelope func(*message.Message) (inbox.Envelope, bool)
 	// Routes adds the service's HTTP endpoints.
 	// Its writes answer through db.Write.
 	Routes func(mux *http.ServeMux, db DB, cfg Config)
@@ -299,6 +303,8 @@ func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *in
 		Retention: cfg.InboxRetention, Partitions: partitions,
 		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
 		Verify:    signing.verify,                        // TRUSTED_KEYS: only what a trusted producer signed
+		Envelope:  svc.Envelope,                          // and whose record says what its payload says
+		Key:       inboxkafka.Key,                        // the Kafka record's key, which placed it
 		Position:  inboxkafka.Position,                   // each row records where Kafka holds its message
 		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // and stays while Kafka holds it
 		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log
