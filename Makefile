@@ -209,8 +209,8 @@ bench-history: ## The cost as the tables grow: the project build on empty tables
 	BENCH_REPORT=$${BENCH_REPORT:-bench-history.json} $(GO) run ./bench -only project,project_history -history 10000000 -rounds 2 -rate 250 -kafka kfake
 
 .PHONY: bench-replicated
-bench-replicated: ## What replication costs the order round trip: one Postgres node beside three under Patroni, asynchronous, synchronous (strict) and asynchronous with DATABASE_STANDBYS=1 (Patroni and etcd as for make failover; kfake, 3 rounds, the hop timed at 250 orders/s): bench-replicated-report.json
-	BENCH_REPLICATED_REPORT=$${BENCH_REPLICATED_REPORT:-bench-replicated-report.json} $(GO) run ./bench -replicated -rounds 3 -rate 250 -orders 10000
+bench-replicated: ## What replication costs the order round trip: one Postgres node beside three under Patroni, asynchronous, synchronous (strict) and asynchronous with DATABASE_STANDBYS=1 (Patroni and etcd as for make failover; kfake, 5 rounds, the hop timed at 100 orders/s; about 13 minutes): bench-replicated-report.json
+	BENCH_REPLICATED_REPORT=$${BENCH_REPLICATED_REPORT:-bench-replicated-report.json} $(GO) run ./bench -replicated -rounds 5 -rate 100 -orders 10000
 
 .PHONY: bench-faults
 bench-faults: ## Throughput under faults: the relay at 500 rows/s on a 3-node Apache Kafka cluster, quiet, then a broker SIGKILLed, then a leader change, then quiet again (3 rounds, about 6 minutes): bench-faults-report.json

@@ -220,7 +220,7 @@ func run(ctx context.Context) error {
 		return runSoak(ctx, *soak, cmp.Or(*rate, 200), sample, say)
 	}
 	if *replicated {
-		return runReplicatedBench(ctx, p, say)
+		return runReplicatedBench(ctx, p, *smoke, say)
 	}
 	r := Report{When: time.Now().UTC().Format(time.RFC3339), Params: p, Machine: machine()}
 	brokers, skipped, err := chooseBrokers(ctx, *kafkaFlag, say)

@@ -38,8 +38,10 @@ type ReplicatedReport struct {
 	// Builds holds each build's medians over rounds, by name.
 	Builds map[string]Result `json:"builds"`
 	// Ratios divide each replicated build by one_node, as medians of each
-	// round's ratio for round trips/s ("<build>_vs_one_node") and from the
-	// medians for hop p99 ("<build>_p99_vs_one_node").
+	// round's ratio: round trips/s ("<build>_vs_one_node"), hop p99
+	// ("<build>_p99_vs_one_node") and CPU seconds per 1,000 round trips
+	// ("<build>_cpu_vs_one_node", every process of the machine's: the
+	// replicas' too).
 	Ratios        map[string]float64   `json:"ratios"`
 	RatiosByRound []map[string]float64 `json:"ratios_by_round"`
 	Notes         string               `json:"notes"`
@@ -49,7 +51,10 @@ type ReplicatedReport struct {
 // alternating, on kfake (the broker is the same for all, and the fake adds
 // the least noise of its own). The two clusters run from the start to the
 // end, their databases fresh per build.
-func runReplicatedBench(ctx context.Context, p params, say func(string, ...any)) error {
+func runReplicatedBench(ctx context.Context, p params, smoke bool, say func(string, ...any)) error {
+	if !smoke {
+		p.LatencyFor = 20 // below saturation, p99 wants samples: 2,000 at 100/s
+	}
 	one, err := pgtest.Start(ctx)
 	if err != nil {
 		return err
@@ -91,21 +96,25 @@ func runReplicatedBench(ctx context.Context, p params, say func(string, ...any))
 	for _, rb := range replicatedBuilds {
 		rep.Builds[rb.name] = medianResult(byBuild[rb.name])
 	}
+	// Each ratio per round (the builds of a round ran minutes apart), then
+	// the median over rounds.
 	for round := range p.Rounds {
-		base := byBuild["one_node"][round].RoundTripsPerS
+		one := byBuild["one_node"][round]
 		m := map[string]float64{}
 		for _, rb := range replicatedBuilds[1:] {
-			m[rb.name+"_vs_one_node"] = ratio(byBuild[rb.name][round].RoundTripsPerS, base)
+			res := byBuild[rb.name][round]
+			m[rb.name+"_vs_one_node"] = ratio(res.RoundTripsPerS, one.RoundTripsPerS)
+			m[rb.name+"_p99_vs_one_node"] = ratio(res.HopLatencyMS.P99, one.HopLatencyMS.P99)
+			m[rb.name+"_cpu_vs_one_node"] = ratio(res.CPUSPer1000, one.CPUSPer1000)
 		}
 		rep.RatiosByRound = append(rep.RatiosByRound, m)
 	}
-	for _, rb := range replicatedBuilds[1:] {
+	for k := range rep.RatiosByRound[0] {
 		var v []float64
 		for _, m := range rep.RatiosByRound {
-			v = append(v, m[rb.name+"_vs_one_node"])
+			v = append(v, m[k])
 		}
-		rep.Ratios[rb.name+"_vs_one_node"] = median(v)
-		rep.Ratios[rb.name+"_p99_vs_one_node"] = ratio(rep.Builds[rb.name].HopLatencyMS.P99, rep.Builds["one_node"].HopLatencyMS.P99)
+		rep.Ratios[k] = median(v)
 	}
 	rep.Notes = "One machine, 2 cores: the three nodes of a cluster share the CPU with the services, the broker and each other, so a replica costs CPU here that it would not on a machine of its own, and the network between nodes is loopback (no round-trip time): the ratios are a floor on what replication costs, not a forecast. A hop runs from the payment's answer to the reservation's commit in inventory, so it holds the relay's wait for a standby, not the consumer's (which comes after its commit, before its ack)."
 	printReplicated(rep, say)
@@ -115,15 +124,16 @@ func runReplicatedBench(ctx context.Context, p params, say func(string, ...any))
 // printReplicated prints the builds side by side.
 func printReplicated(r ReplicatedReport, say func(string, ...any)) {
 	say("replicated Postgres, %d rounds, medians (kfake; hop latency at %.0f orders/s):", r.Params.Rounds, r.Params.LatencyRate)
-	say("  %-16s %14s %9s %9s %9s %14s %12s", "build", "round trips/s", "p50 ms", "p95 ms", "p99 ms", "vs one node", "p99 vs one")
+	say("  %-16s %14s %9s %9s %9s %10s %12s %12s %12s", "build", "round trips/s", "p50 ms", "p95 ms", "p99 ms", "CPU s/1000", "vs one node", "p99 vs one", "CPU vs one")
 	for _, rb := range replicatedBuilds {
 		res := r.Builds[rb.name]
-		vs, p99 := "1", "1"
+		vs, p99, cpu := "1", "1", "1"
 		if rb.cluster != "" {
 			vs = fmt.Sprintf("%.2f", r.Ratios[rb.name+"_vs_one_node"])
 			p99 = fmt.Sprintf("%.2f", r.Ratios[rb.name+"_p99_vs_one_node"])
+			cpu = fmt.Sprintf("%.2f", r.Ratios[rb.name+"_cpu_vs_one_node"])
 		}
-		say("  %-16s %14.0f %9.1f %9.1f %9.1f %14s %12s", rb.name, res.RoundTripsPerS,
-			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, vs, p99)
+		say("  %-16s %14.0f %9.1f %9.1f %9.1f %10.2f %12s %12s %12s", rb.name, res.RoundTripsPerS,
+			res.HopLatencyMS.P50, res.HopLatencyMS.P95, res.HopLatencyMS.P99, res.CPUSPer1000, vs, p99, cpu)
 	}
 }
