@@ -3,8 +3,6 @@ package main
 import (
 	"testing"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -12,11 +10,7 @@ import (
 // a record of nearLimitBytes whose payload is exactly the consumer's limit.
 func TestNearLimitIsNearTheLimit(t *testing.T) {
 	m := nearLimit("01234567-89ab-7def-8123-456789abcdef")
-	msg := message.NewMessage(m.id, m.payload)
-	msg.Metadata.Set(outbox.KeyMetadata, "hostile-"+m.class)
-	for k, v := range m.headers {
-		msg.Metadata.Set(k, v)
-	}
+	msg := m.message() // the record send writes
 	if n := outbox.RecordBytes(msg); n != nearLimitBytes || len(m.payload) != 65536 {
 		t.Fatalf("record of %d bytes, payload %d; want %d and 65536", n, len(m.payload), nearLimitBytes)
 	}
