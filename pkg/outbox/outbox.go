@@ -34,6 +34,19 @@ const KeyMetadata = "partition_key"
 // (inbox.Config.Envelope).
 const TypeMetadata = "event_type"
 
+// SequenceMetadata is the metadata key PublishTx numbers a message's place
+// in its partition key's history under: "<stream>:<n>", the key's stream
+// (a UUID drawn when the key's counter was made) and n, 1 for the first
+// message written for the key, one more for each after, in commit order.
+// A consumer that remembers each key's last number sees a gap (n skips:
+// an event never reached it) or a rewind (n again, under an id it never
+// saw: the producer's database went back in time); the inbox does
+// (inbox.Config, "Continuity"). signature.Sign covers it. PublishTx sets it
+// on every message with a partition key, replacing one the message carries
+// (copied from a consumed message, say), and removes it from the others
+// (no key, or Writer.Unordered: no order to number).
+const SequenceMetadata = "outbox_key_seq"
+
 // One schema, one outbox. The outbox's tables live in the schema the pool's
 // connections resolve first (their search_path: give the pool
 // search_path=<schema> to keep several outboxes, or yours apart from a
@@ -113,6 +126,11 @@ func RecordBytes(msg *message.Message) int {
 // id in (kafka.UUIDHeaderKey; pkg/outbox does not import watermill-kafka).
 const uuidHeaderKey = "_watermill_message_uuid"
 
+// sequenceHeaderBytes is what the SequenceMetadata header adds to a record
+// at most: its key, a UUID, a colon and a 19-digit number, and two varint
+// lengths.
+const sequenceHeaderBytes = len(SequenceMetadata) + 36 + 1 + 19 + 2*binary.MaxVarintLen32
+
 // recordBytes mirrors sarama.ProducerMessage.ByteSize for record batches
 // (message format v2): a fixed maximum overhead per record, the key, the
 // value, and each header's key and value with two varint lengths.
@@ -139,6 +157,7 @@ type Writer struct {
 	// then reach Kafka in the order their rows were written, which is their
 	// commit order only if the caller serializes a key's transactions itself
 	// (by locking the entity's row first, say) or does not need the order.
+	// Its messages carry no SequenceMetadata: there is no order to number.
 	Unordered bool
 }
 
@@ -163,6 +182,12 @@ func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Me
 // lock. Like row locks, two transactions that write keys A then B and B
 // then A can deadlock; Postgres aborts one of them (SQLSTATE 40P01), to be
 // retried. Writer.Unordered skips the lock.
+//
+// Numbers per key: under the same lock, each keyed message gets the next
+// number of its key's history (SequenceMetadata), from a counter row per
+// (topic, key) in outbox_key_sequences that the transaction updates once
+// per key. Numbers are taken in commit order and never twice, so a gap or a
+// repeat a consumer sees is one the outbox did not make.
 func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("outbox: empty topic")
@@ -184,7 +209,12 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 			return fmt.Errorf("outbox: message id %q is not a UUID: %w", msg.UUID, err)
 		}
 		stamped := stampedMetadata(ctx, msg.Metadata) // tracing.go: + outbox_created_at, traceparent
-		if n := recordBytes(msg.UUID, stamped, len(msg.Payload)); n > limit {
+		delete(stamped, SequenceMetadata)             // the SQL below numbers the message, or leaves it unnumbered
+		n := recordBytes(msg.UUID, stamped, len(msg.Payload))
+		if msg.Metadata.Get(KeyMetadata) != "" && !w.Unordered {
+			n += sequenceHeaderBytes
+		}
+		if n > limit {
 			return fmt.Errorf("outbox: message %s to %s is %d bytes as a Kafka record (payload %d), over the %d-byte limit: %w",
 				msg.UUID, topic, n, len(msg.Payload), limit, ErrMessageTooLarge)
 		}
@@ -210,19 +240,34 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 	// consumed is picked up by the relay's short follow-up polls (see
 	// Relay.Run), or, at worst, by its regular poll.
 	//
-	// The key locks come first: the INSERT's condition reads them (an
-	// uncorrelated subquery, run once before the first row is inserted), so
-	// the ids are taken only once every lock is held.
+	// The key locks come first: the counters' upsert reads them (an
+	// uncorrelated subquery, run once before the first row is written), so
+	// the numbers and ids are taken only once every lock is held. Each key
+	// of msgs advances its counter by its count of messages in one upsert;
+	// its messages, in the order given, take the numbers up to the new
+	// value (SequenceMetadata).
 	_, err := tx.Exec(ctx, `
 		WITH locked AS MATERIALIZED (
 			SELECT count(pg_advisory_xact_lock($7, h)) AS n
 			FROM (SELECT DISTINCT hashtext(current_schema() || E'\n' || $1 || E'\n' || k) AS h
 			      FROM unnest($3::text[]) AS k WHERE k <> '' AND NOT $8 ORDER BY 1) AS keys
+		), numbered AS (
+			INSERT INTO outbox_key_sequences AS s (topic, partition_key, seq)
+			SELECT $1, k, count(*) FROM unnest($3::text[]) AS k
+			WHERE k <> '' AND NOT $8 AND (SELECT n FROM locked) >= 0
+			GROUP BY k ORDER BY k
+			ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq, touched_at = now()
+			RETURNING partition_key, stream, seq
 		), rows AS (
 			INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
-			SELECT m.id, $1, m.key, m.payload, m.meta
-			FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) AS m(id, key, payload, meta)
+			SELECT m.id, $1, m.key, m.payload, CASE WHEN c.stream IS NULL THEN m.meta
+				ELSE m.meta || jsonb_build_object('`+SequenceMetadata+`', c.stream::text || ':' ||
+					(c.seq - count(*) OVER (PARTITION BY m.key) + row_number() OVER (PARTITION BY m.key ORDER BY m.ord)))
+				END
+			FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY AS m(id, key, payload, meta, ord)
+			LEFT JOIN numbered c ON c.partition_key = m.key
 			WHERE (SELECT n FROM locked) >= 0
+			ORDER BY m.ord
 		)
 		SELECT CASE WHEN pg_try_advisory_xact_lock($6, hashtext(current_schema()))
 			THEN pg_notify('outbox_' || md5(current_schema()), '') END`,

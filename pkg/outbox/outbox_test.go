@@ -90,6 +90,8 @@ func TestPublishTx(t *testing.T) {
 		_, stamped := outbox.CreatedAt(&message.Message{Metadata: got[0].Metadata}) // tracing.go stamps the write time
 		require.True(t, stamped, "metadata %v has no %s", got[0].Metadata, outbox.CreatedAtMetadata)
 		delete(got[0].Metadata, outbox.CreatedAtMetadata)
+		require.Regexp(t, `^[0-9a-f-]{36}:1$`, got[0].Metadata[outbox.SequenceMetadata], "the key's first message")
+		delete(got[0].Metadata, outbox.SequenceMetadata)
 		require.Equal(t, []row{{
 			MessageID: msg.UUID,
 			Topic:     bundle.topic,

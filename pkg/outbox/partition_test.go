@@ -340,8 +340,9 @@ func TestPartitionClaimLooksInTheClaimedPartitionsOnly(t *testing.T) {
 }
 
 // TestPartitionByTimeKeepsTheGrants: a role producers log in as, granted
-// INSERT on the table, still writes after the conversion (the new table
-// has the old one's grants; access through it is checked there only).
+// INSERT on the table (and on its keys' counters, which PublishTx updates),
+// still writes after the conversion (the new table has the old one's
+// grants; access through it is checked there only).
 func TestPartitionByTimeKeepsTheGrants(t *testing.T) {
 	t.Parallel()
 	ctx, bundle := setupRelay(t)
@@ -349,6 +350,7 @@ func TestPartitionByTimeKeepsTheGrants(t *testing.T) {
 	role := "outbox_writer_" + randomSuffix()
 	watcher := "outbox_watcher_" + randomSuffix() // may read some columns only: a dashboard's role
 	_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT ON outbox_messages TO `+role+`;
+		GRANT SELECT, INSERT, UPDATE ON outbox_key_sequences TO `+role+`;
 		CREATE ROLE `+watcher+`; GRANT SELECT (id, published_at) ON outbox_messages TO `+watcher)
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -97,6 +97,13 @@ type RelayConfig struct {
 	// RetentionBatch is how many rows one DELETE removes. Defaults to
 	// DefaultRetentionBatch.
 	RetentionBatch int
+	// KeySequenceRetention is how long a key's counter (SequenceMetadata)
+	// is kept after its last message was written. A key written again
+	// after that starts a new stream at 1, which consumers take for a new
+	// history: keep it above the longest a key rests between two events
+	// whose continuity you want checked. Defaults to
+	// DefaultKeySequenceRetention.
+	KeySequenceRetention time.Duration
 
 	// Partitions, when set, says outbox_messages is partitioned into blocks
 	// of ids, one per interval of time (PartitionByTime converts the
@@ -121,15 +128,16 @@ type RelayConfig struct {
 
 // The defaults of RelayConfig's zero fields.
 const (
-	DefaultBatchSize         = 500
-	DefaultPollInterval      = 250 * time.Millisecond
-	DefaultErrorBackoff      = 200 * time.Millisecond
-	DefaultMaxErrorBackoff   = 10 * time.Second
-	DefaultBatchTimeout      = 30 * time.Second
-	DefaultRetention         = time.Hour
-	DefaultRetentionInterval = time.Minute
-	DefaultRetentionBatch    = 5000
-	DefaultLeaseTTL          = 10 * time.Second
+	DefaultBatchSize            = 500
+	DefaultPollInterval         = 250 * time.Millisecond
+	DefaultErrorBackoff         = 200 * time.Millisecond
+	DefaultMaxErrorBackoff      = 10 * time.Second
+	DefaultBatchTimeout         = 30 * time.Second
+	DefaultRetention            = time.Hour
+	DefaultRetentionInterval    = time.Minute
+	DefaultRetentionBatch       = 5000
+	DefaultKeySequenceRetention = 30 * 24 * time.Hour
+	DefaultLeaseTTL             = 10 * time.Second
 )
 
 // setDefaults fills the zero fields. Negative values are left for Validate
@@ -144,6 +152,7 @@ func (c *RelayConfig) setDefaults() {
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
 	c.RetentionBatch = cmp.Or(c.RetentionBatch, DefaultRetentionBatch)
+	c.KeySequenceRetention = cmp.Or(c.KeySequenceRetention, DefaultKeySequenceRetention)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	if c.RelayID == "" {
 		c.RelayID = uuid.NewString()
@@ -171,6 +180,7 @@ func (c RelayConfig) Validate() error {
 	check.NotNegative(f, "PollInterval", c.PollInterval)
 	check.AtLeast(f, "PollInterval", c.PollInterval, time.Millisecond)
 	check.NotNegative(f, "Retention", c.Retention)
+	check.NotNegative(f, "KeySequenceRetention", c.KeySequenceRetention)
 	// Negative values below slip past setDefaults: a negative
 	// RetentionInterval panics in time.NewTicker inside Run, a negative
 	// BatchTimeout fails every batch, a negative RetentionBatch every DELETE.

@@ -19,6 +19,9 @@ import (
 // made before the relay's first interval ends.
 func (r *Relay) retain(ctx context.Context) {
 	round := func() {
+		if _, err := r.DeleteKeySequences(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.log.Error("Outbox retention of key counters failed", err, nil)
+		}
 		if r.cfg.Partitions == nil {
 			if _, err := r.DeletePublished(ctx); err != nil && ctx.Err() == nil {
 				r.cfg.log.Error("Outbox retention failed", err, nil)
@@ -38,6 +41,26 @@ func (r *Relay) retain(ctx context.Context) {
 		round()
 	}
 	ctxtime.Every(ctx, r.cfg.RetentionInterval, round)
+}
+
+// DeleteKeySequences removes the counters (SequenceMetadata) of keys no
+// message was written for in KeySequenceRetention, at most RetentionBatch
+// per statement, and returns how many it removed.
+func (r *Relay) DeleteKeySequences(ctx context.Context) (int64, error) {
+	total, err := pgtable.DeleteByTime(ctx, r.cfg.Pool, `
+		WITH gone AS (
+			DELETE FROM outbox_key_sequences
+			WHERE (topic, partition_key) IN (
+				SELECT topic, partition_key FROM outbox_key_sequences
+				WHERE touched_at < now() - $1::interval AND touched_at >= $3
+				ORDER BY touched_at
+				LIMIT $2)
+			RETURNING touched_at)
+		SELECT count(*), max(touched_at) FROM gone`, r.cfg.RetentionBatch, r.cfg.KeySequenceRetention, r.cfg.RetentionBatch)
+	if err != nil {
+		return total, fmt.Errorf("outbox retention of key counters: %w", err)
+	}
+	return total, nil
 }
 
 // DeletePublished removes rows published more than Retention ago, at most

@@ -5,7 +5,8 @@
 //
 //   - the producer's relay signs every message it publishes ([Publisher]):
 //     an HMAC-SHA256, under one of the producer's keys, over the message id,
-//     the topic, the partition key and the payload, carried in two headers
+//     the topic, the partition key, the payload and its sequence number
+//     ([SequenceHeader], where it has one), carried in two headers
 //     ([KeyIDHeader], [Header]);
 //   - the consumer's inbox verifies it before it looks the id up
 //     ([Verifier.Verify], wired in with inbox.Config.Verify): a record
@@ -32,7 +33,7 @@
 // message. A signature proves who wrote a message, not that it is new: a
 // copy of a signed message replayed by someone else is a duplicate, which the
 // inbox suppresses as it suppresses any redelivery. Headers other than the
-// two are not signed, and the consumer must not trust them.
+// sequence number are not signed, and the consumer must not trust them.
 package signature
 
 import (
@@ -53,6 +54,12 @@ const (
 	KeyIDHeader = "signature_key_id" // the id of the key that signed it
 	Header      = "signature"        // base64url (no padding) of the HMAC-SHA256
 )
+
+// SequenceHeader is the header of a message's place in its partition key's
+// history (outbox.SequenceMetadata). A message that carries it is signed
+// over it too, under another tag than one without, so that a number
+// stripped, added or altered fails verification like an altered payload.
+const SequenceHeader = "outbox_key_seq"
 
 // MinSecretBytes is the shortest secret a Key may have: HMAC-SHA256's block
 // of security, 256 bits.
@@ -103,18 +110,26 @@ func FormatKey(k Key) string {
 var ErrInvalid = errors.New("signature invalid")
 
 // Sign sets msg's signature headers: key k's HMAC over msg's id, topic,
-// partition key and payload. It replaces a signature msg already carries.
+// partition key, payload and, where it carries one, SequenceHeader. It
+// replaces a signature msg already carries.
 func Sign(k Key, topic, key string, msg *message.Message) {
 	msg.Metadata.Set(KeyIDHeader, k.ID)
 	msg.Metadata.Set(Header, base64.RawURLEncoding.EncodeToString(mac(k.Secret, k.ID, topic, key, msg)))
 }
 
 // mac is the HMAC-SHA256 of the signed fields, each length-prefixed so that
-// no two different messages sign the same bytes.
+// no two different messages sign the same bytes. A message with a sequence
+// number is signed under the v2 tag, with the number last; one without, as
+// before there were numbers (v1), so what was signed then verifies now.
 func mac(secret []byte, keyID, topic, key string, msg *message.Message) []byte {
 	h := hmac.New(sha256.New, secret)
 	var n [binary.MaxVarintLen64]byte
-	for _, field := range [][]byte{[]byte("outbox-inbox signature v1"), []byte(keyID), []byte(msg.UUID), []byte(topic), []byte(key), msg.Payload} {
+	fields := [][]byte{[]byte("outbox-inbox signature v1"), []byte(keyID), []byte(msg.UUID), []byte(topic), []byte(key), msg.Payload}
+	if seq, ok := msg.Metadata[SequenceHeader]; ok {
+		fields[0] = []byte("outbox-inbox signature v2")
+		fields = append(fields, []byte(seq))
+	}
+	for _, field := range fields {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(field)))])
 		h.Write(field)
 	}
@@ -180,7 +195,7 @@ func (v *Verifier) Verify(topic, key string, msg *message.Message) error {
 		return fmt.Errorf("%w: the %s header is not a base64url HMAC-SHA256", ErrInvalid, Header)
 	}
 	if !hmac.Equal(got, mac(k.Secret, k.ID, topic, key, msg)) {
-		return fmt.Errorf("%w: the signature of key %s does not match the message's id, topic, key and payload", ErrInvalid, k.ID)
+		return fmt.Errorf("%w: the signature of key %s does not match the message's id, topic, key, payload and sequence number", ErrInvalid, k.ID)
 	}
 	return nil
 }

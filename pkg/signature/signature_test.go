@@ -3,11 +3,13 @@ package signature_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/signature"
 )
 
@@ -44,6 +46,13 @@ func TestVerify(t *testing.T) {
 		edit(msg)
 		return msg
 	}
+	numbered := func(edit func(*message.Message)) *message.Message {
+		msg := message.NewMessage(id, []byte(payload))
+		msg.Metadata.Set(signature.SequenceHeader, seqOf(7))
+		signature.Sign(orders2026, topic, key, msg)
+		edit(msg)
+		return msg
+	}
 	cases := []struct {
 		name, topic, key string
 		msg              *message.Message
@@ -61,7 +70,14 @@ func TestVerify(t *testing.T) {
 		{"NoKeyID", topic, key, forged(func(m *message.Message) { delete(m.Metadata, signature.KeyIDHeader) }), "without a signature_key_id"},
 		{"NotBase64", topic, key, forged(func(m *message.Message) { m.Metadata.Set(signature.Header, "!!") }), "not a base64url"},
 		{"Truncated", topic, key, forged(func(m *message.Message) { m.Metadata.Set(signature.Header, m.Metadata.Get(signature.Header)[:20]) }), "not a base64url"},
+		// The sequence number is signed where a message carries one: added,
+		// altered or stripped, it fails like an altered payload.
+		{"SequenceAdded", topic, key, forged(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, seqOf(7)) }), "does not match"},
+		{"SequenceAltered", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, seqOf(8)) }), "does not match"},
+		{"SequenceStripped", topic, key, numbered(func(m *message.Message) { delete(m.Metadata, signature.SequenceHeader) }), "does not match"},
+		{"SequenceEmptied", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, "") }), "does not match"},
 	}
+	require.NoError(t, v.Verify(topic, key, numbered(func(*message.Message) {})), "a numbered message as signed")
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -70,6 +86,14 @@ func TestVerify(t *testing.T) {
 			require.ErrorContains(t, err, c.reason)
 		})
 	}
+}
+
+func seqOf(n int) string { return fmt.Sprintf("0190a7c4-0000-4000-8000-00000000000a:%d", n) }
+
+// TestSequenceHeaderIsTheOutboxs: the header signed is the one the outbox
+// numbers messages under (signature does not import outbox).
+func TestSequenceHeaderIsTheOutboxs(t *testing.T) {
+	require.Equal(t, outbox.SequenceMetadata, signature.SequenceHeader)
 }
 
 // TestRotation: the overlap ends when the old key leaves the verifier; what
