@@ -54,6 +54,14 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 			return d, fmt.Sprintf("not authenticated: %v", err)
 		}
 	}
+	seq, err := readSequence(msg) // continuity.go; after Verify, which covers it
+	if err != nil {
+		return d, err.Error()
+	}
+	if seq != nil {
+		seq.key = storedKey(in.cfg.Key(msg))
+		d.seq = seq
+	}
 	if in.cfg.Partitions != nil {
 		if _, err := in.cfg.Partitions.Time(id); err != nil {
 			return d, fmt.Sprintf("message id %q carries no time to place its inbox row by (Config.Partitions): %v", id, err)
@@ -84,6 +92,9 @@ type delivery struct {
 	sum      [32]byte
 	attempts int // failed attempts recorded so far by this process
 	start    time.Time
+
+	seq      *keySeq  // its place in its key's history, if numbered (continuity.go)
+	breaches []Breach // what its attempt's continuity check found
 
 	key     string // its partition key, when it can be held (HoldKey)
 	parked  bool   // a parked message a released key applies (hold.go)

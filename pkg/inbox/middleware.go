@@ -420,12 +420,20 @@ func (in *Inbox) settle(d *delivery, o Outcome, reason string) {
 	case DeadLettered:
 		in.cfg.log.Error("Inbox dead-lettered a message", errors.New(reason), in.fields(d))
 	}
+	breaches := d.breaches // continuity.go: committed with the delivery, unless it is to be retried
+	if o == Retried {
+		breaches = nil
+	}
+	for _, b := range breaches {
+		in.cfg.log.Error("Inbox saw a break in its key's history", errors.New(b.String()), in.fields(d))
+	}
 	in.stats[outcomeIndex(o)].Add(1)
 	traceOutcome(d.msg.Context(), o, d.attempts, reason)
 	if in.cfg.OnOutcome != nil {
 		in.cfg.OnOutcome(Event{
 			Consumer: in.cfg.Consumer, MessageID: d.id, Outcome: o,
 			Attempt: d.attempts, Reason: reason, Duration: time.Since(d.start),
+			Breaches: breaches,
 		})
 	}
 }

@@ -26,6 +26,9 @@ type Event struct {
 	Attempt   int           // attempts so far, for Retried and DeadLettered
 	Reason    string        // why it was quarantined, dead-lettered or retried
 	Duration  time.Duration // from delivery to settlement
+	// Breaches are the continuity breaches (continuity.go) this delivery
+	// showed, committed with it: on Applied, Parked and DeadLettered.
+	Breaches []Breach
 }
 
 // Stats counts outcomes since the Inbox was created.

@@ -11,7 +11,8 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 )
 
-// Sweep deletes inbox rows and stale attempt counters older than Retention,
+// Sweep deletes inbox rows, stale attempt counters and the continuity
+// state of keys not heard from (continuity.go) older than Retention,
 // in batches, and returns how many inbox rows it removed. Quarantined and
 // dead-lettered messages are kept in inbox_quarantine until an operator
 // deals with them; a parked message's row stays until its key is released.
@@ -64,6 +65,19 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 	if _, err := in.cfg.Pool.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND updated_at < now() - $2::interval`,
 		in.cfg.Consumer, in.cfg.Retention); err != nil {
 		return total, fmt.Errorf("inbox: sweeping attempts: %w", err)
+	}
+	// A key not heard from within Retention starts afresh (continuity.go).
+	if _, err := pgtable.DeleteByTime(ctx, in.cfg.Pool, `
+		WITH gone AS (
+			DELETE FROM inbox_key_sequences
+			WHERE (consumer, topic, partition_key, stream) IN (
+				SELECT consumer, topic, partition_key, stream FROM inbox_key_sequences
+				WHERE consumer = $1 AND touched_at < now() - $2::interval AND touched_at >= $4
+				ORDER BY touched_at
+				LIMIT $3)
+			RETURNING touched_at)
+		SELECT count(*), max(touched_at) FROM gone`, in.cfg.RetentionBatch, in.cfg.Consumer, in.cfg.Retention, in.cfg.RetentionBatch); err != nil {
+		return total, fmt.Errorf("inbox: sweeping key sequences: %w", err)
 	}
 	return total, nil
 }

@@ -102,8 +102,9 @@ type Retired struct {
 	// Rows counts the inbox rows deleted, Attempts the failed attempts of
 	// messages it never finished with, HeldKeys and Parked its holds and
 	// the messages parked behind them, Clearances the partitions it had
-	// cleared.
-	Rows, Attempts, HeldKeys, Parked, Clearances int64
+	// cleared, KeySequences its continuity state (continuity.go; its
+	// breaches stay, a record like the quarantine).
+	Rows, Attempts, HeldKeys, Parked, Clearances, KeySequences int64
 	// OpenQuarantined counts its quarantined messages still open: left in
 	// place, as the record of what it did not apply. Discard them
 	// (DropQuarantined): a redrive would write them back to a topic only
@@ -194,6 +195,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 			{&res.Attempts, `DELETE FROM inbox_attempts WHERE consumer = $1`},
 			{&res.Parked, `DELETE FROM inbox_parked WHERE consumer = $1`},
 			{&res.HeldKeys, `DELETE FROM inbox_held_keys WHERE consumer = $1`},
+			{&res.KeySequences, `DELETE FROM inbox_key_sequences WHERE consumer = $1`},
 		} {
 			tag, err := tx.Exec(ctx, d.sql, r.Consumer)
 			if err != nil {

@@ -306,6 +306,9 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		}
 	}
 	slices.Sort(fresh)
+	if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil { // continuity.go
+		return nil, err
+	}
 	return fresh, nil
 }
 

@@ -1,0 +1,148 @@
+package inbox_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// TestContinuitySeesGapsAndRewinds: a producer's outbox numbers each key's
+// messages; its relay publishes them to a consumer behind a real router.
+// Key k's third message is marked sent without being sent (a relay's bug):
+// the fourth shows a gap. Then the producer's database loses its last two
+// numbers (a failover that lost committed transactions): its next message
+// carries 3 again, a rewind. Key j flows in order, and the relay sends its
+// first message again after its second (a duplicate): no breach. Each
+// breach is written, counted, and reported on the delivery that showed it,
+// whether it was applied, dead-lettered or parked (k's second message is
+// poison: with HoldKey the rest of k parks).
+func TestContinuitySeesGapsAndRewinds(t *testing.T) {
+	t.Parallel()
+	for _, run := range []struct {
+		name   string
+		policy inbox.DeadLetterPolicy
+		batch  bool
+	}{{"PerMessage", inbox.SkipKey, false}, {"Batches", inbox.SkipKey, true}, {"HoldKeyParks", inbox.HoldKey, false}} {
+		t.Run(run.name, func(t *testing.T) {
+			t.Parallel()
+			h := setupHold(t, run.policy, run.batch)
+			ctx := h.ctx
+			write := func(key, payload string, then ...string) string {
+				t.Helper()
+				msg := outbox.NewMessage(key, []byte(payload))
+				require.NoError(t, pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+					if err := outbox.PublishTx(ctx, tx, h.topic, msg); err != nil {
+						return err
+					}
+					for _, sql := range then {
+						if _, err := tx.Exec(ctx, sql, msg.UUID); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+				return msg.UUID
+			}
+			settled := func(ids ...string) {
+				t.Helper()
+				for _, id := range ids {
+					eventually(t, func() bool {
+						for _, o := range h.events.outcomes(id) {
+							if o != inbox.Retried {
+								return true
+							}
+						}
+						return false
+					}, 20*time.Second, id+" to settle", h.events.count)
+				}
+			}
+
+			k1, k2 := write("k", "k1"), write("k", "poison k2")
+			write("k", "k3", `UPDATE outbox_messages SET published_at = now() WHERE message_id = $1`) // never sent
+			k4 := write("k", "k4")
+			settled(k1, k2, k4)
+			_, err := h.pool.Exec(ctx, `UPDATE outbox_key_sequences SET seq = seq - 2 WHERE topic = $1 AND partition_key = 'k'`, h.topic)
+			require.NoError(t, err)
+			k5 := write("k", "k5") // numbered 3 again
+
+			j1, j2 := write("j", "j1"), write("j", "j2")
+			settled(j1, j2)
+			_, err = h.pool.Exec(ctx, `UPDATE outbox_messages SET published_at = NULL WHERE message_id = $1`, j1) // sent again
+			require.NoError(t, err)
+			eventually(t, func() bool { return len(h.events.outcomes(j1)) > 1 }, 20*time.Second, "j1 again", h.events.count)
+			j3 := write("j", "j3")
+			settled(k5, j3)
+			require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate}, h.events.outcomes(j1))
+
+			breaches, err := inbox.ListBreaches(ctx, h.pool, consumer, 10)
+			require.NoError(t, err)
+			for i := range breaches {
+				require.NotEmpty(t, breaches[i].Stream)
+				require.WithinDuration(t, time.Now(), breaches[i].DetectedAt, time.Minute)
+				breaches[i].Stream, breaches[i].DetectedAt = "", time.Time{}
+			}
+			require.Equal(t, []inbox.Breach{
+				{Kind: inbox.Rewind, Topic: h.topic, Key: "k", Expected: 5, Got: 3, MessageID: k5, PreviousID: k4},
+				{Kind: inbox.Gap, Topic: h.topic, Key: "k", Expected: 3, Got: 4, MessageID: k4, PreviousID: k2},
+			}, breaches)
+			counts, err := inbox.ReadContinuity(ctx, h.pool, consumer)
+			require.NoError(t, err)
+			require.Equal(t, inbox.ContinuityCounts{Gaps: 1, Rewinds: 1}, counts)
+
+			want := map[string]inbox.BreachKind{k4: inbox.Gap, k5: inbox.Rewind}
+			for _, e := range h.events.all() {
+				if kind, ok := want[e.MessageID]; ok && e.Outcome != inbox.Retried {
+					require.Len(t, e.Breaches, 1, "%s: %s", e.MessageID, e.Outcome)
+					require.Equal(t, kind, e.Breaches[0].Kind)
+					delete(want, e.MessageID)
+				} else {
+					require.Empty(t, e.Breaches, "%s: %s", e.MessageID, e.Outcome)
+				}
+			}
+			require.Empty(t, want, "breaches not reported on their deliveries")
+			if run.policy == inbox.HoldKey {
+				require.Equal(t, "parked", h.status(t, k4), "k4's gap was seen as it parked")
+			}
+		})
+	}
+}
+
+// TestContinuityRefusesAMalformedNumber: a number that is not
+// "<stream>:<n>" is a producer's bug: quarantined as invalid, the reason
+// naming it, the partition going on.
+func TestContinuityRefusesAMalformedNumber(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{})
+	mw := in.Middleware(b.handler.handle)
+	for _, v := range []string{"7", "not-a-uuid:7", "0190a7c4-0000-4000-8000-00000000000a:0", "0190a7c4-0000-4000-8000-00000000000a:x"} {
+		msg := message.NewMessage(newID(), []byte("x"))
+		msg.Metadata.Set(outbox.SequenceMetadata, v)
+		msg.SetContext(b.ctx)
+		_, err := mw(msg)
+		require.NoError(t, err)
+		e := b.events.last(t)
+		require.Equal(t, inbox.Invalid, e.Outcome, v)
+		require.Contains(t, e.Reason, outbox.SequenceMetadata, v)
+	}
+}
+
+// TestSweepForgetsRestingKeys: the sweep deletes the continuity state of
+// keys not heard from within Retention (their next message starts afresh),
+// and keeps the others'.
+func TestSweepForgetsRestingKeys(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{Retention: time.Hour, RedeliveryHorizon: time.Hour, RetentionBatch: 1})
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO inbox_key_sequences (consumer, topic, partition_key, stream, seq, message_id, touched_at)
+		SELECT $1, 't', k, gen_random_uuid(), 7, 'm-' || k, now() - age
+		FROM (VALUES ('rested', interval '61 minutes'), ('rested-too', interval '2 hours'), ('recent', interval '59 minutes')) AS v(k, age)`, consumer)
+	require.NoError(t, err)
+	_, err = in.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"recent"}, scalar[[]string](t, b, `SELECT array_agg(partition_key) FROM inbox_key_sequences`))
+}
