@@ -7,12 +7,15 @@
 //	inboxctl redrive [-by WHO] ID | -all [-consumer NAME]
 //	inboxctl discard -by WHO -why WHY ID
 //	inboxctl held [-consumer NAME]
+//	inboxctl breaches [-consumer NAME] [-limit N]
 //	inboxctl consumers
 //	inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 //
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
 // it; redriving or discarding that dead letter releases them in order.
+// breaches lists the breaks in producers' key histories the consumer saw
+// (gaps and rewinds, newest first; see docs/runbooks.md#inboxgap).
 // redrive writes a dead letter back to its topic through the consumer's
 // outbox, under its original id, in the transaction that marks it redriven
 // (see inbox.Redrive): fix the handler first, then redrive. discard closes a
@@ -56,6 +59,7 @@ const usage = `usage:
   inboxctl redrive [-by WHO] -all [-consumer NAME]
   inboxctl discard -by WHO -why WHY ID
   inboxctl held [-consumer NAME]
+  inboxctl breaches [-consumer NAME] [-limit N]
   inboxctl consumers
   inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 DATABASE_URL names the consumer's database.`
@@ -69,8 +73,9 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
+	limit := fs.Int("limit", 50, "breaches: how many, newest first")
 	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
-	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "redrive", "discard", "held", "consumers", "retire")
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "redrive", "discard", "held", "breaches", "consumers", "retire")
 	if err != nil || help {
 		return err
 	}
@@ -102,6 +107,12 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		printHeld(out, list)
+	case "breaches":
+		list, err := inbox.ListBreaches(ctx, pool, *consumer, *limit)
+		if err != nil {
+			return err
+		}
+		printBreaches(out, list)
 	case "show":
 		q, err := inbox.GetQuarantined(ctx, pool, id)
 		if err != nil {
@@ -170,7 +181,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 // idArg reads the one ID argument show, redrive and discard need.
 func idArg(cmd string, rest []string, all bool) (int64, error) {
 	switch {
-	case cmd == "list" || cmd == "held" || cmd == "consumers" || cmd == "retire":
+	case cmd == "list" || cmd == "held" || cmd == "breaches" || cmd == "consumers" || cmd == "retire":
 		return 0, tool.NoArgs(cmd, rest)
 	case cmd == "redrive" && all:
 		if len(rest) > 0 {
@@ -233,6 +244,20 @@ func printHeld(out io.Writer, list []inbox.HeldKey) {
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", h.Consumer, h.Topic, opctl.Clip(h.Key, 40), h.State, dl, h.Holder,
 			h.Parked, oldest, time.Since(h.HeldAt).Round(time.Second))
+	}
+	w.Flush()
+}
+
+func printBreaches(out io.Writer, list []inbox.Breach) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "no breach seen: every numbered history arrived whole")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONSUMER\tKIND\tTOPIC\tKEY\tEXPECTED\tGOT\tMESSAGE\tAFTER\tAGE")
+	for _, b := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", b.Consumer, b.Kind, b.Topic, opctl.Clip(b.Key, 40), b.Expected, b.Got,
+			opctl.Clip(b.MessageID, 40), opctl.Clip(b.PreviousID, 40), time.Since(b.DetectedAt).Round(time.Second))
 	}
 	w.Flush()
 }

@@ -220,6 +220,32 @@ func TestInboxctlHeld(t *testing.T) {
 	require.Contains(t, out, parked.UUID)
 }
 
+// TestInboxctlBreaches: breaches lists a gap in a key's numbered history,
+// with the number expected and the one that came.
+func TestInboxctlBreaches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	out, err := b.ctl("breaches")
+	require.NoError(t, err)
+	require.Equal(t, "no breach seen: every numbered history arrived whole\n", out)
+
+	var last string
+	for _, n := range []string{"1", "2", "5"} {
+		msg := outbox.NewMessage("account-1", []byte("good: "+n))
+		msg.Metadata.Set(outbox.SequenceMetadata, "0190a7c4-0000-4000-8000-00000000000a:"+n)
+		require.NoError(t, b.pub.Publish(b.topic, msg))
+		last = msg.UUID
+	}
+	for !strings.Contains(out, last) {
+		require.NoError(t, b.ctx.Err(), "no breach listed:\n%s", out)
+		time.Sleep(20 * time.Millisecond) // polling a condition
+		out, err = b.ctl("breaches", "-consumer", "billing")
+		require.NoError(t, err)
+	}
+	require.Regexp(t, `billing\s+gap\s+`+b.topic+`\s+account-1\s+3\s+5\s+`+last+`\s`, out)
+	require.Equal(t, 2, strings.Count(out, "\n"), "a header and one breach:\n%s", out)
+}
+
 // TestInboxctlRetire: consumers lists the consumers with rows here; retire
 // refuses one that wrote to the inbox within -idle, and deletes the rows of
 // one that did not.

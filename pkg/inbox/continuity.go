@@ -56,6 +56,7 @@ const (
 // Breach is one continuity breach, seen on message MessageID: Expected was
 // the number due after PreviousID's, Got is the number it carried.
 type Breach struct {
+	Consumer   string
 	Kind       BreachKind
 	Topic      string
 	Key        string
@@ -156,7 +157,7 @@ func (in *Inbox) checkContinuity(ctx context.Context, tx pgx.Tx, ds []*delivery,
 			INSERT INTO inbox_continuity_breaches (consumer, kind, topic, partition_key, stream, expected, got, message_id, previous_id)
 			SELECT $1, CASE WHEN n > before + 1 THEN 'gap' ELSE 'rewind' END, topic, key, stream, before + 1, n, id, before_id
 			FROM chk WHERE n <> before + 1
-			RETURNING kind, topic, partition_key, stream::text, expected, got, message_id, previous_id, detected_at
+			RETURNING consumer, kind, topic, partition_key, stream::text, expected, got, message_id, previous_id, detected_at
 		)
 		SELECT * FROM breached`, in.cfg.Consumer, topics, keys, streams, nums, ids)
 	if err != nil {
@@ -192,15 +193,15 @@ func ReadContinuity(ctx context.Context, pool *pgxpool.Pool, consumer string) (C
 	return c, nil
 }
 
-// ListBreaches returns consumer's last limit continuity breaches, newest
-// first.
+// ListBreaches returns the last limit continuity breaches of consumer (of
+// every consumer when it is ""), newest first.
 func ListBreaches(ctx context.Context, pool *pgxpool.Pool, consumer string, limit int) ([]Breach, error) {
 	if limit <= 0 {
 		return nil, errors.New("inbox: ListBreaches needs a positive limit")
 	}
 	rows, err := pool.Query(ctx, `
-		SELECT kind, topic, partition_key, stream::text, expected, got, message_id, previous_id, detected_at
-		FROM inbox_continuity_breaches WHERE consumer = $1 ORDER BY id DESC LIMIT $2`, consumer, limit)
+		SELECT consumer, kind, topic, partition_key, stream::text, expected, got, message_id, previous_id, detected_at
+		FROM inbox_continuity_breaches WHERE $1 = '' OR consumer = $1 ORDER BY id DESC LIMIT $2`, consumer, limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing continuity breaches: %w", err)
 	}

@@ -88,8 +88,8 @@ func TestContinuitySeesGapsAndRewinds(t *testing.T) {
 				breaches[i].Stream, breaches[i].DetectedAt = "", time.Time{}
 			}
 			require.Equal(t, []inbox.Breach{
-				{Kind: inbox.Rewind, Topic: h.topic, Key: "k", Expected: 5, Got: 3, MessageID: k5, PreviousID: k4},
-				{Kind: inbox.Gap, Topic: h.topic, Key: "k", Expected: 3, Got: 4, MessageID: k4, PreviousID: k2},
+				{Consumer: consumer, Kind: inbox.Rewind, Topic: h.topic, Key: "k", Expected: 5, Got: 3, MessageID: k5, PreviousID: k4},
+				{Consumer: consumer, Kind: inbox.Gap, Topic: h.topic, Key: "k", Expected: 3, Got: 4, MessageID: k4, PreviousID: k2},
 			}, breaches)
 			counts, err := inbox.ReadContinuity(ctx, h.pool, consumer)
 			require.NoError(t, err)

@@ -28,6 +28,7 @@ const (
 	metricCommitToApply      = "inbox_commit_to_apply_seconds"
 	metricHeldKeys           = "inbox_held_keys"
 	metricParkedMessages     = "inbox_parked_messages"
+	metricContinuity         = "inbox_continuity_breaches_total"
 	metricEffectsPending     = "effects_pending"
 	metricEffectsRetrying    = "effects_retrying"
 	metricEffectsFailed      = "effects_failed"
@@ -120,6 +121,7 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay, shards int) {
 	m.reg.MustRegister(
 		inboxCollector{ibx},
 		holdCollector{pool: m.pool, log: m.log, consumer: ibx.Consumer()},
+		continuityCollector{pool: m.pool, log: m.log, consumer: ibx.Consumer()},
 		relayCounter(metricRelayed, "Outbox rows published and marked by this process's relay.",
 			func(s outbox.RelayStats) int64 { return s.Published }),
 		relayCounter(metricRelayBatches, "Relay transactions that published at least one row.",
@@ -363,4 +365,31 @@ func (c holdCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(heldKeysDesc, prometheus.GaugeValue, float64(n.Keys), c.consumer)
 	ch <- prometheus.MustNewConstMetric(parkedMessagesDesc, prometheus.GaugeValue, float64(n.Parked), c.consumer)
+}
+
+// continuityCollector counts the consumer's continuity breaches on each
+// scrape (inbox.ReadContinuity: an index scan of a table that stays empty
+// while every producer's history reaches the consumer whole).
+type continuityCollector struct {
+	pool     *pgxpool.Pool
+	log      *slog.Logger
+	consumer string
+}
+
+var continuityDesc = prometheus.NewDesc(metricContinuity,
+	"Breaks in a producer key's history the consumer saw (inbox_continuity_breaches; inboxctl breaches), by kind: gap (numbers skipped: events that never arrived) and rewind (a number again under a new id: the producer's database went back in time).",
+	[]string{"consumer", "kind"}, nil)
+
+func (c continuityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- continuityDesc }
+
+func (c continuityCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
+	defer cancel()
+	n, err := inbox.ReadContinuity(ctx, c.pool, c.consumer)
+	if err != nil {
+		c.log.Warn("metrics: counting continuity breaches", "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Gaps), c.consumer, string(inbox.Gap))
+	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Rewinds), c.consumer, string(inbox.Rewind))
 }
