@@ -40,9 +40,12 @@ import (
 // logged, and the state moves to the message's number, so one breach is
 // reported once. A redelivery is the inbox's (a duplicate), never a breach;
 // a redriven dead letter comes back from the consumer's own outbox, under
-// a stream of its own. Messages without a number (another producer, or one
-// without a key) are not checked. The state of a key not heard from within
-// Config.Retention is swept; its next message starts afresh.
+// its stream, not the producer's. Messages without a number (another
+// producer, or one without a key) are not checked. The state of a key not
+// heard from within Config.Retention is swept; its next message starts
+// afresh. The producer must remember a key longer than that
+// (outbox.RelayConfig.KeySequenceRetention, 30 days by default): a key it
+// forgot starts again at 1, a rewind to a consumer that still remembers it.
 
 // BreachKind is the kind of a continuity breach.
 type BreachKind string

@@ -35,16 +35,16 @@ const KeyMetadata = "partition_key"
 const TypeMetadata = "event_type"
 
 // SequenceMetadata is the metadata key PublishTx numbers a message's place
-// in its partition key's history under: "<stream>:<n>", the key's stream
-// (a UUID drawn when the key's counter was made) and n, 1 for the first
-// message written for the key, one more for each after, in commit order.
-// A consumer that remembers each key's last number sees a gap (n skips:
-// an event never reached it) or a rewind (n again, under an id it never
-// saw: the producer's database went back in time); the inbox does
-// (inbox.Config, "Continuity"). signature.Sign covers it. PublishTx sets it
-// on every message with a partition key, replacing one the message carries
-// (copied from a consumed message, say), and removes it from the others
-// (no key, or Writer.Unordered: no order to number).
+// in its partition key's history under: "<stream>:<n>", the outbox's
+// stream (a UUID drawn once per outbox, kept by its replicas and restores)
+// and n, 1 for the first message written for the key, one more for each
+// after, in commit order. A consumer that remembers each key's last number
+// sees a gap (n skips: an event never reached it) or a rewind (n again,
+// under an id it never saw: the producer's database went back in time);
+// the inbox does (package inbox, continuity.go). signature.Sign covers it.
+// PublishTx sets it on every message with a partition key, replacing one
+// the message carries (copied from a consumed message, say), and removes it
+// from the others (no key, or Writer.Unordered: no order to number).
 const SequenceMetadata = "outbox_key_seq"
 
 // One schema, one outbox. The outbox's tables live in the schema the pool's
@@ -257,11 +257,11 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 			WHERE k <> '' AND NOT $8 AND (SELECT n FROM locked) >= 0
 			GROUP BY k ORDER BY k
 			ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq, touched_at = now()
-			RETURNING partition_key, stream, seq
+			RETURNING partition_key, seq
 		), rows AS (
 			INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
-			SELECT m.id, $1, m.key, m.payload, CASE WHEN c.stream IS NULL THEN m.meta
-				ELSE m.meta || jsonb_build_object('`+SequenceMetadata+`', c.stream::text || ':' ||
+			SELECT m.id, $1, m.key, m.payload, CASE WHEN c.seq IS NULL THEN m.meta
+				ELSE m.meta || jsonb_build_object('`+SequenceMetadata+`', (SELECT id FROM outbox_stream)::text || ':' ||
 					(c.seq - count(*) OVER (PARTITION BY m.key) + row_number() OVER (PARTITION BY m.key ORDER BY m.ord)))
 				END
 			FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY AS m(id, key, payload, meta, ord)

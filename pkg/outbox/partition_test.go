@@ -350,7 +350,7 @@ func TestPartitionByTimeKeepsTheGrants(t *testing.T) {
 	role := "outbox_writer_" + randomSuffix()
 	watcher := "outbox_watcher_" + randomSuffix() // may read some columns only: a dashboard's role
 	_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT SELECT, INSERT ON outbox_messages TO `+role+`;
-		GRANT SELECT, INSERT, UPDATE ON outbox_key_sequences TO `+role+`;
+		GRANT SELECT, INSERT, UPDATE ON outbox_key_sequences TO `+role+`; GRANT SELECT ON outbox_stream TO `+role+`;
 		CREATE ROLE `+watcher+`; GRANT SELECT (id, published_at) ON outbox_messages TO `+watcher)
 	require.NoError(t, err)
 	t.Cleanup(func() {

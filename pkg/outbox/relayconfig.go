@@ -99,10 +99,10 @@ type RelayConfig struct {
 	RetentionBatch int
 	// KeySequenceRetention is how long a key's counter (SequenceMetadata)
 	// is kept after its last message was written. A key written again
-	// after that starts a new stream at 1, which consumers take for a new
-	// history: keep it above the longest a key rests between two events
-	// whose continuity you want checked. Defaults to
-	// DefaultKeySequenceRetention.
+	// after that starts again at 1: keep it above every consumer's memory
+	// of a key (inbox.Config.Retention, 15 days by default), or a consumer
+	// that still remembers the key's last number takes the 1 for a rewind.
+	// Defaults to DefaultKeySequenceRetention.
 	KeySequenceRetention time.Duration
 
 	// Partitions, when set, says outbox_messages is partitioned into blocks

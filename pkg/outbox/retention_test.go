@@ -97,7 +97,7 @@ func TestRelayRetention(t *testing.T) {
 		})
 
 		// A key's counter goes KeySequenceRetention after its last
-		// message was written; its next message starts a new stream at 1.
+		// message was written; its next message starts again at 1.
 		t.Run("DeleteKeySequences", func(t *testing.T) {
 			t.Parallel()
 			ctx, bundle := setupRelay(t)

@@ -1,6 +1,7 @@
 -- Continuity (continuity.go): the last number this consumer took in of each
--- key's history (outbox.SequenceMetadata: a stream per key, numbered from 1
--- by the producer's PublishTx), and every breach it saw. A row is written
+-- key's history (outbox.SequenceMetadata: the producer outbox's stream, and
+-- the key's number in it, from 1, set by the producer's PublishTx), and
+-- every breach it saw. A row is written
 -- in the transaction that records the message's inbox row, so it moves
 -- with what the consumer took in, never ahead of it.
 CREATE TABLE inbox_key_sequences (
