@@ -46,6 +46,11 @@ type hostileMsg struct {
 	// as is the principal that writes it, when not the harness's own: a
 	// login the broker must refuse on this topic (judge.KindBrokerRefused).
 	as string
+	// seq is its place in its key's history (outbox.SequenceMetadata), set
+	// before it is signed; breaks is the continuity breach its consumer
+	// must record on it (Kind, Expected, Got), when it breaks the history.
+	seq    string
+	breaks *judge.BreachInjected
 }
 
 // The forgeries: no signature, a key no consumer trusts, and the
@@ -124,6 +129,16 @@ const (
 	hostileEnvKey   = "envelope_key_other_order"     // an OrderPaid keyed under another order
 	hostileEnvType  = "envelope_type_header_other"   // an OrderPaid whose type header says OrderCaptured
 	hostileEnvTopic = "envelope_type_on_other_topic" // an InventoryReserved on orders.events
+
+	// A producer whose numbering of a key's history breaks (#44), signed as
+	// inventory signs: InventoryReserved events for an order orders never
+	// saw (each dead-lettered, as an unknown order), numbered as inventory's
+	// outbox numbers. The consumer must record the break (judge.Continuity).
+	hostileSeqSkipFirst    = "sequence_skipped_first"  // numbered 1
+	hostileSeqSkip         = "sequence_skipped"        // the key's next, numbered 3: 2 never came (a gap)
+	hostileSeqRewindFirst  = "sequence_rewound_first"  // numbered 1
+	hostileSeqRewindSecond = "sequence_rewound_second" // numbered 2
+	hostileSeqRewind       = "sequence_rewound"        // numbered 2 again under a fresh id (a rewind)
 )
 
 // nearLimitBytes is the near_broker_limit record's size, as Sarama counts
@@ -279,6 +294,23 @@ func (h *hostile) build(ctx context.Context) error {
 			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID()),
 			times:   1, kind: "invalid", reason: "travels on"},
 	}
+	var stream string // inventory's outbox's: the harness numbers as inventory would
+	if err := h.sys.Pools["inventory"].QueryRow(ctx, `SELECT id::text FROM outbox_stream`).Scan(&stream); err != nil {
+		return fmt.Errorf("reading inventory's outbox stream: %w", err)
+	}
+	numbered := func(class string, order string, n int, breaks *judge.BreachInjected) hostileMsg {
+		return hostileMsg{class: class, consumer: "orders", topic: events.TopicInventory, id: newID(),
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, order),
+			times:   1, kind: "dead_letter", seq: fmt.Sprintf("%s:%d", stream, n), breaks: breaks}
+	}
+	skipped, rewound := newID(), newID()
+	h.msgs = append(h.msgs,
+		numbered(hostileSeqSkipFirst, skipped, 1, nil),
+		numbered(hostileSeqSkip, skipped, 3, &judge.BreachInjected{Kind: "gap", Expected: 2, Got: 3}),
+		numbered(hostileSeqRewindFirst, rewound, 1, nil),
+		numbered(hostileSeqRewindSecond, rewound, 2, nil),
+		numbered(hostileSeqRewind, rewound, 2, &judge.BreachInjected{Kind: "rewind", Expected: 3, Got: 2}),
+	)
 	if len(h.sys.Keys) > 0 {
 		// Well-formed events nobody who may sign wrote: an OrderPaid for a
 		// new order (stock reserved for nobody), unsigned, signed with a
@@ -358,7 +390,24 @@ func (m hostileMsg) message() *message.Message {
 	for k, v := range m.headers {
 		msg.Metadata.Set(k, v)
 	}
+	if m.seq != "" {
+		msg.Metadata.Set(outbox.SequenceMetadata, m.seq)
+	}
 	return msg
+}
+
+// injectedBreaks are the breaks the hostile messages made in their keys'
+// histories, each with the breach its consumer must record.
+func (h *hostile) injectedBreaks() []judge.BreachInjected {
+	var out []judge.BreachInjected
+	for _, m := range h.msgs {
+		if m.breaks != nil {
+			b := *m.breaks
+			b.Class, b.Consumer, b.MessageID = m.class, m.consumer, m.id
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // recordKey is m's key, or the key its producer gives a record: the order

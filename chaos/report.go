@@ -207,6 +207,22 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		r.Invariants[judge.HostileCaught], r.Details[judge.HostileCaught] = judge.HostileVerdict(hostile.sent.Load(), handled)
 	}
 
+	// The consumers' continuity alarms: each break the hostile messages made
+	// in a key's history, and nothing else (read from the inboxes).
+	if h.inbox {
+		seen, err := judge.MeasureBreaches(ctx, db)
+		if err != nil {
+			return r, err
+		}
+		var injected []judge.BreachInjected
+		if hostile.sent.Load() {
+			injected = hostile.injectedBreaks()
+		}
+		r.Invariants[judge.Continuity], r.Details[judge.Continuity] = judge.ContinuityVerdict(seen, injected)
+	} else {
+		r.Invariants[judge.Continuity], r.Details[judge.Continuity] = true, "not judged: the inbox is off (a control run), and with it the continuity check"
+	}
+
 	// Which layer caught the redeliveries. With both layers off there is
 	// none left to judge, and the checker must find double-applies instead.
 	if h.inbox || h.guard {
