@@ -166,7 +166,8 @@ chaos-apache: ## The chaos proof on real Apache Kafka alone (3 JVM brokers, brok
 # switched over during the load must pass every invariant; on asynchronous
 # replication with the primary's last commits never sent, the failover
 # loses them, and the run must fail on no-ghost-events and
-# committed-applied, the two invariants a failover can break; the same
+# committed-applied, the two invariants a failover can break, and on
+# continuity-alarms (the consumers see their producers go back); the same
 # asynchronous run with DATABASE_STANDBYS=1 (pkg/standby) must pass.
 define chaos-failover
 	@echo "== failover: real Kafka on three Postgres nodes under Patroni (synchronous, strict), the primary failed over 6 times: must PASS =="
@@ -177,14 +178,15 @@ define chaos-failover
 		echo "FAIL: the failover control passed, so the checker cannot see what a lossy failover does"; exit 1; fi
 	@grep -Eq '"no-ghost-events": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but found no ghost event (see no-ghost-events)"; exit 1; }
 	@grep -Eq '"committed-applied": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but found no committed message unapplied (see committed-applied)"; exit 1; }
-	@echo "the failover control failed with ghost events and committed messages never applied, as it must"
+	@grep -Eq '"continuity-alarms": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but no consumer saw its producer's history go back (see continuity-alarms)"; exit 1; }
+	@echo "the failover control failed with ghost events, committed messages never applied and the consumers' continuity alarms, as it must"
 	@echo "== failover on asynchronous replication, what leaves a transaction waiting for a standby (DATABASE_STANDBYS=1, pkg/standby): must PASS =="
 	./bin/chaos -profile failover-async -orders $(1) -standbys 1 -seed $(SEED) -report chaos-report-failover-standbys.json
 	$(call trace-ok,chaos-report-failover-standbys.json)
 endef
 
 .PHONY: failover
-failover: ## The proof on a replicated Postgres (Patroni, etcd and Debian's postgresql-15 installed): its tests (a failover keeps every acknowledged commit), the failover profile on synchronous replication must pass, its asynchronous control must fail with ghosts and lost messages, and asynchronous replication with DATABASE_STANDBYS=1 must pass (docs/failover.md)
+failover: ## The proof on a replicated Postgres (Patroni, etcd and Debian's postgresql-15 installed): its tests (a failover keeps every acknowledged commit), the failover profile on synchronous replication must pass, its asynchronous control must fail with ghosts, lost messages and the consumers' continuity alarms, and asynchronous replication with DATABASE_STANDBYS=1 must pass (docs/failover.md)
 	REQUIRE_PATRONI=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run 'Patroni' ./chaos/stack/
 	$(GO) build -o bin/chaos ./chaos
 	$(call chaos-failover,2000)

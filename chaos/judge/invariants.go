@@ -40,7 +40,7 @@ type Control struct {
 
 func (c Control) String() string {
 	if c.File == "Makefile" {
-		return "make chaos-ci: chaos " + c.Name
+		return "Makefile: chaos " + c.Name
 	}
 	return c.File + " " + c.Name
 }
@@ -94,7 +94,9 @@ var Rules = []Rule{
 	{CommittedApplied, "every record below its group's committed offset is in its consumer's inbox: nothing committed and never applied",
 		"chaos/judge/failover.go CommittedVerdict", []Control{{"chaos/judge/failover_test.go", "TestCommittedVerdict"}}},
 	{Continuity, "every key history the harness broke (a number skipped, a number given again) raised its consumer's alarm, and no other alarm was raised: no gap or rewind in the services' own histories",
-		"chaos/judge/continuity.go ContinuityVerdict", []Control{{"chaos/judge/continuity_test.go", "TestContinuityVerdict"}}},
+		"chaos/judge/continuity.go ContinuityVerdict", []Control{
+			{"Makefile", "-profile failover-async -orders"},
+			{"chaos/judge/continuity_test.go", "TestContinuityVerdict"}}},
 	{FaultsBit, "the run reached its profile's minimums: kills in every window, restarts, broker and network faults, duplicates suppressed",
 		"chaos/judge/invariants.go FaultsBitVerdict", []Control{{"chaos/judge/invariants_test.go", "TestFaultsBitVerdict"}}},
 }
