@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -145,4 +146,37 @@ func TestSweepForgetsRestingKeys(t *testing.T) {
 	_, err = in.Sweep(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, []string{"recent"}, scalar[[]string](t, b, `SELECT array_agg(partition_key) FROM inbox_key_sequences`))
+}
+
+// TestContinuityOfABatch: several numbered messages of a batch, some of one
+// key, are each compared with the message of their key before them in the
+// batch, the first with the key's state; the state moves to each key's
+// last message.
+func TestContinuityOfABatch(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{})
+	stream := newID()
+	msg := func(key string, n int) *message.Message {
+		m := message.NewMessage(newID(), []byte("x"))
+		m.Metadata.Set(outbox.KeyMetadata, key)
+		m.Metadata.Set(outbox.SequenceMetadata, fmt.Sprintf("%s:%d", stream, n))
+		return m
+	}
+	kinds := func(msgs ...*message.Message) []string {
+		t.Helper()
+		var got []string
+		require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			breaches, err := in.CheckContinuityOf(b.ctx, tx, "t", msgs)
+			for i, bs := range breaches {
+				for _, br := range bs {
+					got = append(got, fmt.Sprintf("%d:%s %d→%d", i, br.Kind, br.Expected, br.Got))
+				}
+			}
+			return err
+		}))
+		return got
+	}
+	require.Empty(t, kinds(msg("k", 1), msg("k", 2), msg("j", 5), msg("k", 3)), "in order, and j's first seen")
+	require.Equal(t, []string{"1:gap 6→7", "2:rewind 8→4"}, kinds(msg("k", 4), msg("j", 7), msg("j", 4), msg("j", 5)))
+	require.Equal(t, []string{"0:gap 5→9", "1:rewind 6→5"}, kinds(msg("k", 9), msg("j", 5)), "the state moved to each key's last message")
 }
