@@ -256,7 +256,9 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 			SELECT $1, k, count(*) FROM unnest($3::text[]) AS k
 			WHERE k <> '' AND NOT $8 AND (SELECT n FROM locked) >= 0
 			GROUP BY k ORDER BY k
-			ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq, touched_at = now()
+			ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq,
+				-- hourly: an update that leaves the indexed touched_at alone writes no index
+				touched_at = CASE WHEN s.touched_at < now() - interval '1 hour' THEN now() ELSE s.touched_at END
 			RETURNING partition_key, seq
 		), rows AS (
 			INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
