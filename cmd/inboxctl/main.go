@@ -15,7 +15,8 @@
 // HoldKey): the dead letter each waits for and the messages parked behind
 // it; redriving or discarding that dead letter releases them in order.
 // breaches lists the breaks in producers' key histories the consumer saw
-// (gaps and rewinds, newest first; see docs/runbooks.md#inboxgap).
+// (gaps, rewinds and late messages, newest first; see docs/operate.md,
+// InboxGap and ProducerRewound).
 // redrive writes a dead letter back to its topic through the consumer's
 // outbox, under its original id, in the transaction that marks it redriven
 // (see inbox.Redrive): fix the handler first, then redrive. discard closes a

@@ -241,7 +241,7 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 		}
 		msg.Metadata.Set(RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
 		msg.Metadata.Set(RedriveByMetadata, by)
-		if err := outbox.PublishTx(ctx, tx, q.Topic, msg); err != nil {
+		if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, q.Topic, msg); err != nil { // a copy: its producer numbered it
 			return err
 		}
 		res.Note = fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, q.Topic)
@@ -450,7 +450,7 @@ func releaseDiscarded(ctx context.Context, tx pgx.Tx, q Quarantined) error {
 		msg.Metadata.Set(k, v)
 	}
 	msg.Metadata.Set(ReleaseOfMetadata, strconv.FormatInt(q.ID, 10))
-	if err := outbox.PublishTx(ctx, tx, q.Topic, msg); err != nil {
+	if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, q.Topic, msg); err != nil { // a copy: its producer numbered it
 		return err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE inbox_held_keys SET holder = $4, state = $5, updated_at = now()

@@ -16,9 +16,10 @@ import (
 // TestContinuitySeesGapsAndRewinds: a producer's outbox numbers each key's
 // messages; its relay publishes them to a consumer behind a real router.
 // Key k's third message is marked sent without being sent (a relay's bug):
-// the fourth shows a gap. Then the producer's database loses its last two
-// numbers (a failover that lost committed transactions): its next message
-// carries 3 again, a rewind. Key j flows in order, and the relay sends its
+// the fourth shows a gap. Then the producer's database loses its last
+// number (a failover that lost a committed transaction): its next message
+// carries 4 again, a rewind. Then the third is sent at last: late, filling
+// the gap. Key j flows in order, and the relay sends its
 // first message again after its second (a duplicate): no breach. Each
 // breach is written, counted, and reported on the delivery that showed it,
 // whether it was applied, dead-lettered or parked (k's second message is
@@ -65,12 +66,16 @@ func TestContinuitySeesGapsAndRewinds(t *testing.T) {
 			}
 
 			k1, k2 := write("k", "k1"), write("k", "poison k2")
-			write("k", "k3", `UPDATE outbox_messages SET published_at = now() WHERE message_id = $1`) // never sent
+			k3 := write("k", "k3", `UPDATE outbox_messages SET published_at = now() WHERE message_id = $1`) // not sent
 			k4 := write("k", "k4")
 			settled(k1, k2, k4)
-			_, err := h.pool.Exec(ctx, `UPDATE outbox_key_sequences SET seq = seq - 2 WHERE topic = $1 AND partition_key = 'k'`, h.topic)
+			_, err := h.pool.Exec(ctx, `UPDATE outbox_key_sequences SET seq = seq - 1 WHERE topic = $1 AND partition_key = 'k'`, h.topic)
 			require.NoError(t, err)
-			k5 := write("k", "k5") // numbered 3 again
+			k5 := write("k", "k5") // numbered 4 again
+			settled(k5)
+			_, err = h.pool.Exec(ctx, `UPDATE outbox_messages SET published_at = NULL WHERE message_id = $1`, k3) // sent at last
+			require.NoError(t, err)
+			settled(k3)
 
 			j1, j2 := write("j", "j1"), write("j", "j2")
 			settled(j1, j2)
@@ -89,14 +94,15 @@ func TestContinuitySeesGapsAndRewinds(t *testing.T) {
 				breaches[i].Stream, breaches[i].DetectedAt = "", time.Time{}
 			}
 			require.Equal(t, []inbox.Breach{
-				{Consumer: consumer, Kind: inbox.Rewind, Topic: h.topic, Key: "k", Expected: 5, Got: 3, MessageID: k5, PreviousID: k4},
+				{Consumer: consumer, Kind: inbox.Late, Topic: h.topic, Key: "k", Expected: 5, Got: 3, MessageID: k3, PreviousID: k4},
+				{Consumer: consumer, Kind: inbox.Rewind, Topic: h.topic, Key: "k", Expected: 5, Got: 4, MessageID: k5, PreviousID: k4},
 				{Consumer: consumer, Kind: inbox.Gap, Topic: h.topic, Key: "k", Expected: 3, Got: 4, MessageID: k4, PreviousID: k2},
 			}, breaches)
 			counts, err := inbox.ReadContinuity(ctx, h.pool, consumer)
 			require.NoError(t, err)
-			require.Equal(t, inbox.ContinuityCounts{Gaps: 1, Rewinds: 1}, counts)
+			require.Equal(t, inbox.ContinuityCounts{Gaps: 1, Rewinds: 1, Late: 1}, counts)
 
-			want := map[string]inbox.BreachKind{k4: inbox.Gap, k5: inbox.Rewind}
+			want := map[string]inbox.BreachKind{k4: inbox.Gap, k5: inbox.Rewind, k3: inbox.Late}
 			for _, e := range h.events.all() {
 				if kind, ok := want[e.MessageID]; ok && e.Outcome != inbox.Retried {
 					require.Len(t, e.Breaches, 1, "%s: %s", e.MessageID, e.Outcome)
@@ -149,9 +155,10 @@ func TestSweepForgetsRestingKeys(t *testing.T) {
 }
 
 // TestContinuityOfABatch: several numbered messages of a batch, some of one
-// key, are each compared with the message of their key before them in the
-// batch, the first with the key's state; the state moves to each key's
-// last message.
+// key, each meet the state the message of their key before them left: a
+// gap remembers its missing numbers, one of them coming late fills it (late,
+// once), any other number at or below the highest is a rewind, and the
+// highest never goes back.
 func TestContinuityOfABatch(t *testing.T) {
 	t.Parallel()
 	in, b := setup(t, inbox.Config{})
@@ -177,6 +184,7 @@ func TestContinuityOfABatch(t *testing.T) {
 		return got
 	}
 	require.Empty(t, kinds(msg("k", 1), msg("k", 2), msg("j", 5), msg("k", 3)), "in order, and j's first seen")
-	require.Equal(t, []string{"1:gap 6→7", "2:rewind 8→4"}, kinds(msg("k", 4), msg("j", 7), msg("j", 4), msg("j", 5)))
-	require.Equal(t, []string{"0:gap 5→9", "1:rewind 6→5"}, kinds(msg("k", 9), msg("j", 5)), "the state moved to each key's last message")
+	require.Equal(t, []string{"1:gap 6→7", "2:rewind 8→4", "3:late 8→6"}, kinds(msg("k", 4), msg("j", 7), msg("j", 4), msg("j", 6)))
+	require.Equal(t, []string{"0:gap 5→9", "1:rewind 8→6"}, kinds(msg("k", 9), msg("j", 6), msg("j", 8)),
+		"the state moved to each key's highest number, its gap filled")
 }

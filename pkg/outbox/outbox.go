@@ -117,7 +117,8 @@ var ErrMessageTooLarge = errors.New("message too large")
 // Sarama counts it against Producer.MaxMessageBytes: watermill-kafka's
 // marshalers make the partition key the record key and every metadata entry,
 // plus the message id, a header. Metadata that PublishTx adds (the write
-// time, the trace context) is not in msg yet; PublishTx counts it.
+// time, the trace context, the key's number) is not in msg yet; PublishTx
+// counts it.
 func RecordBytes(msg *message.Message) int {
 	return recordBytes(msg.UUID, msg.Metadata, len(msg.Payload))
 }
@@ -159,6 +160,14 @@ type Writer struct {
 	// (by locking the entity's row first, say) or does not need the order.
 	// Its messages carry no SequenceMetadata: there is no order to number.
 	Unordered bool
+	// Unnumbered writes the messages without SequenceMetadata, under the
+	// key lock still: for copies of messages another outbox numbered, as a
+	// consumer's inbox writes back a dead letter it redrives. Numbered
+	// here, a copy would take a number of this outbox's key history, and
+	// if its producer writes through the same outbox, one of the
+	// producer's own: every consumer but the one that redrove it would
+	// see a gap.
+	Unnumbered bool
 }
 
 // PublishTx writes msgs to topic as outbox rows inside tx, with the default
@@ -186,8 +195,14 @@ func PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Me
 // Numbers per key: under the same lock, each keyed message gets the next
 // number of its key's history (SequenceMetadata), from a counter row per
 // (topic, key) in outbox_key_sequences that the transaction updates once
-// per key. Numbers are taken in commit order and never twice, so a gap or a
-// repeat a consumer sees is one the outbox did not make.
+// per key. Numbers are taken in commit order and never twice: a gap or a
+// repeat a consumer sees comes from elsewhere, or from this outbox's
+// operators (a parked row dropped, a counter deleted by
+// RelayConfig.KeySequenceRetention while a consumer still remembers the
+// key). The numbering's update makes a key's second writer, when it runs
+// under REPEATABLE READ or SERIALIZABLE, fail with a serialization error
+// (SQLSTATE 40001) once the first commits: retry it, or write outbox rows
+// at READ COMMITTED, as with any row two transactions update.
 func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("outbox: empty topic")
@@ -211,7 +226,7 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 		stamped := stampedMetadata(ctx, msg.Metadata) // tracing.go: + outbox_created_at, traceparent
 		delete(stamped, SequenceMetadata)             // the SQL below numbers the message, or leaves it unnumbered
 		n := recordBytes(msg.UUID, stamped, len(msg.Payload))
-		if msg.Metadata.Get(KeyMetadata) != "" && !w.Unordered {
+		if msg.Metadata.Get(KeyMetadata) != "" && !w.Unordered && !w.Unnumbered {
 			n += sequenceHeaderBytes
 		}
 		if n > limit {
@@ -254,7 +269,7 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 		), numbered AS (
 			INSERT INTO outbox_key_sequences AS s (topic, partition_key, seq)
 			SELECT $1, k, count(*) FROM unnest($3::text[]) AS k
-			WHERE k <> '' AND NOT $8 AND (SELECT n FROM locked) >= 0
+			WHERE k <> '' AND NOT $8 AND NOT $9 AND (SELECT n FROM locked) >= 0
 			GROUP BY k ORDER BY k
 			ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq,
 				-- hourly: an update that leaves the indexed touched_at alone writes no index
@@ -273,7 +288,7 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 		)
 		SELECT CASE WHEN pg_try_advisory_xact_lock($6, hashtext(current_schema()))
 			THEN pg_notify('outbox_' || md5(current_schema()), '') END`,
-		topic, ids, keys, payloads, metas, notifyLockSpace, keyLockSpace, w.Unordered)
+		topic, ids, keys, payloads, metas, notifyLockSpace, keyLockSpace, w.Unordered, w.Unnumbered)
 	if err != nil {
 		return fmt.Errorf("outbox: inserting %d rows: %w", len(msgs), err)
 	}

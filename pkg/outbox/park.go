@@ -105,7 +105,9 @@ func RetryParked(ctx context.Context, pool *pgxpool.Pool, id int64) error {
 
 // DropParked gives up on parked row id: it moves to outbox_dropped with by, why
 // and the time, and its key's waiting rows go out without it. Consumers
-// never see the message; why should say what was done instead.
+// never see the message, and its number is missing from its key's history:
+// the next message of the key shows them a gap (inbox continuity, alert
+// InboxGap); why should say what was done instead.
 func DropParked(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) error {
 	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
 		return errors.New("outbox: DropParked needs who drops the row and why: they are its audit record")

@@ -44,17 +44,24 @@ func (r *Relay) retain(ctx context.Context) {
 }
 
 // DeleteKeySequences removes the counters (SequenceMetadata) of keys no
-// message was written for in KeySequenceRetention, at most RetentionBatch
-// per statement, and returns how many it removed.
+// message was written for in KeySequenceRetention and none of whose rows
+// waits to be sent (a parked row keeps its key's counter), at most
+// RetentionBatch per statement, and returns how many it removed.
 func (r *Relay) DeleteKeySequences(ctx context.Context) (int64, error) {
 	total, err := pgtable.DeleteByTime(ctx, r.cfg.Pool, `
 		WITH gone AS (
-			DELETE FROM outbox_key_sequences
+			DELETE FROM outbox_key_sequences k
 			WHERE (topic, partition_key) IN (
 				SELECT topic, partition_key FROM outbox_key_sequences
 				WHERE touched_at < now() - $1::interval AND touched_at >= $3
 				ORDER BY touched_at
 				LIMIT $2)
+			-- again, on the row as it is once locked: a PublishTx that
+			-- numbered the key meanwhile keeps it
+			AND k.touched_at < now() - $1::interval
+			-- and not while a numbered row of the key waits to be sent
+			AND NOT EXISTS (SELECT 1 FROM outbox_messages m
+				WHERE m.topic = k.topic AND m.partition_key = k.partition_key AND m.published_at IS NULL)
 			RETURNING touched_at)
 		SELECT count(*), max(touched_at) FROM gone`, r.cfg.RetentionBatch, r.cfg.KeySequenceRetention, r.cfg.RetentionBatch)
 	if err != nil {

@@ -18,7 +18,8 @@ import (
 // one transaction numbered apart, in the order given, the next transaction
 // going on where the last stopped, all under the outbox's one stream. A
 // number the caller's message carries is replaced; a message without a key,
-// or written Unordered, carries none.
+// or written Unordered or Unnumbered (a redriven copy), carries none and
+// takes no number.
 func TestPublishTxNumbersEachKey(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -39,9 +40,17 @@ func TestPublishTxNumbersEachKey(t *testing.T) {
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		return outbox.Writer{Unordered: true}.PublishTx(ctx, tx, topic, unordered)
 	}))
+	redriven := newKeyedMessage("a", 9) // a copy another outbox numbered
+	redriven.Metadata.Set(outbox.SequenceMetadata, "0190a7c4-0000-4000-8000-00000000000a:3")
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, topic, redriven); err != nil {
+			return err
+		}
+		return outbox.PublishTx(ctx, tx, topic, newKeyedMessage("a", 10))
+	}))
 
 	startRelay(t, newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: newPublisher(t)}))
-	eventually(t, waitTimeout, func() bool { return len(sink.Records()) >= 7 })
+	eventually(t, waitTimeout, func() bool { return len(sink.Records()) >= 9 })
 
 	got := map[int]*keyNumber{} // by the payload's seq
 	for _, r := range sink.Records() {
@@ -49,13 +58,13 @@ func TestPublishTxNumbersEachKey(t *testing.T) {
 		require.NoError(t, json.Unmarshal(r.Value, &p))
 		got[p.Seq] = sequenceOf(t, r)
 	}
-	require.Len(t, got, 7)
-	for _, seq := range []int{6, 8} {
+	require.Len(t, got, 9)
+	for _, seq := range []int{6, 8, 9} {
 		require.Nil(t, got[seq], "message %d carries a number", seq)
 	}
 	var stream string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM outbox_stream`).Scan(&stream))
-	for seq, want := range map[int]*keyNumber{1: {stream, 1}, 3: {stream, 2}, 5: {stream, 3}, 7: {stream, 4}, 2: {stream, 1}} {
+	for seq, want := range map[int]*keyNumber{1: {stream, 1}, 3: {stream, 2}, 5: {stream, 3}, 7: {stream, 4}, 10: {stream, 5}, 2: {stream, 1}} {
 		require.Equal(t, want, got[seq], "message %d", seq)
 	}
 }

@@ -57,9 +57,15 @@ const (
 
 // SequenceHeader is the header of a message's place in its partition key's
 // history (outbox.SequenceMetadata). A message that carries it is signed
-// over it too, under another tag than one without, so that a number
-// stripped, added or altered fails verification like an altered payload.
+// over it too, in a header of its own (SequenceSignatureHeader), so that a
+// number altered or stripped fails verification like an altered payload,
+// while the signature in Header stays what it always was: consumers that
+// do not know numbers verify what an upgraded producer signs.
 const SequenceHeader = "outbox_key_seq"
+
+// SequenceSignatureHeader holds the HMAC over the signed fields and the
+// sequence number, under the same key (base64url, no padding).
+const SequenceSignatureHeader = "signature_seq"
 
 // MinSecretBytes is the shortest secret a Key may have: HMAC-SHA256's block
 // of security, 256 bits.
@@ -114,20 +120,25 @@ var ErrInvalid = errors.New("signature invalid")
 // replaces a signature msg already carries.
 func Sign(k Key, topic, key string, msg *message.Message) {
 	msg.Metadata.Set(KeyIDHeader, k.ID)
-	msg.Metadata.Set(Header, base64.RawURLEncoding.EncodeToString(mac(k.Secret, k.ID, topic, key, msg)))
+	msg.Metadata.Set(Header, base64.RawURLEncoding.EncodeToString(mac(k.Secret, k.ID, topic, key, msg, nil)))
+	if seq, ok := msg.Metadata[SequenceHeader]; ok {
+		msg.Metadata.Set(SequenceSignatureHeader, base64.RawURLEncoding.EncodeToString(mac(k.Secret, k.ID, topic, key, msg, &seq)))
+	} else {
+		delete(msg.Metadata, SequenceSignatureHeader)
+	}
 }
 
 // mac is the HMAC-SHA256 of the signed fields, each length-prefixed so that
-// no two different messages sign the same bytes. A message with a sequence
-// number is signed under the v2 tag, with the number last; one without, as
-// before there were numbers (v1), so what was signed then verifies now.
-func mac(secret []byte, keyID, topic, key string, msg *message.Message) []byte {
+// no two different messages sign the same bytes: under the v1 tag without a
+// sequence number (Header), under the v2 tag with seq last
+// (SequenceSignatureHeader).
+func mac(secret []byte, keyID, topic, key string, msg *message.Message, seq *string) []byte {
 	h := hmac.New(sha256.New, secret)
 	var n [binary.MaxVarintLen64]byte
 	fields := [][]byte{[]byte("outbox-inbox signature v1"), []byte(keyID), []byte(msg.UUID), []byte(topic), []byte(key), msg.Payload}
-	if seq, ok := msg.Metadata[SequenceHeader]; ok {
+	if seq != nil {
 		fields[0] = []byte("outbox-inbox signature v2")
-		fields = append(fields, []byte(seq))
+		fields = append(fields, []byte(*seq))
 	}
 	for _, field := range fields {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(field)))])
@@ -174,7 +185,10 @@ func NewVerifier(keys ...Trusted) (*Verifier, error) {
 
 // Verify checks that msg, read from topic under the partition key key,
 // carries a signature of a trusted key allowed for topic over exactly its
-// id, topic, key and payload. Every refusal wraps ErrInvalid and says why.
+// id, topic, key and payload, and, where it carries a SequenceSignatureHeader,
+// over its sequence number too. A sequence number without that signature is
+// removed from msg's metadata: nothing downstream may read a number nobody
+// signed. Every refusal wraps ErrInvalid and says why.
 func (v *Verifier) Verify(topic, key string, msg *message.Message) error {
 	id, sig := msg.Metadata.Get(KeyIDHeader), msg.Metadata.Get(Header)
 	switch {
@@ -194,8 +208,21 @@ func (v *Verifier) Verify(topic, key string, msg *message.Message) error {
 	if err != nil || len(got) != sha256.Size {
 		return fmt.Errorf("%w: the %s header is not a base64url HMAC-SHA256", ErrInvalid, Header)
 	}
-	if !hmac.Equal(got, mac(k.Secret, k.ID, topic, key, msg)) {
-		return fmt.Errorf("%w: the signature of key %s does not match the message's id, topic, key, payload and sequence number", ErrInvalid, k.ID)
+	if !hmac.Equal(got, mac(k.Secret, k.ID, topic, key, msg, nil)) {
+		return fmt.Errorf("%w: the signature of key %s does not match the message's id, topic, key and payload", ErrInvalid, k.ID)
+	}
+	seq, numbered := msg.Metadata[SequenceHeader]
+	switch sig, ok := msg.Metadata[SequenceSignatureHeader]; {
+	case ok:
+		got, err := base64.RawURLEncoding.DecodeString(sig)
+		if err != nil || !hmac.Equal(got, mac(k.Secret, k.ID, topic, key, msg, &seq)) {
+			return fmt.Errorf("%w: the %s signature of key %s does not match the message's sequence number", ErrInvalid, SequenceSignatureHeader, k.ID)
+		}
+	case numbered:
+		// A number no signature covers (a relay that signs without
+		// numbers, during an upgrade or a rollback): nobody vouches for
+		// it, so it goes, and the message verifies unnumbered.
+		delete(msg.Metadata, SequenceHeader)
 	}
 	return nil
 }

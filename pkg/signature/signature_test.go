@@ -70,14 +70,29 @@ func TestVerify(t *testing.T) {
 		{"NoKeyID", topic, key, forged(func(m *message.Message) { delete(m.Metadata, signature.KeyIDHeader) }), "without a signature_key_id"},
 		{"NotBase64", topic, key, forged(func(m *message.Message) { m.Metadata.Set(signature.Header, "!!") }), "not a base64url"},
 		{"Truncated", topic, key, forged(func(m *message.Message) { m.Metadata.Set(signature.Header, m.Metadata.Get(signature.Header)[:20]) }), "not a base64url"},
-		// The sequence number is signed where a message carries one: added,
+		// The sequence number is signed where a message carries one:
 		// altered or stripped, it fails like an altered payload.
-		{"SequenceAdded", topic, key, forged(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, seqOf(7)) }), "does not match"},
-		{"SequenceAltered", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, seqOf(8)) }), "does not match"},
-		{"SequenceStripped", topic, key, numbered(func(m *message.Message) { delete(m.Metadata, signature.SequenceHeader) }), "does not match"},
-		{"SequenceEmptied", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, "") }), "does not match"},
+		{"SequenceAltered", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, seqOf(8)) }), "does not match the message's sequence number"},
+		{"SequenceStripped", topic, key, numbered(func(m *message.Message) { delete(m.Metadata, signature.SequenceHeader) }), "does not match the message's sequence number"},
+		{"SequenceEmptied", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, "") }), "does not match the message's sequence number"},
+		{"SequenceSignatureTampered", topic, key, numbered(func(m *message.Message) { m.Metadata.Set(signature.SequenceSignatureHeader, "AAAA") }), "does not match the message's sequence number"},
 	}
-	require.NoError(t, v.Verify(topic, key, numbered(func(*message.Message) {})), "a numbered message as signed")
+	ok := numbered(func(*message.Message) {})
+	require.NoError(t, v.Verify(topic, key, ok), "a numbered message as signed")
+	require.Equal(t, seqOf(7), ok.Metadata.Get(signature.SequenceHeader), "its number kept")
+	require.Equal(t, signed(orders2026, topic, key, id, payload).Metadata.Get(signature.Header), ok.Metadata.Get(signature.Header),
+		"the signature a consumer that knows no numbers checks is the one it always was")
+	// A number nobody signed (added to a signed message, or signed by a
+	// relay that does not number, or its signature stripped with it) is
+	// taken away: the message verifies unnumbered.
+	for name, msg := range map[string]*message.Message{
+		"SequenceAdded":             forged(func(m *message.Message) { m.Metadata.Set(signature.SequenceHeader, seqOf(7)) }),
+		"SequenceSignatureStripped": numbered(func(m *message.Message) { delete(m.Metadata, signature.SequenceSignatureHeader) }),
+	} {
+		require.NoError(t, v.Verify(topic, key, msg), name)
+		_, kept := msg.Metadata[signature.SequenceHeader]
+		require.False(t, kept, "%s: an unsigned number was kept", name)
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

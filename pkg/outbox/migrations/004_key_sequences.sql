@@ -12,7 +12,9 @@
 --
 -- A role producers log in as needs SELECT, INSERT and UPDATE on
 -- outbox_key_sequences and SELECT on outbox_stream beside INSERT on
--- outbox_messages.
+-- outbox_messages (and so does a consumer's, which writes its dead letters
+-- through the outbox); the relay's, DELETE on outbox_key_sequences too
+-- (retention).
 CREATE TABLE outbox_stream (
     id         uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
     one        boolean     NOT NULL DEFAULT true UNIQUE CHECK (one),

@@ -116,6 +116,10 @@ type Config struct {
 	RelayBatchSize    int           `env:"RELAY_BATCH_SIZE" default:"0"`     // 0: outbox.DefaultBatchSize
 	RelayPollInterval time.Duration `env:"RELAY_POLL_INTERVAL" default:"0s"` // 0: outbox.DefaultPollInterval
 	RelayRetention    time.Duration `env:"RELAY_RETENTION" default:"0s"`     // 0: outbox.DefaultRetention
+	// How long a key's counter (its events' numbers, outbox_key_seq) is
+	// kept after its last event; keep it above every consumer's
+	// INBOX_RETENTION. 0: outbox.DefaultKeySequenceRetention (30 days).
+	RelayKeySequenceRetention time.Duration `env:"RELAY_KEY_SEQUENCE_RETENTION" default:"0s"`
 	// When set, outbox_messages is partitioned into blocks of ids, one
 	// partition per this span (pkg/outbox RelayConfig.Partitions): at start
 	// the service converts the table in place if it is not

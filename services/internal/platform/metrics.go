@@ -377,7 +377,7 @@ type continuityCollector struct {
 }
 
 var continuityDesc = prometheus.NewDesc(metricContinuity,
-	"Breaks in a producer key's history the consumer saw (inbox_continuity_breaches; inboxctl breaches), by kind: gap (numbers skipped: events that never arrived) and rewind (a number again under a new id: the producer's database went back in time).",
+	"Breaks in a producer key's history the consumer saw (inbox_continuity_breaches; inboxctl breaches), by kind: gap (numbers skipped: events that had not arrived), rewind (a number again under a new id: the producer's database went back in time) and late (a skipped number that came after all, filling its gap).",
 	[]string{"consumer", "kind"}, nil)
 
 func (c continuityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- continuityDesc }
@@ -392,4 +392,5 @@ func (c continuityCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Gaps), c.consumer, string(inbox.Gap))
 	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Rewinds), c.consumer, string(inbox.Rewind))
+	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Late), c.consumer, string(inbox.Late))
 }

@@ -263,7 +263,8 @@ func newOutgoing(cfg Config, svc Service, db DB, signing signing, partitions *ou
 		Pool: db.Pool, Standby: db.Standby, Publisher: signed, Logger: log,
 		IsPermanent: outboxkafka.IsPermanent, // Kafka's refusals through either driver's publisher
 		BatchSize:   cfg.RelayBatchSize, PollInterval: cfg.RelayPollInterval, Retention: cfg.RelayRetention,
-		Shards: cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
+		KeySequenceRetention: cfg.RelayKeySequenceRetention,
+		Shards:               cfg.RelayShards, LeaseTTL: cfg.RelayLeaseTTL, RelayID: cfg.Instance, Parallel: cfg.RelayParallel,
 		Partitions: partitions,
 	})
 	if err != nil {
