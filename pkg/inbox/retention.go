@@ -75,6 +75,9 @@ func (in *Inbox) Sweep(ctx context.Context) (int64, error) {
 				WHERE consumer = $1 AND touched_at < now() - $2::interval AND touched_at >= $4
 				ORDER BY touched_at
 				LIMIT $3)
+			-- again, on the row as it is once locked: a message of the key
+			-- checked meanwhile keeps it
+			AND touched_at < now() - $2::interval
 			RETURNING touched_at)
 		SELECT count(*), max(touched_at) FROM gone`, in.cfg.RetentionBatch, in.cfg.Consumer, in.cfg.Retention, in.cfg.RetentionBatch); err != nil {
 		return total, fmt.Errorf("inbox: sweeping key sequences: %w", err)

@@ -44,7 +44,8 @@ const TypeMetadata = "event_type"
 // the inbox does (package inbox, continuity.go). signature.Sign covers it.
 // PublishTx sets it on every message with a partition key, replacing one
 // the message carries (copied from a consumed message, say), and removes it
-// from the others (no key, or Writer.Unordered: no order to number).
+// from the others (no key, or Writer.Unordered: no order to number;
+// Writer.Unnumbered: a copy another outbox numbered).
 const SequenceMetadata = "outbox_key_seq"
 
 // One schema, one outbox. The outbox's tables live in the schema the pool's

@@ -52,16 +52,18 @@ func (r *Relay) DeleteKeySequences(ctx context.Context) (int64, error) {
 		WITH gone AS (
 			DELETE FROM outbox_key_sequences k
 			WHERE (topic, partition_key) IN (
-				SELECT topic, partition_key FROM outbox_key_sequences
-				WHERE touched_at < now() - $1::interval AND touched_at >= $3
-				ORDER BY touched_at
+				SELECT c.topic, c.partition_key FROM outbox_key_sequences c
+				WHERE c.touched_at < now() - $1::interval AND c.touched_at >= $3
+				-- not while a numbered row of the key waits to be sent; in
+				-- the batch's choice, so that kept keys never fill a batch
+				-- (one that deletes fewer than its size ends the round)
+				AND NOT EXISTS (SELECT 1 FROM outbox_messages m
+					WHERE m.topic = c.topic AND m.partition_key = c.partition_key AND m.published_at IS NULL)
+				ORDER BY c.touched_at
 				LIMIT $2)
 			-- again, on the row as it is once locked: a PublishTx that
 			-- numbered the key meanwhile keeps it
 			AND k.touched_at < now() - $1::interval
-			-- and not while a numbered row of the key waits to be sent
-			AND NOT EXISTS (SELECT 1 FROM outbox_messages m
-				WHERE m.topic = k.topic AND m.partition_key = k.partition_key AND m.published_at IS NULL)
 			RETURNING touched_at)
 		SELECT count(*), max(touched_at) FROM gone`, r.cfg.RetentionBatch, r.cfg.KeySequenceRetention, r.cfg.RetentionBatch)
 	if err != nil {

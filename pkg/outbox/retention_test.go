@@ -108,7 +108,9 @@ func TestRelayRetention(t *testing.T) {
 			for _, key := range []string{"rested", "rested-too", "rested-unsent", "recent"} {
 				publishCommitted(t, bundle.pool, bundle.topic, outbox.NewMessage(key, nil), outbox.NewMessage(key, nil))
 			}
+			// The key kept is the oldest: a batch must not end on it.
 			_, err := bundle.pool.Exec(ctx, `UPDATE outbox_key_sequences SET touched_at = now() - interval '61 minutes' WHERE partition_key LIKE 'rested%';
+				UPDATE outbox_key_sequences SET touched_at = now() - interval '62 minutes' WHERE partition_key = 'rested-unsent';
 				UPDATE outbox_messages SET published_at = now() WHERE partition_key <> 'rested-unsent'`)
 			require.NoError(t, err)
 			deleted, err := relay.DeleteKeySequences(ctx)
