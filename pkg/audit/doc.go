@@ -1,0 +1,31 @@
+// Package audit checks a running system's invariants continuously, the way
+// a test checks them after a run: every entity (an order, a sale, a SKU)
+// is examined once it has settled, and again while something about it is
+// wrong, so a breach is found within a round of it settling, and a finding
+// that was only late resolves itself.
+//
+// What it promises:
+//
+//   - Nothing settled is skipped. Each check reads the entities past its
+//     watermark in its own order, at most a batch at a time, only those
+//     older than Config.Grace (work still in flight is never a finding),
+//     and the watermark moves in the same transaction that records the
+//     batch's findings: a killed auditor resumes where the last committed
+//     batch ended, and examines a batch again at worst.
+//   - A round costs what arrived since the last one: the watermark is a
+//     keyset position, so a check reads new rows by an index, whatever the
+//     size of the tables behind it (a check keeps a running total, such as
+//     a stock ledger, in the auditor's own tables, in the same
+//     transaction).
+//   - One row per breach: a finding is (check, entity, kind), seen again at
+//     each recheck until the check no longer returns it, then resolved;
+//     one that comes back is opened again. audit_findings holds them with
+//     first and last seen, for the metrics (ReadStatus) and an operator
+//     (ListFindings).
+//
+// The checks are the program's: what is wrong in an order service is not
+// this package's to know. Entities makes the usual one from two functions
+// (list what settled past the watermark; examine some entities); Check
+// takes any scan. An Auditor runs them in rounds (Round, Run); replicas may
+// run side by side, each batch holding its check's watermark row locked.
+package audit
