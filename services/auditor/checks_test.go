@@ -1,0 +1,307 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/audit"
+	"github.com/outboxref/outbox-inbox/pkg/migrate"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+	"github.com/outboxref/outbox-inbox/services/events"
+)
+
+var pg *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
+
+// world is the two services' databases, written here as the services
+// would (or as a bug would), and the auditor's.
+type world struct {
+	t                        *testing.T
+	orders, inventory, state *pgxpool.Pool
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{t: t, orders: pg.TestDatabase(t), inventory: pg.TestDatabase(t), state: pg.TestDatabase(t)}
+	ctx := t.Context()
+	require.NoError(t, migrate.Apply(ctx, w.orders, "orders", os.DirFS("../orders/migrations")))
+	require.NoError(t, migrate.Apply(ctx, w.inventory, "inventory", os.DirFS("../inventory/migrations")))
+	require.NoError(t, migrateState(ctx, w.state))
+	w.exec(w.inventory, `INSERT INTO stock (sku, available) VALUES ('A', 100), ('B', 100), ('C', 100)`)
+	return w
+}
+
+func (w *world) exec(p *pgxpool.Pool, sql string, args ...any) {
+	w.t.Helper()
+	_, err := p.Exec(w.t.Context(), sql, args...)
+	require.NoError(w.t, err, sql)
+}
+
+// order is one order's story: what orders recorded (status, payment) and
+// what inventory did (decision, reserved, sold).
+type order struct {
+	status, payment string
+	lines           map[string]int
+	decision        string
+	reserved, sold  map[string]int
+	age             time.Duration // since it was paid; defaults to an hour
+}
+
+// add writes o as the services would have (stock moved with each row) and
+// returns its id.
+func (w *world) add(o order) string {
+	w.t.Helper()
+	id := uuid.NewString()
+	if o.age == 0 {
+		o.age = time.Hour
+	}
+	ago := fmt.Sprintf("%d seconds", int(o.age.Seconds()))
+	var lines []events.Line
+	for _, sku := range sortedSKUs(o.lines) {
+		lines = append(lines, events.Line{SKU: sku, Quantity: o.lines[sku]})
+	}
+	js, err := json.Marshal(lines)
+	require.NoError(w.t, err)
+	var payment *string
+	if o.payment != "" {
+		payment = &o.payment
+	}
+	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at)
+		VALUES ($1, $2, $3, $4, CASE WHEN $2 <> 'created' THEN now() - $5::interval END, now() - $5::interval - interval '1 minute')`,
+		id, o.status, js, payment, ago)
+	w.decide(id, o.decision, ago)
+	w.rows("reservations", id, o.reserved, ago)
+	w.rows("fulfilments", id, o.sold, ago)
+	return id
+}
+
+func (w *world) decide(id, decision, ago string) {
+	w.t.Helper()
+	if decision != "" {
+		w.exec(w.inventory, `INSERT INTO decisions (order_id, decision, message_id, decided_at) VALUES ($1, $2, 'm', now() - $3::interval)`, id, decision, ago)
+	}
+}
+
+// rows writes reservation or fulfilment rows and moves the stock as
+// inventory does.
+func (w *world) rows(table, id string, units map[string]int, ago string) {
+	w.t.Helper()
+	for _, sku := range sortedSKUs(units) {
+		w.exec(w.inventory, `INSERT INTO `+table+` (order_id, sku, quantity, message_id, created_at) VALUES ($1, $2, $3, 'm', now() - $4::interval)`, id, sku, units[sku], ago)
+		if table == "reservations" {
+			w.exec(w.inventory, `UPDATE stock SET available = available - $2, reserved = reserved + $2 WHERE sku = $1`, sku, units[sku])
+		} else {
+			w.exec(w.inventory, `UPDATE stock SET reserved = reserved - $2, sold = sold + $2 WHERE sku = $1`, sku, units[sku])
+		}
+	}
+}
+
+func sortedSKUs(m map[string]int) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (w *world) auditor(grace time.Duration) *audit.Auditor {
+	w.t.Helper()
+	a, err := audit.New(w.state, audit.Config{Grace: grace, Batch: 3}, domain{orders: w.orders, inventory: w.inventory}.checks()...)
+	require.NoError(w.t, err)
+	return a
+}
+
+// round runs one round and returns the open findings as "check entity kind".
+func (w *world) round(a *audit.Auditor) []string {
+	w.t.Helper()
+	_, err := a.Round(w.t.Context())
+	require.NoError(w.t, err)
+	return w.open()
+}
+
+func (w *world) open() []string { return w.findings(false) }
+
+// ever lists every finding ever raised, resolved ones too: a false alarm
+// that a recheck resolved in the same round was still raised.
+func (w *world) ever() []string { return w.findings(true) }
+
+func (w *world) findings(all bool) []string {
+	w.t.Helper()
+	recs, err := audit.ListFindings(w.t.Context(), w.state, audit.ListOptions{All: all, Limit: 1000})
+	require.NoError(w.t, err)
+	out := []string{}
+	for _, r := range recs {
+		out = append(out, r.Check+" "+r.Entity+" "+r.Kind)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sorted(s ...string) []string {
+	out := append([]string{}, s...)
+	sort.Strings(out)
+	return out
+}
+
+var (
+	a2b1 = map[string]int{"A": 2, "B": 1}
+	c1   = map[string]int{"C": 1}
+)
+
+// healthy adds one order of each good ending: sold, rejected, declined.
+func (w *world) healthy() {
+	w.t.Helper()
+	w.add(order{status: "reserved", payment: "captured", lines: a2b1, decision: "reserved", reserved: a2b1, sold: a2b1})
+	w.add(order{status: "rejected", lines: c1, decision: "rejected"})
+	w.add(order{status: "reserved", payment: "declined", lines: c1, decision: "reserved", reserved: c1})
+	w.add(order{status: "created", lines: c1})
+}
+
+// TestCleanHistoryHasNoFinding: orders that ended well, however many
+// rounds, raise nothing, and a round past the watermark reads nothing.
+func TestCleanHistoryHasNoFinding(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	for range 3 {
+		w.healthy()
+	}
+	a := w.auditor(time.Minute)
+	w.round(a)
+	require.Empty(t, w.ever())
+	r, err := a.Round(t.Context())
+	require.NoError(t, err)
+	for _, c := range r.Checks {
+		require.Zero(t, c.Examined, c.Check)
+		require.True(t, c.CaughtUp, c.Check)
+	}
+	st, err := audit.ReadStatus(t.Context(), w.state)
+	require.NoError(t, err)
+	examined := map[string]int64{}
+	for _, s := range st {
+		examined[s.Check] = s.Examined
+	}
+	// 9 paid orders, 9 decisions, 3 sales (of two SKUs each: 6 rows),
+	// 9 reservation rows (A and B of the sold, C of the declined) and 6
+	// fulfilment rows.
+	require.Equal(t, map[string]int64{"orders": 9, "decisions": 9, "sales": 6, "stock": 15}, examined)
+}
+
+// TestEachBreachIsFound: one order per kind of breach, beside healthy
+// ones: each is found, named by its order (or SKU) and kind, and nothing
+// else is.
+func TestEachBreachIsFound(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.healthy()
+	want := []string{}
+	breach := func(check, kind string, o order) string {
+		id := w.add(o)
+		want = append(want, check+" "+id+" "+kind)
+		return id
+	}
+	unanswered := breach("orders", KindUnanswered, order{status: "paid", lines: c1})
+	breach("orders", KindAnswerUnapplied, order{status: "paid", lines: c1, decision: "rejected"})
+	// A well-formed but wrong answer: orders reserved and captured an order
+	// inventory rejected.
+	breach("orders", KindAnswersDisagree, order{status: "reserved", payment: "captured", lines: c1, decision: "rejected"})
+	breach("orders", KindAnswerWithoutDecide, order{status: "rejected", lines: c1})
+	breach("orders", KindWrongQuantities, order{status: "reserved", payment: "declined", lines: a2b1, decision: "reserved", reserved: map[string]int{"A": 2}})
+	breach("orders", KindCapturePending, order{status: "reserved", payment: "capturing", lines: c1, decision: "reserved", reserved: c1})
+	breach("orders", KindSaleMissing, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1})
+	breach("orders", KindWrongSale, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1, sold: map[string]int{"C": 2}})
+	// Sold and never captured: the sale's check sees it.
+	breach("sales", KindSaleWithoutCapture, order{status: "reserved", payment: "declined", lines: c1, decision: "reserved", reserved: c1, sold: c1})
+	// Inventory decided an order orders never had, and one never paid.
+	ghost := "not-a-uuid"
+	w.decide(ghost, "reserved", "3600 seconds")
+	w.rows("reservations", ghost, c1, "3600 seconds")
+	want = append(want, "decisions "+ghost+" "+KindDecisionWithoutOrder)
+	unknown := uuid.NewString()
+	w.decide(unknown, "rejected", "3600 seconds")
+	want = append(want, "decisions "+unknown+" "+KindDecisionWithoutOrder)
+	breach("decisions", KindDecisionWithoutPayment, order{status: "created", lines: c1, decision: "rejected"})
+	// A stock row moved by nothing in its history.
+	w.exec(w.inventory, `UPDATE stock SET reserved = reserved + 1, available = available - 1 WHERE sku = 'B'`)
+	want = append(want, "stock B "+KindStockOutOfBalance)
+
+	a := w.auditor(time.Minute)
+	require.Equal(t, sorted(want...), w.round(a))
+
+	// The late answer arrives: its finding resolves; the rest hold.
+	w.decide(unanswered, "rejected", "1 second")
+	w.exec(w.orders, `UPDATE orders SET status = 'rejected' WHERE id = $1`, unanswered)
+	want = want[1:]
+	require.Equal(t, sorted(want...), w.round(a))
+	recs, err := audit.ListFindings(t.Context(), w.state, audit.ListOptions{All: true, Check: "orders", Limit: 100})
+	require.NoError(t, err)
+	for _, r := range recs {
+		if r.Entity == unanswered {
+			require.False(t, r.Open())
+			require.Equal(t, "paid, and inventory has not decided", r.Detail)
+		}
+	}
+	// The stock put right.
+	w.exec(w.inventory, `UPDATE stock SET reserved = reserved - 1, available = available + 1 WHERE sku = 'B'`)
+	require.NotContains(t, w.round(a), "stock B "+KindStockOutOfBalance)
+}
+
+// TestGraceLeavesOrdersInFlight: an order paid a moment ago, not yet
+// answered, is no finding; its sale, its decision and its stock rows
+// count in the balance without a finding.
+func TestGraceLeavesOrdersInFlight(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.healthy()
+	w.add(order{status: "paid", lines: c1, age: time.Second})
+	w.add(order{status: "reserved", payment: "captured", lines: a2b1, decision: "reserved", reserved: a2b1, sold: a2b1, age: time.Second})
+	a := w.auditor(time.Minute)
+	w.round(a)
+	require.Empty(t, w.ever())
+	// The ledger holds the settled rows only (the healthy order's A×2,
+	// reserved and sold): the recent ones are added at each comparison,
+	// not counted in full.
+	var res, ful int64
+	require.NoError(t, w.state.QueryRow(t.Context(), `SELECT reservations, fulfilments FROM audit_stock_ledger WHERE sku = 'A'`).Scan(&res, &ful))
+	require.Equal(t, []int64{2, 2}, []int64{res, ful})
+	// In flight, the stock row is still balanced against its recent rows:
+	// a stock row wrong by a unit whose rows are all recent is found.
+	w.exec(w.inventory, `UPDATE stock SET sold = sold + 1 WHERE sku = 'A'`)
+	require.Equal(t, []string{"stock A " + KindStockOutOfBalance}, w.round(a))
+}
+
+// TestLedgerCorrectsItself: a ledger that missed a row (its transaction
+// outlived the grace period) or counted one twice is corrected from a
+// full count, not reported; a stock row that disagrees with its whole
+// history is.
+func TestLedgerCorrectsItself(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	for range 4 {
+		w.healthy()
+	}
+	a := w.auditor(time.Minute)
+	w.round(a)
+	require.Empty(t, w.ever())
+	w.exec(w.state, `UPDATE audit_stock_ledger SET reservations = reservations + 5, fulfilments = fulfilments - 1 WHERE sku = 'A'`)
+	// A reservation committed late: its id is behind the watermark.
+	w.exec(w.inventory, `INSERT INTO reservations (id, order_id, sku, quantity, message_id, created_at)
+		OVERRIDING SYSTEM VALUE VALUES (0, 'late', 'C', 3, 'm', now() - interval '1 hour')`)
+	w.exec(w.inventory, `UPDATE stock SET reserved = reserved + 3, available = available - 3 WHERE sku = 'C'`)
+	w.round(a)
+	require.Empty(t, w.ever(), "the ledger is corrected, nothing found")
+	var res, ful int64
+	require.NoError(t, w.state.QueryRow(t.Context(), `SELECT reservations, fulfilments FROM audit_stock_ledger WHERE sku = 'A'`).Scan(&res, &ful))
+	require.Equal(t, []int64{8, 8}, []int64{res, ful}, "4 sold orders of A×2")
+	require.NoError(t, w.state.QueryRow(t.Context(), `SELECT reservations FROM audit_stock_ledger WHERE sku = 'C'`).Scan(&res))
+	require.EqualValues(t, 4+3, res, "C: the four declined orders' C×1, and the late row's 3")
+}
