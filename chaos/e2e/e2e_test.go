@@ -81,6 +81,22 @@ func (b *testBundle) run(t *testing.T, n int, rate float64) judge.Report {
 	return report
 }
 
+// audit waits until the auditor running beside the system has caught up
+// with everything so far and returns its verdict, and the kinds of
+// finding it raised.
+func (b *testBundle) audit(t *testing.T) (judge.Invariant, map[string]int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), b.sys.AuditGrace+time.Minute)
+	defer cancel()
+	findings, err := judge.AuditAfter(ctx, b.sys.Pools["audit"], b.sys.AuditGrace)
+	require.NoError(t, err)
+	kinds := map[string]int{}
+	for _, f := range findings {
+		kinds[f.Kind]++
+	}
+	return judge.AuditVerdict(findings), kinds
+}
+
 func TestRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t, system.Options{})
@@ -90,21 +106,23 @@ func TestRoundTrip(t *testing.T) {
 	require.Equal(t, 200, report.Reserved+report.Rejected)
 	require.Positive(t, report.Reserved)
 	require.Zero(t, report.OrderPaidDup, "a double-submitted payment published two OrderPaid")
+	quiet, _ := b.audit(t)
+	require.True(t, quiet.OK, quiet.Detail)
 	require.NoError(t, b.sys.StopServices(30*time.Second), "graceful shutdown")
 }
 
 // crashAfterCommit arms after-commit-before-ack in inventory, restarts it
 // after every kill, and returns the settled report, the kill count and
-// inventory's database. The
+// the running system. The
 // two layers that stop a redelivery can be switched off: the inbox, and the
 // domain guard behind it.
-func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (judge.Report, int64, *pgxpool.Pool) {
+func crashAfterCommit(t *testing.T, inboxDisabled, guardDisabled bool) (judge.Report, int64, *testBundle) {
 	return crashAfterCommitWith(t, inboxDisabled, guardDisabled, nil)
 }
 
 // crashAfterCommitWith is crashAfterCommit with the system's options shaped
 // further by shape.
-func crashAfterCommitWith(t *testing.T, inboxDisabled, guardDisabled bool, shape func(*system.Options)) (judge.Report, int64, *pgxpool.Pool) {
+func crashAfterCommitWith(t *testing.T, inboxDisabled, guardDisabled bool, shape func(*system.Options)) (judge.Report, int64, *testBundle) {
 	env := []string{
 		"FAILPOINTS=" + string(failpoint.AfterCommitBeforeAck) + "=every:40",
 		"FAILPOINT_SEED=1",
@@ -135,7 +153,7 @@ func crashAfterCommitWith(t *testing.T, inboxDisabled, guardDisabled bool, shape
 	// in well under a second.
 	report := b.run(t, 200, 50)
 	cancel()
-	return report, restarts.Load(), b.sys.Pools["inventory"]
+	return report, restarts.Load(), b
 }
 
 // TestCrashAfterCommitBeforeAck kills inventory with SIGKILL right after its
@@ -162,7 +180,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 func TestCrashAfterCommitBeforeAckPartitioned(t *testing.T) {
 	t.Parallel()
 	p := inbox.Partitioning{Interval: time.Hour}
-	report, kills, inventory := crashAfterCommitWith(t, false, false, func(o *system.Options) {
+	report, kills, b := crashAfterCommitWith(t, false, false, func(o *system.Options) {
 		o.Env = append(o.Env, "INBOX_PARTITION_INTERVAL=1h", "OUTBOX_PARTITION_INTERVAL=1h")
 		o.Prepare = func(ctx context.Context, pools map[string]*pgxpool.Pool) error {
 			for _, name := range system.Services {
@@ -181,6 +199,7 @@ func TestCrashAfterCommitBeforeAckPartitioned(t *testing.T) {
 	require.Positive(t, report.DuplicatesSuppressed, "kills after commit must cause redeliveries")
 	require.Zero(t, report.RefusedTotal(), "the inbox stops redeliveries before the domain guard sees them")
 	require.True(t, report.OK(), "invariants: %+v", report.Invariants)
+	inventory := b.sys.Pools["inventory"]
 	var rows, inHours int
 	require.NoError(t, inventory.QueryRow(t.Context(), `SELECT count(*), count(*) FILTER (WHERE tableoid::regclass::text LIKE 'inbox_messages_p%')
 		FROM inbox_messages`).Scan(&rows, &inHours))
@@ -211,12 +230,20 @@ func TestCrashAfterCommitBeforeAckWithoutInbox(t *testing.T) {
 // it, the tests above could pass with a checker that never fails.
 func TestCrashAfterCommitBeforeAckWithoutEitherLayer(t *testing.T) {
 	t.Parallel()
-	report, kills, inventory := crashAfterCommit(t, true, true)
+	report, kills, b := crashAfterCommit(t, true, true)
+	inventory := b.sys.Pools["inventory"]
 	t.Logf("kills: %d, double-applied orders: %d, sold more than once: %d", kills, report.DoubleApplied, report.EndedTwice)
 
 	require.Positive(t, kills)
 	exactlyOnce, _ := report.Invariant(judge.ExactlyOnce)
 	require.False(t, exactlyOnce.OK, "without either layer, redeliveries must show up as double-applies")
+	// The auditor, watching the live system, saw them too: reservations
+	// that hold an order's lines more than once, units sold twice.
+	quiet, kinds := b.audit(t)
+	t.Logf("auditor: %s; by kind: %v", quiet.Detail, kinds)
+	require.False(t, quiet.OK, "the auditor must see orders applied twice")
+	require.Positive(t, kinds["wrong-quantities"], "reservations applied twice")
+	require.Positive(t, kinds["wrong-sale"], "sales applied twice")
 	require.Positive(t, report.DoubleApplied)
 	// And for that reason alone: a redelivery applies the order's own lines
 	// again, for an order that was paid, so nothing is a phantom, no

@@ -97,6 +97,10 @@ var Rules = []Rule{
 		"chaos/judge/continuity.go ContinuityVerdict", []Control{
 			{"Makefile", "-profile failover-async -orders"},
 			{"chaos/judge/continuity_test.go", "TestContinuityVerdict"}}},
+	{AuditQuiet, "the auditor running beside the system (services/auditor) caught up with the whole run and raised no finding, open or resolved",
+		"chaos/judge/audit.go AuditVerdict", []Control{
+			{"chaos/judge/audit_test.go", "TestAuditVerdict"},
+			{"chaos/e2e/e2e_test.go", "TestCrashAfterCommitBeforeAckWithoutEitherLayer"}}},
 	{FaultsBit, "the run reached its profile's minimums: kills in every window, restarts, broker and network faults, duplicates suppressed",
 		"chaos/judge/invariants.go FaultsBitVerdict", []Control{{"chaos/judge/invariants_test.go", "TestFaultsBitVerdict"}}},
 }

@@ -31,6 +31,9 @@ import (
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
+// AuditGraceDefault is Options.AuditGrace's default.
+const AuditGraceDefault = 10 * time.Second
+
 // Services are the two example services, in start order.
 var Services = []string{"orders", "inventory"}
 
@@ -67,6 +70,10 @@ type Options struct {
 	// given (e.g. to a TCP proxy in front of Postgres); Pools and DBURL keep
 	// the direct one.
 	ServiceDBURL func(url string) string
+	// AuditGrace is the auditor's grace period (AUDIT_GRACE): how old an
+	// order, decision or sale must be before it is examined. Defaults to
+	// 10s: a run's orders settle in seconds, and a run ends soon after.
+	AuditGrace time.Duration
 	// Log receives one line per step. Defaults to io.Discard.
 	Log func(format string, args ...any)
 	// Unsigned runs the services without signing keys. By default each
@@ -107,11 +114,14 @@ type System struct {
 	Pools    map[string]*pgxpool.Pool // service (and "provider") → pool, for checks
 	Procs    map[string][]*procs.Proc // service → replicas
 	Provider *procs.Proc              // the payment provider stand-in
-	Client   *loadgen.Client
-	Keys     map[string]signature.Key         // service → its signing key (none with Options.Unsigned)
-	Logins   map[string]kafkaconf.Credentials // service → its Kafka principal's login (Grants)
-	ownPG    bool
-	logFiles []*os.File
+	Auditor  *procs.Proc              // services/auditor, on a database of its own ("audit" in DBURL and Pools)
+	// AuditGrace is the auditor's grace period (Options.AuditGrace).
+	AuditGrace time.Duration
+	Client     *loadgen.Client
+	Keys       map[string]signature.Key         // service → its signing key (none with Options.Unsigned)
+	Logins     map[string]kafkaconf.Credentials // service → its Kafka principal's login (Grants)
+	ownPG      bool
+	logFiles   []*os.File
 }
 
 // Topics are the topics the system uses; the embedded broker seeds them.
@@ -136,7 +146,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		}
 	}
 	log("building services into %s", s.Work)
-	bins, err := procs.Build(ctx, s.Work, "./services/orders", "./services/inventory", "./cmd/provider")
+	bins, err := procs.Build(ctx, s.Work, "./services/orders", "./services/inventory", "./cmd/provider", "./services/auditor")
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +163,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	} else {
 		log("postgres: in %s", s.PG.Dir()) // a throwaway server, or the replicated cluster the caller started
 	}
-	for _, name := range slices.Concat(Services, []string{"provider"}) {
+	for _, name := range slices.Concat(Services, []string{"provider", "audit"}) {
 		url, err := s.PG.CreateDatabase(ctx, opts.DBPrefix+name)
 		if err != nil {
 			return nil, err
@@ -251,7 +261,13 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	}
 	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	for _, p := range append(s.All(), s.Provider) {
+	if s.AuditGrace = opts.AuditGrace; s.AuditGrace == 0 {
+		s.AuditGrace = AuditGraceDefault
+	}
+	if err := s.startAuditor(bins["auditor"]); err != nil {
+		return nil, err
+	}
+	for _, p := range append(s.All(), s.Provider, s.Auditor) {
 		if err := p.WaitReady(readyCtx); err != nil {
 			return nil, fmt.Errorf("%w (see %s)", err, filepath.Join(s.Work, p.Name+".log"))
 		}
@@ -275,6 +291,24 @@ func (s *System) startProvider(bin string, env []string) error {
 	s.Provider = &procs.Proc{Service: "provider", Name: "provider", Bin: bin, Addr: addr, Log: f,
 		Env: append([]string{"HTTP_TOKEN=", "PROVIDER_DATABASE_URL=" + s.DBURL["provider"]}, env...)}
 	return s.Provider.Start()
+}
+
+// startAuditor starts services/auditor over the services' databases,
+// its state in its own.
+func (s *System) startAuditor(bin string) error {
+	addr, err := procs.FreeAddr()
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(s.Work, "auditor.log"))
+	if err != nil {
+		return err
+	}
+	s.logFiles = append(s.logFiles, f)
+	s.Auditor = &procs.Proc{Service: "auditor", Name: "auditor", Bin: bin, Addr: addr, Log: f,
+		Env: []string{"ORDERS_DATABASE_URL=" + s.DBURL["orders"], "INVENTORY_DATABASE_URL=" + s.DBURL["inventory"],
+			"AUDIT_DATABASE_URL=" + s.DBURL["audit"], "AUDIT_GRACE=" + s.AuditGrace.String(), "AUDIT_INTERVAL=1s"}}
+	return s.Auditor.Start()
 }
 
 // All returns every service process (the provider is not one).
@@ -303,8 +337,10 @@ func (s *System) Stop() {
 	for _, p := range s.All() {
 		p.Stop(5 * time.Second) //nolint:errcheck // tearing down
 	}
-	if s.Provider != nil {
-		s.Provider.Stop(5 * time.Second) //nolint:errcheck // tearing down
+	for _, p := range []*procs.Proc{s.Provider, s.Auditor} {
+		if p != nil {
+			p.Stop(5 * time.Second) //nolint:errcheck // tearing down
+		}
 	}
 	for _, p := range s.Pools {
 		p.Close()

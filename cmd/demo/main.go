@@ -158,6 +158,18 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("not settled within %s: the replayed message was not suppressed (duplicates: %d)", o.deadline, report.DuplicatesSuppressed)
 	}
+	// The auditor watched the run live: once it has caught up with it, it
+	// must have raised nothing.
+	say("waiting for the auditor to examine the last orders (grace %s)", sys.AuditGrace)
+	findings, err := judge.AuditAfter(waitCtx, sys.Pools["audit"], sys.AuditGrace)
+	if err != nil {
+		return err
+	}
+	quiet := judge.AuditVerdict(findings)
+	printInvariant(quiet)
+	if !quiet.OK {
+		return errors.New("the auditor found something wrong (see above; the findings: GET /findings on the auditor, " + sys.Auditor.Addr + ")")
+	}
 	if o.keep {
 		if err := lab.Enable(ctx); err != nil {
 			return err
@@ -257,13 +269,17 @@ func printReport(r judge.Report, took time.Duration) {
 	}
 	say("")
 	for _, inv := range r.Invariants {
-		status := "PASS"
-		if !inv.OK {
-			status = "FAIL"
-		}
-		say("  %s  %-19s %s", status, inv.Name, inv.Detail)
+		printInvariant(inv)
 	}
 	say("")
+}
+
+func printInvariant(inv judge.Invariant) {
+	status := "PASS"
+	if !inv.OK {
+		status = "FAIL"
+	}
+	say("  %s  %-19s %s", status, inv.Name, inv.Detail)
 }
 
 func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }

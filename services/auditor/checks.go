@@ -104,6 +104,7 @@ type orderView struct {
 	payment  string // "", capturing, captured, declined, failed
 	lines    map[string]int
 	decision string         // "", reserved, rejected
+	rejected bool           // inventory recorded a rejection
 	reserved map[string]int // units reserved per SKU
 	sold     map[string]int // units sold per SKU
 }
@@ -127,6 +128,17 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 		if _, err := pgx.ForEachRow(rows, []any{&id, &s}, func() error { views[id].decision = s; return nil }); err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
+		// decisions is the domain guard's record; what inventory did is in
+		// its reservations and rejections too, and with no decision row
+		// (a guard switched off, rows written by hand) they say what it
+		// decided.
+		rows, err = tx.Query(ctx, `SELECT order_id FROM rejections WHERE order_id = ANY($1) GROUP BY 1`, ids)
+		if err != nil {
+			return fmt.Errorf("reading rejections: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { views[id].rejected = true; return nil }); err != nil {
+			return fmt.Errorf("reading rejections: %w", err)
+		}
 		for table, into := range map[string]func(*orderView) map[string]int{
 			"reservations": func(v *orderView) map[string]int { return v.reserved },
 			"fulfilments":  func(v *orderView) map[string]int { return v.sold },
@@ -143,6 +155,15 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, v := range views {
+		switch {
+		case v.decision != "":
+		case len(v.reserved) > 0:
+			v.decision = "reserved"
+		case v.rejected:
+			v.decision = "rejected"
+		}
 	}
 	var uuids []string // an id that is no UUID is no order of orders
 	for _, id := range ids {

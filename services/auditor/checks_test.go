@@ -216,6 +216,9 @@ func TestEachBreachIsFound(t *testing.T) {
 	breach("orders", KindAnswersDisagree, order{status: "reserved", payment: "captured", lines: c1, decision: "rejected"})
 	breach("orders", KindAnswerWithoutDecide, order{status: "rejected", lines: c1})
 	breach("orders", KindWrongQuantities, order{status: "reserved", payment: "declined", lines: a2b1, decision: "reserved", reserved: map[string]int{"A": 2}})
+	// Applied twice with the domain guard off: no decision row, the
+	// reservation's rows say what inventory did.
+	breach("orders", KindWrongQuantities, order{status: "reserved", payment: "declined", lines: c1, reserved: map[string]int{"C": 2}})
 	breach("orders", KindCapturePending, order{status: "reserved", payment: "capturing", lines: c1, decision: "reserved", reserved: c1})
 	breach("orders", KindSaleMissing, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1})
 	breach("orders", KindWrongSale, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1, sold: map[string]int{"C": 2}})

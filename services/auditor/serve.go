@@ -107,19 +107,22 @@ func migrateState(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // handler serves GET /findings (?all=1 resolved ones too, ?check=, ?limit=),
-// GET /status, GET /metrics and GET /healthz.
+// GET /status, GET /metrics, and GET /healthz and /readyz (its database
+// answers).
 func handler(state *pgxpool.Pool, log *slog.Logger) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collector{state: state, log: log})
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	health := func(w http.ResponseWriter, r *http.Request) {
 		if err := state.Ping(r.Context()); err != nil {
 			httpserve.Refuse(w, http.StatusServiceUnavailable, "the auditor's database: "+err.Error())
 			return
 		}
 		writeJSON(w, map[string]string{"status": "ok"})
-	})
+	}
+	mux.HandleFunc("GET /healthz", health)
+	mux.HandleFunc("GET /readyz", health)
 	mux.HandleFunc("GET /findings", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		limit := 100

@@ -1,0 +1,75 @@
+package judge
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/audit"
+)
+
+// AuditQuiet: the auditor running beside the run (services/auditor) raised
+// no finding: none open at the end, none raised and resolved on the way.
+const AuditQuiet = "audit-quiet"
+
+// AuditChecks are the auditor's checks, each of which must have caught up.
+var AuditChecks = []string{"decisions", "orders", "sales", "stock"}
+
+// AuditAfter waits until every one of the auditor's checks (its database:
+// pool) has caught up with everything that happened before now, grace
+// being its grace period, and returns every finding it raised, open and
+// resolved. A check's scan that caught up at or after now + grace examined
+// every entity settled before now.
+func AuditAfter(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) ([]audit.Record, error) {
+	var since time.Time
+	if err := pool.QueryRow(ctx, `SELECT now() + make_interval(secs => $1)`, grace.Seconds()).Scan(&since); err != nil {
+		return nil, fmt.Errorf("reading the auditor's clock: %w", err)
+	}
+	for {
+		status, err := audit.ReadStatus(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		caught := 0
+		for _, s := range status {
+			if !s.CaughtUpAt.Before(since) {
+				caught++
+			}
+		}
+		if caught == len(AuditChecks) {
+			return audit.ListFindings(ctx, pool, audit.ListOptions{All: true, Limit: 10_000})
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the auditor did not catch up (%d of %d checks past %s): %w", caught, len(AuditChecks), since.Format(time.RFC3339), ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// AuditVerdict holds a run the auditor watched to raising nothing: every
+// finding, open or resolved, is a breach the auditor saw on the live
+// system (or a false alarm, as bad in a clean run).
+func AuditVerdict(findings []audit.Record) Invariant {
+	if len(findings) == 0 {
+		return Invariant{AuditQuiet, true, fmt.Sprintf("the auditor's %d checks caught up with the run and raised nothing", len(AuditChecks))}
+	}
+	open := 0
+	var examples []string
+	for _, f := range findings {
+		if f.Open() {
+			open++
+		}
+		if len(examples) < maxExamples {
+			state := "open"
+			if !f.Open() {
+				state = "resolved"
+			}
+			examples = append(examples, fmt.Sprintf("%s %s %s (%s): %s", f.Check, f.Kind, f.Entity, state, f.Detail))
+		}
+	}
+	return Invariant{AuditQuiet, false, fmt.Sprintf("the auditor raised %d findings, %d still open: %s", len(findings), open, strings.Join(examples, "; "))}
+}
