@@ -146,12 +146,12 @@ mark "docker build"
 # 3. Up: the demo and everything it depends on, in dependency order, each
 # waiting for its dependencies' healthchecks; the run ends when the demo
 # exits, with its exit code.
-say "docker-compose up --exit-code-from demo demo dashboard (DEMO_ORDERS=$DEMO_ORDERS)"
+say "docker-compose up --exit-code-from demo demo dashboard auditor (DEMO_ORDERS=$DEMO_ORDERS)"
 set +e
 (
 	cd "$SNAP"
 	timeout -k 20 "$TIMEOUT" docker-compose --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml \
-		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo dashboard
+		up --no-build --no-color --abort-on-container-exit --exit-code-from demo demo dashboard auditor
 ) 2>&1 | tee "$OUT/up.log"
 up_rc=${PIPESTATUS[0]}
 set -e
@@ -193,7 +193,7 @@ say "ok: kafka-init made the principals orders, inventory, demo and dashboard; o
 
 # The images as users get them: static binary on scratch, non-root, small,
 # no shell.
-for s in orders inventory demo dashboard kafka-init; do
+for s in orders inventory auditor demo dashboard kafka-init; do
 	cid=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$s" | head -1)
 	img=$(docker inspect -f '{{.Image}}' "$cid")
 	user=$(docker image inspect -f '{{.Config.User}}' "$img")
@@ -244,6 +244,22 @@ shown=$(($(num reserved) + $(num rejected)))
 curl -fsS "$dash/" >"$OUT/dashboard.html" || fail "GET $dash/"
 grep -q '<html' "$OUT/dashboard.html" || fail "GET $dash/ is not the page"
 say "ok: dashboard healthy at $dash, showing the same $shown settled orders"
+
+# The auditor, started again after the demo: it must become healthy and
+# have run every check against both services' databases.
+compose start auditor >/dev/null 2>&1
+auditor="http://127.0.0.1:${AUDITOR_PORT:-8084}"
+checks=
+for _ in $(seq 1 60); do
+	checks=$(curl -fsS "$auditor/status" 2>/dev/null | grep -o '"Check":"[a-z]*"' | sort | tr '\n' ' ') || true
+	[ "$checks" = '"Check":"decisions" "Check":"orders" "Check":"sales" "Check":"stock" ' ] && break
+	sleep 1
+done
+[ "$checks" = '"Check":"decisions" "Check":"orders" "Check":"sales" "Check":"stock" ' ] ||
+	fail "the auditor did not run its four checks (GET /status: ${checks:-nothing}; see its log)"
+findings=$(curl -fsS "$auditor/findings") || fail "GET $auditor/findings"
+[ "$findings" = '{"findings":[]}' ] || fail "the auditor found something wrong after the demo: $findings"
+say "ok: auditor healthy at $auditor, its four checks running, nothing found"
 mark "checks"
 
 # 5. A crash mid-load. A second demo run pays more orders while inventory's
@@ -364,7 +380,7 @@ for cid in $(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
 done
 [ "$published" -ge 4 ] || fail "found $published published ports of kafka, orders, inventory, provider: the check reads nothing"
 who=
-for s in postgres kafka orders inventory provider; do
+for s in postgres kafka orders inventory provider auditor; do
 	cid=$(cid_of "$s")
 	[ -n "$cid" ] || fail "$s is not running"
 	uids=$(docker top "$cid" -eo pid,uid | awk 'NR > 1 {print $2}' | sort -u | tr '\n' ' ') || fail "docker top $s"

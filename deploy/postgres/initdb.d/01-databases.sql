@@ -4,3 +4,6 @@ CREATE DATABASE orders;
 CREATE DATABASE inventory;
 -- The payment provider stand-in keeps its ledger in a database of its own.
 CREATE DATABASE provider;
+-- The auditor (services/auditor) keeps its watermarks, findings and stock
+-- ledger in its own; it only reads the services'.
+CREATE DATABASE audit;
