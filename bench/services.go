@@ -37,15 +37,16 @@ type database interface {
 func runServices(ctx context.Context, pg database, p params, round int, b build, env []string, latency bool, say func(string, ...any)) (Result, error) {
 	res := Result{Build: b.name, Env: env}
 	prefix := fmt.Sprintf("bench_%s_%s_r%d_", b.name, b.kafka, round)
-	defer dropDatabases(pg, prefix+"orders", prefix+"inventory") // runs after sys.Stop
+	defer dropDatabases(pg, prefix+"orders", prefix+"inventory", prefix+"provider", prefix+"audit") // runs after sys.Stop
 	sys, err := system.Start(ctx, system.Options{
 		Postgres: pg, DBPrefix: prefix,
 		Env: append([]string{"LOG_LEVEL=warn", "DEBUG_PPROF=true"}, env...),
 		// A fresh broker per build, as for kfake: a single Apache node.
 		Kafka: stack.KafkaOptions{Partitions: p.Partitions, Impl: b.kafka, Nodes: 1},
 		// Every build unsigned: the textbook relay (Watermill's Forwarder)
-		// cannot sign, and the comparison is of the relays alone.
-		Unsigned: true,
+		// cannot sign, and the comparison is of the relays alone (no
+		// auditor reading beside them either).
+		Unsigned: true, WithoutAuditor: true,
 	})
 	if err != nil {
 		return res, err

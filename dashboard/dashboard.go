@@ -31,6 +31,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/pkg/audit"
+
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 
 	"github.com/outboxref/outbox-inbox/services/runtime/httpserve"
@@ -59,6 +61,9 @@ type Options struct {
 	// TraceURL, when set, links a journey's trace id to a tracing UI:
 	// "{trace_id}" is replaced ("http://localhost:16686/trace/{trace_id}").
 	TraceURL string
+	// Audit, when set, is the auditor's database (services/auditor): the
+	// page's "what is wrong now" panel lists its open findings.
+	Audit *pgxpool.Pool
 	// Interval is how often the live page updates. Defaults to 1s.
 	Interval time.Duration
 	// QueryTimeout bounds one snapshot's queries per database, so a database
@@ -119,7 +124,31 @@ type Snapshot struct {
 	Quarantine  []Quarantined  `json:"quarantine"` // open rows of both services, newest first
 	Flow        Flow           `json:"flow"`
 	Chaos       *ChaosStatus   `json:"chaos,omitempty"`
+	Audit       *Audit         `json:"audit,omitempty"` // with Options.Audit
 	Errors      []string       `json:"errors,omitempty"`
+}
+
+// Audit is what the auditor finds wrong now (pkg/audit's tables).
+type Audit struct {
+	Open      []AuditFinding `json:"open"` // the most recently seen first, at most auditShown
+	OpenTotal int            `json:"open_total"`
+	Checks    []AuditCheck   `json:"checks"`
+}
+
+// AuditFinding is one open finding.
+type AuditFinding struct {
+	Check  string  `json:"check"`
+	Kind   string  `json:"kind"`
+	Entity string  `json:"entity"` // an order's id, a SKU: shown as text
+	Detail string  `json:"detail"`
+	AgeS   float64 `json:"age_s"` // since first seen
+}
+
+// AuditCheck is one of the auditor's checks.
+type AuditCheck struct {
+	Name     string  `json:"name"`
+	Examined int64   `json:"examined"`
+	BehindS  float64 `json:"behind_s"` // since it last caught up; -1: never
 }
 
 // Service is one service's outbox and inbox, from its database.
@@ -201,6 +230,13 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 	var flowErrs []string
 	snap.Flow, flowErrs = s.readFlow(ctx)
 	snap.Errors = append(snap.Errors, flowErrs...)
+	if s.opts.Audit != nil {
+		a, err := s.readAudit(ctx)
+		if err != nil {
+			snap.Errors = append(snap.Errors, "the auditor's database: "+err.Error())
+		}
+		snap.Audit = a
+	}
 	if s.opts.ChaosStatus != "" {
 		c, err := readChaos(s.opts.ChaosStatus)
 		if err != nil {
@@ -209,6 +245,39 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 		snap.Chaos = c
 	}
 	return snap
+}
+
+// auditShown caps the open findings the page lists.
+const auditShown = 15
+
+// readAudit reads the auditor's open findings and its checks' state.
+func (s *Server) readAudit(ctx context.Context) (*Audit, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	defer cancel()
+	status, err := audit.ReadStatus(ctx, s.opts.Audit)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := audit.ListFindings(ctx, s.opts.Audit, audit.ListOptions{Limit: auditShown})
+	if err != nil {
+		return nil, err
+	}
+	a := &Audit{Open: []AuditFinding{}}
+	for _, st := range status {
+		c := AuditCheck{Name: st.Check, Examined: st.Examined, BehindS: -1}
+		if !st.CaughtUpAt.IsZero() {
+			c.BehindS = max(time.Since(st.CaughtUpAt).Seconds(), 0)
+		}
+		a.Checks = append(a.Checks, c)
+		for _, n := range st.Open {
+			a.OpenTotal += n
+		}
+	}
+	for _, r := range recs {
+		a.Open = append(a.Open, AuditFinding{Check: r.Check, Kind: r.Kind, Entity: r.Entity, Detail: r.Detail,
+			AgeS: max(time.Since(r.FirstSeen).Seconds(), 0)})
+	}
+	return a, nil
 }
 
 // quarantineShown caps the open quarantine rows listed per service.

@@ -70,6 +70,8 @@ type Options struct {
 	// given (e.g. to a TCP proxy in front of Postgres); Pools and DBURL keep
 	// the direct one.
 	ServiceDBURL func(url string) string
+	// WithoutAuditor starts no auditor (a benchmark of the relays alone).
+	WithoutAuditor bool
 	// AuditGrace is the auditor's grace period (AUDIT_GRACE): how old an
 	// order, decision or sale must be before it is examined. Defaults to
 	// 10s: a run's orders settle in seconds, and a run ends soon after.
@@ -114,7 +116,7 @@ type System struct {
 	Pools    map[string]*pgxpool.Pool // service (and "provider") → pool, for checks
 	Procs    map[string][]*procs.Proc // service → replicas
 	Provider *procs.Proc              // the payment provider stand-in
-	Auditor  *procs.Proc              // services/auditor, on a database of its own ("audit" in DBURL and Pools)
+	Auditor  *procs.Proc              // services/auditor, on a database of its own ("audit" in DBURL and Pools); nil WithoutAuditor
 	// AuditGrace is the auditor's grace period (Options.AuditGrace).
 	AuditGrace time.Duration
 	Client     *loadgen.Client
@@ -264,10 +266,14 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	if s.AuditGrace = opts.AuditGrace; s.AuditGrace == 0 {
 		s.AuditGrace = AuditGraceDefault
 	}
-	if err := s.startAuditor(bins["auditor"]); err != nil {
-		return nil, err
+	ready := append(s.All(), s.Provider)
+	if !opts.WithoutAuditor {
+		if err := s.startAuditor(bins["auditor"]); err != nil {
+			return nil, err
+		}
+		ready = append(ready, s.Auditor)
 	}
-	for _, p := range append(s.All(), s.Provider, s.Auditor) {
+	for _, p := range ready {
 		if err := p.WaitReady(readyCtx); err != nil {
 			return nil, fmt.Errorf("%w (see %s)", err, filepath.Join(s.Work, p.Name+".log"))
 		}

@@ -41,6 +41,7 @@ func run(ctx context.Context, args []string) error {
 	chaos := fs.String("chaos-status", os.Getenv("CHAOS_STATUS"), "a chaos run's JSON status or report file (CHAOS_STATUS); optional")
 	brokers := fs.String("kafka", os.Getenv("KAFKA_BROKERS"), "Kafka brokers, comma-separated, for the topics' partitions on the picture (KAFKA_BROKERS); optional")
 	traceURL := fs.String("trace-url", os.Getenv("DASHBOARD_TRACE_URL"), "a tracing UI's trace page, {trace_id} replaced, linked from a followed order (DASHBOARD_TRACE_URL); optional")
+	auditURL := fs.String("audit-db", os.Getenv("AUDIT_DATABASE_URL"), "the auditor's database, for the page's \"what is wrong now\" (AUDIT_DATABASE_URL); optional")
 	interval := fs.Duration("interval", time.Second, "how often the page updates")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -59,10 +60,17 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer inventory.Close()
 
-	url, err := dashboard.Start(ctx, *addr, dashboard.Options{
+	opts := dashboard.Options{
 		Orders: orders, Inventory: inventory, ChaosStatus: *chaos, Interval: *interval,
 		Brokers: splitList(*brokers), TraceURL: *traceURL,
-	})
+	}
+	if *auditURL != "" {
+		if opts.Audit, err = pgxpool.New(ctx, *auditURL); err != nil {
+			return fmt.Errorf("the auditor's database: %w", err)
+		}
+		defer opts.Audit.Close()
+	}
+	url, err := dashboard.Start(ctx, *addr, opts)
 	if err != nil {
 		return err
 	}

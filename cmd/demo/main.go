@@ -102,7 +102,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"],
+	dopts := dashboard.Options{Orders: sys.Pools["orders"], Inventory: sys.Pools["inventory"], Audit: sys.Pools["audit"],
 		Brokers: sys.Kafka.Brokers(), KafkaLogin: pageLogin, TraceURL: os.Getenv("DASHBOARD_TRACE_URL")}
 	if o.keep {
 		dopts.Crash = lab
