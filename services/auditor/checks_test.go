@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,19 +26,32 @@ func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
 // world is the two services' databases, written here as the services
 // would (or as a bug would), and the auditor's.
 type world struct {
-	t                        *testing.T
+	t                        testing.TB
 	orders, inventory, state *pgxpool.Pool
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	t.Helper()
-	w := &world{t: t, orders: pg.TestDatabase(t), inventory: pg.TestDatabase(t), state: pg.TestDatabase(t)}
+	w := &world{t: t, orders: database(t), inventory: database(t), state: database(t)}
 	ctx := t.Context()
 	require.NoError(t, migrate.Apply(ctx, w.orders, "orders", os.DirFS("../orders/migrations")))
 	require.NoError(t, migrate.Apply(ctx, w.inventory, "inventory", os.DirFS("../inventory/migrations")))
 	require.NoError(t, migrateState(ctx, w.state))
 	w.exec(w.inventory, `INSERT INTO stock (sku, available) VALUES ('A', 100), ('B', 100), ('C', 100)`)
 	return w
+}
+
+// database creates an empty database for t (a test or a benchmark).
+func database(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	name := "auditor_" + strings.ReplaceAll(uuid.NewString()[:13], "-", "")
+	url, err := pg.CreateDatabase(t.Context(), name)
+	require.NoError(t, err)
+	pg.DropWhenDone(t, name)
+	pool, err := pgxpool.New(t.Context(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 func (w *world) exec(p *pgxpool.Pool, sql string, args ...any) {
