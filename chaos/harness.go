@@ -88,6 +88,7 @@ type harness struct {
 	fpLog       string
 	sys         *system.System
 	payments    judge.PaymentReport
+	audit       AuditRow // what the auditor beside the run found
 	start       time.Time
 }
 
@@ -427,6 +428,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("reading the payments: %w", err)
 	}
 	final.Invariants = append(final.Invariants, h.payments.Invariant)
+	h.audit = h.measureAudit(ctx, sys)
 	// Settled says nothing of copies still in Kafka (a relay's last
 	// republish): wait until no delivery has been traced for 3 s, so the
 	// attribution judges copies that were handed out.
@@ -712,4 +714,30 @@ func (h *harness) diagnoseStall(ctx context.Context) {
 			h.say("%s: goroutines dumped to its log (SIGQUIT)", p.Name)
 		}
 	}
+}
+
+// measureAudit waits until the auditor beside the run has caught up with
+// it and reads what it found: measured, not yet judged (a clean run's
+// findings, with kills and faults, are what the judge's audit-quiet rule
+// will be set against).
+func (h *harness) measureAudit(ctx context.Context, sys *system.System) AuditRow {
+	if sys.Auditor == nil {
+		return AuditRow{Detail: "no auditor"}
+	}
+	actx, cancel := context.WithTimeout(ctx, sys.AuditGrace+2*time.Minute)
+	defer cancel()
+	findings, err := judge.AuditAfter(actx, sys.Pools["audit"], sys.AuditGrace)
+	if err != nil {
+		h.say("auditor: %v", err)
+		return AuditRow{Detail: err.Error()}
+	}
+	row := AuditRow{Findings: len(findings), Kinds: map[string]int{}, Detail: judge.AuditVerdict(findings).Detail}
+	for _, f := range findings {
+		row.Kinds[f.Check+"/"+f.Kind]++
+		if f.Open() {
+			row.Open++
+		}
+	}
+	h.say("auditor: %s", row.Detail)
+	return row
 }

@@ -60,6 +60,9 @@ type Report struct {
 	EffectWindowDoubleCaptures int         `json:"effect_window_double_captures"`
 	EffectWindowFloor          int         `json:"effect_window_floor"`
 	Payments                   PaymentsRow `json:"payments"`
+	// What the auditor running beside the run (services/auditor) found
+	// once it caught up: measured, not judged yet.
+	Audit AuditRow `json:"audit"`
 	// What ordered-per-key found, per topic: the probe streams' and the
 	// events' (judge.MeasureKeyOrder).
 	OrderedPerKey []judge.TopicOrder `json:"ordered_per_key"`
@@ -67,6 +70,14 @@ type Report struct {
 	// Failed names the invariants that failed, comma-separated ("" when
 	// it passed), for a control run to show it failed for its reason.
 	Failed string `json:"failed"`
+}
+
+// AuditRow is what the auditor found (judge.AuditAfter).
+type AuditRow struct {
+	Findings int            `json:"findings"` // raised, open or resolved
+	Open     int            `json:"open"`
+	Kinds    map[string]int `json:"kinds,omitempty"` // "check/kind" → findings
+	Detail   string         `json:"detail"`
 }
 
 // PaymentsRow is what the provider's ledger holds (judge.CheckPayments).
@@ -110,6 +121,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		Details:              map[string]string{},
 		Hostile:              map[string]judge.HostileResult{},
 		Payments:             PaymentsRow{Captured: h.payments.Captured, Declined: h.payments.Declined, CapturedTwice: h.payments.CapturedTwice},
+		Audit:                h.audit,
 	}
 	// Every verdict is chaos/judge's (its Rules); the driver gathers what
 	// they read and assembles the report. The client's paid orders are
