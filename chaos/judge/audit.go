@@ -3,6 +3,7 @@ package judge
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,7 +36,7 @@ func AuditAfter(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) ([
 		}
 		caught := 0
 		for _, s := range status {
-			if !s.CaughtUpAt.Before(since) {
+			if slices.Contains(AuditChecks, s.Check) && !s.CaughtUpAt.Before(since) {
 				caught++
 			}
 		}

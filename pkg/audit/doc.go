@@ -6,12 +6,17 @@
 //
 // What it promises:
 //
-//   - Nothing settled is skipped. Each check reads the entities past its
-//     watermark in its own order, at most a batch at a time, only those
-//     older than Config.Grace (work still in flight is never a finding),
-//     and the watermark moves in the same transaction that records the
-//     batch's findings: a killed auditor resumes where the last committed
-//     batch ended, and examines a batch again at worst.
+//   - Nothing settled is skipped, given a scan that never passes an entity
+//     a transaction still open may commit behind it. Each check reads the
+//     entities past its watermark in its own order, at most a batch at a
+//     time, only those older than Config.Grace (work still in flight is
+//     never a finding), and the watermark moves in the same transaction
+//     that records the batch's findings: a killed auditor resumes where the
+//     last committed batch ended, and examines a batch again at worst.
+//     Rows become visible in commit order, not in the order of their
+//     times or ids: a scan keyed on a row's now() (its transaction's start)
+//     must stop before the oldest transaction still open on its database
+//     (services/auditor's scans do), or a slow writer's row is passed.
 //   - A round costs what arrived since the last one: the watermark is a
 //     keyset position, so a check reads new rows by an index, whatever the
 //     size of the tables behind it (a check keeps a running total, such as

@@ -31,7 +31,7 @@ func BenchmarkRound(b *testing.B) {
 			w := newWorld(b)
 			w.history(history)
 			a, err := audit.New(w.state, audit.Config{Grace: time.Minute, Batch: 5000, BatchesPerRound: 1_000_000},
-				domain{orders: w.orders, inventory: w.inventory}.checks()...)
+				domain{orders: w.orders, inventory: w.inventory, grace: time.Minute}.checks()...)
 			require.NoError(b, err)
 			started := time.Now()
 			_, err = a.Round(b.Context()) // the catch-up over the whole history
@@ -77,9 +77,10 @@ func (w *world) batch(from, n int) { w.batchAt(from, n, "2 minutes") }
 
 func (w *world) batchAt(from, n int, ago string) {
 	w.t.Helper()
-	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at)
+	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at, settled_at, payment_at)
 		SELECT md5('o' || i)::uuid, 'reserved', '[{"sku":"A","quantity":1}]', 'captured',
-			now() - $3::interval + (i - $1) * interval '1 microsecond', now() - $3::interval - interval '1 minute'
+			now() - $3::interval + (i - $1) * interval '1 microsecond', now() - $3::interval - interval '1 minute',
+			now() - $3::interval, now() - $3::interval
 		FROM generate_series($1::int, $1::int + $2::int - 1) i`, from, n, ago)
 	w.exec(w.inventory, `INSERT INTO decisions (order_id, decision, message_id, decided_at, fulfilled_by, fulfilled_at)
 		SELECT md5('o' || i)::uuid::text, 'reserved', 'm', now() - $3::interval, 'm', now() - $3::interval

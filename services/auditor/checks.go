@@ -17,6 +17,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/audit"
@@ -44,6 +46,7 @@ const (
 	KindCapturePending      = "capture-pending"         // reserved, and its capture has not ended
 	KindSaleMissing         = "sale-missing"            // captured, and inventory has not sold its units
 	KindWrongSale           = "wrong-sale"              // the units sold are not the order's lines (sold twice, or others)
+	KindUnreadable          = "unreadable"              // the order's row cannot be read (its lines are not lines)
 	// decisions
 	KindDecisionWithoutOrder   = "decision-without-order"   // inventory decided an order orders does not have
 	KindDecisionWithoutPayment = "decision-without-payment" // inventory decided an order that was never paid
@@ -54,6 +57,23 @@ const (
 // domain is what the checks read: both services' databases.
 type domain struct {
 	orders, inventory *pgxpool.Pool
+	// grace is the auditor's grace period: a stage of an order (its answer
+	// applied, its capture recorded) is held to the next only once it is
+	// older than this, on a recheck too.
+	grace time.Duration
+}
+
+// horizon is how far a scan may go: grace ago ($N, in seconds), and never
+// past the start of the oldest transaction open on the database. An
+// entity's time is its writer's now(), the start of its transaction, and
+// rows become visible when it commits: a transaction still open may commit
+// an entity whose time a watermark has already passed. Reading other
+// sessions' xact_start needs pg_read_all_stats (or a superuser); without
+// it the grace period alone bounds the scan, and a writer open longer than
+// the grace period can be skipped.
+func horizon(graceParam int) string {
+	return fmt.Sprintf(`LEAST(now() - make_interval(secs => $%d), coalesce((SELECT min(xact_start) FROM pg_stat_activity
+		WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()), 'infinity'))`, graceParam)
 }
 
 // checks returns the domain's checks.
@@ -77,7 +97,7 @@ func (d domain) nextPaid(ctx context.Context, from audit.Mark, grace time.Durati
 		key = uuid.Nil.String()
 	}
 	rows, err := d.orders.Query(ctx, `SELECT id::text, paid_at FROM orders
-		WHERE paid_at IS NOT NULL AND (paid_at, id) > ($1, $2::uuid) AND paid_at < now() - make_interval(secs => $3)
+		WHERE paid_at IS NOT NULL AND (paid_at, id) > ($1, $2::uuid) AND paid_at < `+horizon(3)+`
 		ORDER BY paid_at, id LIMIT $4`, since(from.Time), key, seconds(grace), limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing paid orders: %w", err)
@@ -89,7 +109,7 @@ func (d domain) nextPaid(ctx context.Context, from audit.Mark, grace time.Durati
 // (decided_at, order_id) (index decisions_decided).
 func (d domain) nextDecisions(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
 	rows, err := d.inventory.Query(ctx, `SELECT order_id, decided_at FROM decisions
-		WHERE (decided_at, order_id) > ($1, $2) AND decided_at < now() - make_interval(secs => $3)
+		WHERE (decided_at, order_id) > ($1, $2) AND decided_at < `+horizon(3)+`
 		ORDER BY decided_at, order_id LIMIT $4`, since(from.Time), from.Key, seconds(grace), limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing decisions: %w", err)
@@ -99,14 +119,23 @@ func (d domain) nextDecisions(ctx context.Context, from audit.Mark, grace time.D
 
 // orderView is one order as both services recorded it.
 type orderView struct {
-	found    bool
-	status   string // created, paid, reserved, rejected
-	payment  string // "", capturing, captured, declined, failed
-	lines    map[string]int
-	decision string         // "", reserved, rejected
-	rejected bool           // inventory recorded a rejection
-	reserved map[string]int // units reserved per SKU
-	sold     map[string]int // units sold per SKU
+	found      bool
+	status     string // created, paid, reserved, rejected
+	payment    string // "", capturing, captured, declined, failed
+	lines      map[string]int
+	decision   string // "", reserved, rejected
+	rejected   bool   // inventory recorded a rejection
+	unreadable string // why its row could not be read ("": it could)
+	// Each stage is held to the next once it is older than the grace
+	// period: the decision (inventory's decided_at; a decision read from
+	// its rows alone counts as old), the answer applied (orders'
+	// settled_at), the capture recorded (payment_at).
+	decidedOld, settledOld, paymentOld bool
+	// salesBefore: the capture was recorded before inventory learnt to
+	// sell (its migration 004): no OrderCaptured was ever published for it.
+	salesBefore bool
+	reserved    map[string]int // units reserved per SKU
+	sold        map[string]int // units sold per SKU
 }
 
 // readOrders reads ids as both services recorded them: inventory first,
@@ -115,17 +144,23 @@ type orderView struct {
 // first read saw is in the second).
 func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*orderView, error) {
 	views := map[string]*orderView{}
+	var salesSince pgtype.Timestamptz
 	for _, id := range ids {
 		views[id] = &orderView{reserved: map[string]int{}, sold: map[string]int{}}
 	}
 	err := snapshot(ctx, d.inventory, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT order_id, decision FROM decisions WHERE order_id = ANY($1)`, ids)
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT applied_at FROM schema_migrations WHERE component = 'inventory' AND version = 4), '-infinity')`).
+			Scan(&salesSince); err != nil {
+			return fmt.Errorf("reading when inventory learnt to sell: %w", err)
+		}
+		rows, err := tx.Query(ctx, `SELECT order_id, decision, decided_at < now() - make_interval(secs => $2) FROM decisions WHERE order_id = ANY($1)`, ids, seconds(d.grace))
 		if err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
 		var id, s string
 		var n int
-		if _, err := pgx.ForEachRow(rows, []any{&id, &s}, func() error { views[id].decision = s; return nil }); err != nil {
+		var old bool
+		if _, err := pgx.ForEachRow(rows, []any{&id, &s, &old}, func() error { views[id].decision, views[id].decidedOld = s, old; return nil }); err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
 		// decisions is the domain guard's record; what inventory did is in
@@ -160,33 +195,40 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 		switch {
 		case v.decision != "":
 		case len(v.reserved) > 0:
-			v.decision = "reserved"
+			v.decision, v.decidedOld = "reserved", true
 		case v.rejected:
-			v.decision = "rejected"
+			v.decision, v.decidedOld = "rejected", true
 		}
 	}
-	var uuids []string // an id that is no UUID is no order of orders
+	var uuids []string // an id that is no order id is no order of orders
 	for _, id := range ids {
-		if _, err := uuid.Parse(id); err == nil {
+		if events.ValidateOrderID(id) == nil {
 			uuids = append(uuids, id)
 		}
 	}
-	rows, err := d.orders.Query(ctx, `SELECT id::text, status, coalesce(payment, ''), lines FROM orders WHERE id = ANY($1::uuid[])`, uuids)
+	rows, err := d.orders.Query(ctx, `SELECT id::text, status, coalesce(payment, ''), lines,
+			coalesce(settled_at < now() - make_interval(secs => $2), false),
+			coalesce(payment_at < now() - make_interval(secs => $2), false),
+			coalesce(payment_at < $3, false)
+		FROM orders WHERE id = ANY($1::uuid[])`, uuids, seconds(d.grace), salesSince)
 	if err != nil {
 		return nil, fmt.Errorf("reading orders: %w", err)
 	}
 	var id, status, payment string
-	var lines []events.Line
-	_, err = pgx.ForEachRow(rows, []any{&id, &status, &payment, &lines}, func() error {
+	var raw []byte
+	var settledOld, paymentOld, salesBefore bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &status, &payment, &raw, &settledOld, &paymentOld, &salesBefore}, func() error {
 		v := views[id]
-		if v == nil { // the same order under another spelling of its UUID
+		v.found, v.status, v.payment, v.lines = true, status, payment, map[string]int{}
+		v.settledOld, v.paymentOld, v.salesBefore = settledOld, paymentOld, salesBefore
+		var lines []events.Line
+		if err := json.Unmarshal(raw, &lines); err != nil {
+			v.unreadable = "its lines are not a list of lines: " + err.Error()
 			return nil
 		}
-		v.found, v.status, v.payment, v.lines = true, status, payment, map[string]int{}
 		for _, l := range lines {
 			v.lines[l.SKU] += l.Quantity
 		}
-		lines = nil
 		return nil
 	})
 	if err != nil {
@@ -211,22 +253,28 @@ func (d domain) examineOrders(ctx context.Context, ids []string) ([]audit.Findin
 		switch {
 		case !v.found:
 			continue // deleted: nothing of it to hold anyone to
+		case v.unreadable != "":
+			add(id, KindUnreadable, "%s", v.unreadable)
+			continue
 		case v.status == "paid" && v.decision == "":
 			add(id, KindUnanswered, "paid, and inventory has not decided")
-		case v.status == "paid":
+		case v.status == "paid" && v.decidedOld:
 			add(id, KindAnswerUnapplied, "inventory decided %s; orders has not applied it", v.decision)
-		case v.status == "created":
-			continue // paid_at set on an unpaid order: not an order this check can read
-		case v.decision == "":
+		case v.status == "paid", v.status == "created":
+			continue // the answer on its way; or paid_at on an unpaid order: nothing this check can read
+		case v.decision == "" && v.settledOld:
+			// Inventory's decision commits before its answer is published:
+			// an answer applied longer ago than the grace period had its
+			// decision in inventory before inventory was read.
 			add(id, KindAnswerWithoutDecide, "orders says %s (payment %s); inventory never decided", v.status, orNone(v.payment))
-		case v.status != v.decision:
+		case v.decision != "" && v.status != v.decision:
 			add(id, KindAnswersDisagree, "orders says %s (payment %s); inventory decided %s", v.status, orNone(v.payment), v.decision)
 		}
 		want := map[string]int{}
 		if v.decision == "reserved" {
 			want = v.lines
 		}
-		if v.found && v.decision != "" && !maps.Equal(v.reserved, want) {
+		if v.decision != "" && !maps.Equal(v.reserved, want) {
 			add(id, KindWrongQuantities, "inventory %s it, reserving %s; its lines are %s", v.decision, units(v.reserved), units(v.lines))
 		}
 		if v.status != "reserved" || v.status != v.decision {
@@ -234,12 +282,14 @@ func (d domain) examineOrders(ctx context.Context, ids []string) ([]audit.Findin
 		}
 		switch v.payment {
 		case "capturing":
-			add(id, KindCapturePending, "reserved, and its capture has not ended")
+			if v.settledOld {
+				add(id, KindCapturePending, "reserved, and its capture has not ended")
+			}
 		case "captured":
 			switch {
-			case len(v.sold) == 0:
+			case len(v.sold) == 0 && v.paymentOld && !v.salesBefore:
 				add(id, KindSaleMissing, "captured, and inventory has not sold its units (%s)", units(v.lines))
-			case !maps.Equal(v.sold, v.lines):
+			case len(v.sold) > 0 && !maps.Equal(v.sold, v.lines):
 				add(id, KindWrongSale, "captured; inventory sold %s, its lines are %s", units(v.sold), units(v.lines))
 			}
 		}
@@ -271,10 +321,9 @@ func (d domain) examineDecisions(ctx context.Context, ids []string) ([]audit.Fin
 }
 
 // salesCheck holds each sale to a captured payment. It reads fulfilments
-// by id, past the watermark (mark key: the last fulfilment id), and stops
-// at the first one younger than the grace period: ids are handed out in
-// insert order, so the one after it is not settled either, or not for
-// long.
+// past the watermark by (created_at, id) (index fulfilments_created; mark
+// key: the last fulfilment's id) up to the horizon, and examines their
+// orders.
 func (d domain) salesCheck() audit.Check {
 	examine := func(ctx context.Context, ids []string) ([]audit.Finding, error) {
 		views, err := d.readOrders(ctx, ids)
@@ -295,34 +344,24 @@ func (d domain) salesCheck() audit.Check {
 		Name: "sales",
 		Scan: func(ctx context.Context, _ pgx.Tx, from audit.Mark, grace time.Duration, limit int) (audit.Batch, error) {
 			after, _ := strconv.ParseInt(from.Key, 10, 64)
-			rows, err := d.inventory.Query(ctx, `SELECT id, order_id, created_at, created_at < now() - make_interval(secs => $2)
-				FROM fulfilments WHERE id > $1 ORDER BY id LIMIT $3`, after, seconds(grace), limit)
+			rows, err := d.inventory.Query(ctx, `SELECT id, order_id, created_at FROM fulfilments
+				WHERE (created_at, id) > ($1, $2) AND created_at < `+horizon(3)+`
+				ORDER BY created_at, id LIMIT $4`, since(from.Time), after, seconds(grace), limit)
 			if err != nil {
-				return audit.Batch{Next: from}, fmt.Errorf("listing sales: %w", err)
-			}
-			type sale struct {
-				id      int64
-				order   string
-				at      time.Time
-				settled bool
-			}
-			var sales []sale
-			var x sale
-			if _, err := pgx.ForEachRow(rows, []any{&x.id, &x.order, &x.at, &x.settled}, func() error {
-				sales = append(sales, x)
-				return nil
-			}); err != nil {
 				return audit.Batch{Next: from}, fmt.Errorf("listing sales: %w", err)
 			}
 			b := audit.Batch{Next: from}
 			ids := map[string]bool{}
-			for _, s := range sales {
-				if !s.settled { // the settled prefix ends here
-					break
-				}
+			var id int64
+			var order string
+			var at time.Time
+			if _, err := pgx.ForEachRow(rows, []any{&id, &order, &at}, func() error {
 				b.Examined++
-				ids[s.order] = true
-				b.Next = audit.Mark{Time: s.at, Key: strconv.FormatInt(s.id, 10)}
+				ids[order] = true
+				b.Next = audit.Mark{Time: at, Key: strconv.FormatInt(id, 10)}
+				return nil
+			}); err != nil {
+				return audit.Batch{Next: from}, fmt.Errorf("listing sales: %w", err)
 			}
 			if len(ids) == 0 {
 				return b, nil

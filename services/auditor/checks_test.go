@@ -38,6 +38,8 @@ func newWorld(t testing.TB) *world {
 	require.NoError(t, migrate.Apply(ctx, w.inventory, "inventory", os.DirFS("../inventory/migrations")))
 	require.NoError(t, migrateState(ctx, w.state))
 	w.exec(w.inventory, `INSERT INTO stock (sku, available) VALUES ('A', 100), ('B', 100), ('C', 100)`)
+	// Inventory learnt to sell (its migration 004) long before these orders.
+	w.exec(w.inventory, `UPDATE schema_migrations SET applied_at = now() - interval '1 day' WHERE component = 'inventory'`)
 	return w
 }
 
@@ -89,8 +91,10 @@ func (w *world) add(o order) string {
 	if o.payment != "" {
 		payment = &o.payment
 	}
-	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at)
-		VALUES ($1, $2, $3, $4, CASE WHEN $2 <> 'created' THEN now() - $5::interval END, now() - $5::interval - interval '1 minute')`,
+	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at, settled_at, payment_at)
+		VALUES ($1, $2, $3, $4, CASE WHEN $2 <> 'created' THEN now() - $5::interval END, now() - $5::interval - interval '1 minute',
+			CASE WHEN $2 IN ('reserved', 'rejected') THEN now() - $5::interval END,
+			CASE WHEN $4 IN ('captured', 'declined', 'failed') THEN now() - $5::interval END)`,
 		id, o.status, js, payment, ago)
 	w.decide(id, o.decision, ago)
 	w.rows("reservations", id, o.reserved, ago)
@@ -130,7 +134,7 @@ func sortedSKUs(m map[string]int) []string {
 
 func (w *world) auditor(grace time.Duration) *audit.Auditor {
 	w.t.Helper()
-	a, err := audit.New(w.state, audit.Config{Grace: grace, Batch: 3}, domain{orders: w.orders, inventory: w.inventory}.checks()...)
+	a, err := audit.New(w.state, audit.Config{Grace: grace, Batch: 3}, domain{orders: w.orders, inventory: w.inventory, grace: grace}.checks()...)
 	require.NoError(w.t, err)
 	return a
 }
@@ -321,4 +325,112 @@ func TestLedgerCorrectsItself(t *testing.T) {
 	require.Equal(t, []int64{8, 8}, []int64{res, ful}, "4 sold orders of A×2")
 	require.NoError(t, w.state.QueryRow(t.Context(), `SELECT reservations FROM audit_stock_ledger WHERE sku = 'C'`).Scan(&res))
 	require.EqualValues(t, 4+3, res, "C: the four declined orders' C×1, and the late row's 3")
+}
+
+// TestLateCommitIsNotSkipped: an order paid in a transaction that commits
+// after another payment that started later: the watermark must not pass
+// the later one while the first is open (its paid_at is its transaction's
+// start), or the first is never examined.
+func TestLateCommitIsNotSkipped(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	late := w.add(order{status: "created", lines: c1})
+	early := w.add(order{status: "created", lines: c1})
+	a := w.auditor(time.Nanosecond) // every committed order is settled at once
+	tx, err := w.orders.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx, `UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1`, late)
+	require.NoError(t, err)
+	w.exec(w.orders, `UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1`, early)
+	w.round(a)
+	require.NoError(t, tx.Commit(ctx))
+	w.round(a)
+	require.Equal(t, sorted("orders "+late+" "+KindUnanswered, "orders "+early+" "+KindUnanswered), w.ever())
+}
+
+// TestLateSaleIsNotSkipped: the same for a sale: one committed late, after
+// a sale with a later id, is still examined.
+func TestLateSaleIsNotSkipped(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	declined := w.add(order{status: "reserved", payment: "declined", lines: c1, decision: "reserved", reserved: c1})
+	captured := w.add(order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1})
+	a := w.auditor(time.Nanosecond)
+	tx, err := w.inventory.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx, `INSERT INTO fulfilments (order_id, sku, quantity, message_id) VALUES ($1, 'C', 1, 'm')`, declined)
+	require.NoError(t, err)
+	w.exec(w.inventory, `INSERT INTO fulfilments (order_id, sku, quantity, message_id) VALUES ($1, 'C', 1, 'm')`, captured)
+	w.round(a)
+	require.NoError(t, tx.Commit(ctx))
+	w.round(a)
+	require.Contains(t, w.ever(), "sales "+declined+" "+KindSaleWithoutCapture)
+}
+
+// TestHostileRowsDoNotStopACheck: an order id in another spelling of a
+// UUID (which Postgres's uuid type refuses, or reads as another order's),
+// or an order whose lines are not lines, is a finding of its own; the
+// checks go on past it.
+func TestHostileRowsDoNotStopACheck(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.healthy()
+	var want []string
+	for _, id := range []string{"urn:uuid:" + uuid.NewString(), "{" + uuid.NewString() + "}", strings.ToUpper(uuid.NewString()),
+		strings.ReplaceAll(uuid.NewString(), "-", ""), "<b>x</b>", ""} {
+		w.decide(id, "rejected", "3600 seconds")
+		want = append(want, "decisions "+id+" "+KindDecisionWithoutOrder)
+	}
+	bad := w.add(order{status: "rejected", lines: c1, decision: "rejected"})
+	w.exec(w.orders, `UPDATE orders SET lines = '{"sku": "C"}' WHERE id = $1`, bad)
+	want = append(want, "orders "+bad+" "+KindUnreadable)
+	a := w.auditor(time.Minute)
+	r, err := a.Round(t.Context())
+	require.NoError(t, err)
+	for _, c := range r.Checks {
+		require.True(t, c.CaughtUp, c.Check)
+	}
+	require.Equal(t, sorted(want...), w.ever())
+}
+
+// TestLateStagesAreNotFindings: an order late to be answered is a finding;
+// once the answer comes, each next stage (the answer applied, the capture
+// made, the units sold) is given the grace period from its own start, on
+// a recheck too, so a late order raises one finding, not one per stage.
+func TestLateStagesAreNotFindings(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	id := w.add(order{status: "paid", lines: c1})
+	a := w.auditor(time.Minute)
+	require.Equal(t, []string{"orders " + id + " " + KindUnanswered}, w.round(a))
+	w.decide(id, "reserved", "1 second")
+	w.rows("reservations", id, c1, "1 second")
+	require.Empty(t, w.round(a), "decided a second ago: orders has the grace period to apply it")
+	w.exec(w.orders, `UPDATE orders SET status = 'reserved', payment = 'capturing', settled_at = now() WHERE id = $1`, id)
+	require.Empty(t, w.round(a), "answered a second ago: the capture has the grace period")
+	w.exec(w.orders, `UPDATE orders SET payment = 'captured', payment_at = now() WHERE id = $1`, id)
+	require.Empty(t, w.round(a), "captured a second ago: the sale has the grace period")
+	require.Equal(t, []string{"orders " + id + " " + KindUnanswered}, w.ever(), "one finding in all, resolved")
+	// Older than the grace period, the missing sale is one.
+	w.exec(w.orders, `UPDATE orders SET payment_at = now() - interval '1 hour' WHERE id = $1`, id)
+	_, err := w.state.Exec(t.Context(), `UPDATE audit_findings SET resolved_at = NULL WHERE entity = $1`, id) // rechecked again
+	require.NoError(t, err)
+	require.Equal(t, []string{"orders " + id + " " + KindSaleMissing}, w.round(a))
+}
+
+// TestCapturesBeforeSalesExpectNoSale: an order captured before inventory
+// learnt to sell (its migration 004, which says so) never had an
+// OrderCaptured: its missing sale is not a finding.
+func TestCapturesBeforeSalesExpectNoSale(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.exec(w.inventory, `UPDATE schema_migrations SET applied_at = now() - interval '30 minutes' WHERE component = 'inventory' AND version = 4`)
+	old := w.add(order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1})                           // captured an hour ago
+	recent := w.add(order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1, age: 10 * time.Minute}) // after
+	a := w.auditor(time.Minute)
+	require.Equal(t, []string{"orders " + recent + " " + KindSaleMissing}, w.round(a), "not %s", old)
 }

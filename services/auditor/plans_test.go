@@ -41,7 +41,7 @@ func TestRoundCostsWhatArrived(t *testing.T) {
 	w.exec(w.inventory, `UPDATE stock SET sold = $1 WHERE sku = 'A'`, history)
 	w.exec(w.inventory, `ANALYZE`)
 
-	catchUp, err := audit.New(w.state, audit.Config{Grace: time.Minute, Batch: 5000}, domain{orders: w.orders, inventory: w.inventory}.checks()...)
+	catchUp, err := audit.New(w.state, audit.Config{Grace: time.Minute, Batch: 5000}, domain{orders: w.orders, inventory: w.inventory, grace: time.Minute}.checks()...)
 	require.NoError(t, err)
 	_, err = catchUp.Round(t.Context())
 	require.NoError(t, err)
@@ -56,7 +56,7 @@ func TestRoundCostsWhatArrived(t *testing.T) {
 	}
 	orders, ordersPlans := pgtest.Explained(t, w.orders, generic)
 	inventory, inventoryPlans := pgtest.Explained(t, w.inventory, generic)
-	a, err := audit.New(w.state, audit.Config{Grace: time.Minute, Batch: 5000}, domain{orders: orders, inventory: inventory}.checks()...)
+	a, err := audit.New(w.state, audit.Config{Grace: time.Minute, Batch: 5000}, domain{orders: orders, inventory: inventory, grace: time.Minute}.checks()...)
 	require.NoError(t, err)
 	for range 2 { // the second round: the statements prepared, their plans generic
 		r, err := a.Round(t.Context())

@@ -27,7 +27,7 @@ import (
 // kinds lists each check's kinds of finding: their open count is exported
 // as 0 too, so an alert that fired resolves when its series drops to 0.
 var kinds = map[string][]string{
-	"orders":    {KindUnanswered, KindAnswerUnapplied, KindAnswerWithoutDecide, KindAnswersDisagree, KindWrongQuantities, KindCapturePending, KindSaleMissing, KindWrongSale},
+	"orders":    {KindUnanswered, KindAnswerUnapplied, KindAnswerWithoutDecide, KindAnswersDisagree, KindWrongQuantities, KindCapturePending, KindSaleMissing, KindWrongSale, KindUnreadable},
 	"decisions": {KindDecisionWithoutOrder, KindDecisionWithoutPayment},
 	"sales":     {KindSaleWithoutCapture},
 	"stock":     {KindStockOutOfBalance},
@@ -63,7 +63,7 @@ func serve(ctx context.Context, cfg config) error {
 		return err
 	}
 	a, err := audit.New(pools["audit"], audit.Config{Grace: cfg.Grace, Interval: cfg.Interval, Batch: cfg.Batch, Logger: log},
-		domain{orders: pools["orders"], inventory: pools["inventory"]}.checks()...)
+		domain{orders: pools["orders"], inventory: pools["inventory"], grace: cfg.Grace}.checks()...)
 	if err != nil {
 		return err
 	}

@@ -4,4 +4,5 @@
 -- still are.
 CREATE INDEX IF NOT EXISTS orders_paid ON orders (paid_at, id) WHERE paid_at IS NOT NULL;
 -- On a large table, build it first without blocking writes (CREATE INDEX
--- CONCURRENTLY ... the same definition): this file then finds it.
+-- CONCURRENTLY ... the same definition, then check pg_index.indisvalid):
+-- this file then finds it.
