@@ -263,12 +263,21 @@ func TestLivePage(t *testing.T) {
 	// What is wrong now: nothing, until a stock row holds a unit nothing
 	// reserved, under a SKU that is markup. The auditor names it (its
 	// stock check needs no grace period), and the page shows it as text.
-	require.Equal(t, "nothing wrong", last.Values["audit-open"], last.Text)
+	// (An order the load left unanswered longer than the grace period, on
+	// a busy machine, was a finding until the next round's recheck.)
+	actx, acancel := context.WithTimeout(b.ctx, time.Minute)
+	defer acancel()
+	for last.Values["audit-open"] != "nothing wrong" {
+		select {
+		case <-actx.Done():
+			t.Fatalf("the auditor's panel never said nothing was wrong:\n%s", last.Text)
+		case <-time.After(100 * time.Millisecond):
+		}
+		last = b.read(t)
+	}
 	const hostile = `<b id="pwned">sku</b>`
 	_, err = b.sys.Pools["inventory"].Exec(b.ctx, `INSERT INTO stock (sku, available, reserved) VALUES ($1, 0, 1)`, hostile)
 	require.NoError(t, err)
-	actx, acancel := context.WithTimeout(b.ctx, time.Minute)
-	defer acancel()
 	for p := b.read(t); !(p.Values["audit-open"] == "1 findings open" && strings.Contains(p.Text, hostile)); p = b.read(t) {
 		select {
 		case <-actx.Done():

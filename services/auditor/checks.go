@@ -79,8 +79,8 @@ func horizon(graceParam int) string {
 // checks returns the domain's checks.
 func (d domain) checks() []audit.Check {
 	return []audit.Check{
-		audit.Entities("orders", d.nextPaid, d.examineOrders),
-		audit.Entities("decisions", d.nextDecisions, d.examineDecisions),
+		audit.Entities("orders", d.nextPaid, d.examine(orderRule)),
+		audit.Entities("decisions", d.nextDecisions, d.examine(decisionRule)),
 		d.salesCheck(),
 		d.stockCheck(),
 	}
@@ -237,87 +237,89 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 	return views, nil
 }
 
-// examineOrders holds each paid order to what both services should have
-// recorded of it by now.
-func (d domain) examineOrders(ctx context.Context, ids []string) ([]audit.Finding, error) {
-	views, err := d.readOrders(ctx, ids)
-	if err != nil {
-		return nil, err
+// examine returns a check's examine: it reads the orders as both services
+// recorded them and holds each to rule, which reports a finding with add.
+func (d domain) examine(rule func(v *orderView, add func(kind, format string, args ...any))) func(context.Context, []string) ([]audit.Finding, error) {
+	return func(ctx context.Context, ids []string) ([]audit.Finding, error) {
+		views, err := d.readOrders(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		var out []audit.Finding
+		for _, id := range ids {
+			rule(views[id], func(kind, format string, args ...any) {
+				out = append(out, audit.Finding{Entity: id, Kind: kind, Detail: fmt.Sprintf(format, args...)})
+			})
+		}
+		return out, nil
 	}
-	var out []audit.Finding
-	add := func(id, kind, format string, args ...any) {
-		out = append(out, audit.Finding{Entity: id, Kind: kind, Detail: fmt.Sprintf(format, args...)})
-	}
-	for _, id := range ids {
-		v := views[id]
-		switch {
-		case !v.found:
-			continue // deleted: nothing of it to hold anyone to
-		case v.unreadable != "":
-			add(id, KindUnreadable, "%s", v.unreadable)
-			continue
-		case v.status == "paid" && v.decision == "":
-			add(id, KindUnanswered, "paid, and inventory has not decided")
-		case v.status == "paid" && v.decidedOld:
-			add(id, KindAnswerUnapplied, "inventory decided %s; orders has not applied it", v.decision)
-		case v.status == "paid", v.status == "created":
-			continue // the answer on its way; or paid_at on an unpaid order: nothing this check can read
-		case v.decision == "" && v.settledOld:
-			// Inventory's decision commits before its answer is published:
-			// an answer applied longer ago than the grace period had its
-			// decision in inventory before inventory was read.
-			add(id, KindAnswerWithoutDecide, "orders says %s (payment %s); inventory never decided", v.status, orNone(v.payment))
-		case v.decision != "" && v.status != v.decision:
-			add(id, KindAnswersDisagree, "orders says %s (payment %s); inventory decided %s", v.status, orNone(v.payment), v.decision)
-		}
-		want := map[string]int{}
-		if v.decision == "reserved" {
-			want = v.lines
-		}
-		if v.decision != "" && !maps.Equal(v.reserved, want) {
-			add(id, KindWrongQuantities, "inventory %s it, reserving %s; its lines are %s", v.decision, units(v.reserved), units(v.lines))
-		}
-		if v.status != "reserved" || v.status != v.decision {
-			continue
-		}
-		switch v.payment {
-		case "capturing":
-			if v.settledOld {
-				add(id, KindCapturePending, "reserved, and its capture has not ended")
-			}
-		case "captured":
-			switch {
-			case len(v.sold) == 0 && v.paymentOld && !v.salesBefore:
-				add(id, KindSaleMissing, "captured, and inventory has not sold its units (%s)", units(v.lines))
-			case len(v.sold) > 0 && !maps.Equal(v.sold, v.lines):
-				add(id, KindWrongSale, "captured; inventory sold %s, its lines are %s", units(v.sold), units(v.lines))
-			}
-		}
-	}
-	return out, nil
 }
 
-// examineDecisions holds each decision to a paid order.
-func (d domain) examineDecisions(ctx context.Context, ids []string) ([]audit.Finding, error) {
-	views, err := d.readOrders(ctx, ids)
-	if err != nil {
-		return nil, err
+// orderRule holds a paid order to what both services should have recorded
+// of it by now.
+func orderRule(v *orderView, add func(kind, format string, args ...any)) {
+	switch {
+	case !v.found:
+		return // deleted: nothing of it to hold anyone to
+	case v.unreadable != "":
+		add(KindUnreadable, "%s", v.unreadable)
+		return
+	case v.status == "paid" && v.decision == "":
+		add(KindUnanswered, "paid, and inventory has not decided")
+	case v.status == "paid" && v.decidedOld:
+		add(KindAnswerUnapplied, "inventory decided %s; orders has not applied it", v.decision)
+	case v.status == "paid", v.status == "created":
+		return // the answer on its way; or paid_at on an unpaid order: nothing this check can read
+	case v.decision == "" && v.settledOld:
+		// Inventory's decision commits before its answer is published:
+		// an answer applied longer ago than the grace period had its
+		// decision in inventory before inventory was read.
+		add(KindAnswerWithoutDecide, "orders says %s (payment %s); inventory never decided", v.status, orNone(v.payment))
+	case v.decision != "" && v.status != v.decision:
+		add(KindAnswersDisagree, "orders says %s (payment %s); inventory decided %s", v.status, orNone(v.payment), v.decision)
 	}
-	var out []audit.Finding
-	for _, id := range ids {
-		v := views[id]
+	want := map[string]int{}
+	if v.decision == "reserved" {
+		want = v.lines
+	}
+	if v.decision != "" && !maps.Equal(v.reserved, want) {
+		add(KindWrongQuantities, "inventory %s it, reserving %s; its lines are %s", v.decision, units(v.reserved), units(v.lines))
+	}
+	if v.status != "reserved" || v.status != v.decision {
+		return
+	}
+	switch v.payment {
+	case "capturing":
+		if v.settledOld {
+			add(KindCapturePending, "reserved, and its capture has not ended")
+		}
+	case "captured":
 		switch {
-		case v.decision == "":
-			continue // no decision (gone): nothing to hold to a cause
-		case !v.found:
-			out = append(out, audit.Finding{Entity: id, Kind: KindDecisionWithoutOrder,
-				Detail: fmt.Sprintf("inventory %s an order orders does not have (reserving %s)", v.decision, units(v.reserved))})
-		case v.status == "created":
-			out = append(out, audit.Finding{Entity: id, Kind: KindDecisionWithoutPayment,
-				Detail: fmt.Sprintf("inventory %s an order that was never paid (reserving %s)", v.decision, units(v.reserved))})
+		case len(v.sold) == 0 && v.paymentOld && !v.salesBefore:
+			add(KindSaleMissing, "captured, and inventory has not sold its units (%s)", units(v.lines))
+		case len(v.sold) > 0 && !maps.Equal(v.sold, v.lines):
+			add(KindWrongSale, "captured; inventory sold %s, its lines are %s", units(v.sold), units(v.lines))
 		}
 	}
-	return out, nil
+}
+
+// decisionRule holds a decision to a paid order.
+func decisionRule(v *orderView, add func(kind, format string, args ...any)) {
+	switch {
+	case v.decision == "":
+		// no decision (gone): nothing to hold to a cause
+	case !v.found:
+		add(KindDecisionWithoutOrder, "inventory %s an order orders does not have (reserving %s)", v.decision, units(v.reserved))
+	case v.status == "created":
+		add(KindDecisionWithoutPayment, "inventory %s an order that was never paid (reserving %s)", v.decision, units(v.reserved))
+	}
+}
+
+// saleRule holds a sale to a captured payment.
+func saleRule(v *orderView, add func(kind, format string, args ...any)) {
+	if len(v.sold) > 0 && v.payment != "captured" {
+		add(KindSaleWithoutCapture, "inventory sold %s; orders' payment is %s (order %s)", units(v.sold), orNone(v.payment), orNone(v.status))
+	}
 }
 
 // salesCheck holds each sale to a captured payment. It reads fulfilments
@@ -325,21 +327,7 @@ func (d domain) examineDecisions(ctx context.Context, ids []string) ([]audit.Fin
 // key: the last fulfilment's id) up to the horizon, and examines their
 // orders.
 func (d domain) salesCheck() audit.Check {
-	examine := func(ctx context.Context, ids []string) ([]audit.Finding, error) {
-		views, err := d.readOrders(ctx, ids)
-		if err != nil {
-			return nil, err
-		}
-		var out []audit.Finding
-		for _, id := range ids {
-			v := views[id]
-			if len(v.sold) > 0 && v.payment != "captured" {
-				out = append(out, audit.Finding{Entity: id, Kind: KindSaleWithoutCapture,
-					Detail: fmt.Sprintf("inventory sold %s; orders' payment is %s (order %s)", units(v.sold), orNone(v.payment), orNone(v.status))})
-			}
-		}
-		return out, nil
-	}
+	examine := d.examine(saleRule)
 	return audit.Check{
 		Name: "sales",
 		Scan: func(ctx context.Context, _ pgx.Tx, from audit.Mark, grace time.Duration, limit int) (audit.Batch, error) {
