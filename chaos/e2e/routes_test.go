@@ -90,6 +90,11 @@ func routes() map[string][]bad {
 			{name: "long", method: "GET", path: "/v1/captures/" + strings.Repeat("c", 3000)}, {name: "unknown", method: "GET", path: "/v1/captures/cap_nope"}},
 		"GET /v1/ledger": {{name: "limit", method: "GET", path: "/v1/ledger?limit=x"}, {name: "limit 0", method: "GET", path: "/v1/ledger?limit=0"},
 			{name: "after not text", method: "GET", path: "/v1/ledger?starting_after=%FF"}, {name: "after unknown", method: "GET", path: "/v1/ledger?starting_after=cap_nope"}},
+		// the auditor (its /healthz, /readyz and /metrics are the platform's patterns)
+		"GET /findings": {{name: "limit not a number", method: "GET", path: "/findings?limit=x"}, {name: "limit 0", method: "GET", path: "/findings?limit=0"},
+			{name: "limit huge", method: "GET", path: "/findings?limit=99999999999999999999"}, {name: "unknown check", method: "GET", path: "/findings?check=refunds"},
+			{name: "check not text", method: "GET", path: "/findings?check=%FF%00"}, {name: "check sql", method: "GET", path: "/findings?check=" + url.QueryEscape("' OR 1=1 --")}},
+		"GET /status": nil,
 		// the live page
 		"GET /{$}": nil, "GET /snapshot.json": nil, "GET /events": nil, "GET /flow.js": nil, "GET /recent.json": nil,
 		"GET /journey.json": {{name: "not an id", method: "GET", path: "/journey.json?order=%FF"}, {name: "none", method: "GET", path: "/journey.json"},
@@ -99,7 +104,7 @@ func routes() map[string][]bad {
 }
 
 // TestNoRouteAnswers5xx walks every route of the orders and inventory
-// services, the payment provider and the live page, as real processes and
+// services, the payment provider, the auditor and the live page, as real processes and
 // servers, with the malformed requests of routes() and, for each, an
 // unknown Host (and for state-changing routes a cross-site request and a
 // body that is not JSON): each must get a 4xx with a JSON reason, never a
@@ -115,7 +120,8 @@ func TestNoRouteAnswers5xx(t *testing.T) {
 	servers := map[string][]string{ // route prefix → the servers that serve it
 		"orders":    {"http://" + b.sys.Procs["orders"][0].Addr},
 		"inventory": {"http://" + b.sys.Procs["inventory"][0].Addr},
-		"platform":  {"http://" + b.sys.Procs["orders"][0].Addr, "http://" + b.sys.Procs["inventory"][0].Addr},
+		"platform":  {"http://" + b.sys.Procs["orders"][0].Addr, "http://" + b.sys.Procs["inventory"][0].Addr, "http://" + b.sys.Auditor.Addr},
+		"auditor":   {"http://" + b.sys.Auditor.Addr},
 		"provider":  {"http://" + b.sys.Provider.Addr},
 		"dashboard": {strings.TrimSuffix(dash, "/")},
 	}
@@ -128,6 +134,8 @@ func TestNoRouteAnswers5xx(t *testing.T) {
 			return "inventory"
 		case strings.HasPrefix(path, "/v1/"):
 			return "provider"
+		case path == "/findings" || path == "/status":
+			return "auditor"
 		case slices.Contains([]string{"/healthz", "/readyz", "/stats", "/metrics", "/debug/crash"}, path):
 			return "platform"
 		}
