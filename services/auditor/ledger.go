@@ -168,7 +168,6 @@ type stockLine struct {
 	ledgerRes, ledgerFul   int64
 	tailRes, tailFul       int64
 	recountRes, recountFul int64
-	recounted              bool
 }
 
 func (s stockLine) balanced() bool {
