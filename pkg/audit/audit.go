@@ -80,6 +80,17 @@ type Check struct {
 	// watermark. Nil: a finding stays open until an operator resolves it
 	// (audit_findings.resolved_at).
 	Recheck func(ctx context.Context, state pgx.Tx, mark Mark, entities []string) ([]Finding, error)
+	// Repair, when set, is asked to repair each open finding of the check
+	// not repaired yet, after the recheck of each round. It returns what
+	// it did, in a sentence ("": nothing it can do about this finding now;
+	// asked again next round), or an error (asked again next round;
+	// audit_findings.repair_error says why). What it did is recorded on
+	// the finding (repair, repaired_at), and it is not asked again unless
+	// the finding resolves and opens again. Replicas take turns (the
+	// check's watermark row is locked meanwhile), but a repair whose
+	// record was lost (the auditor killed between the two) is asked again:
+	// it must be idempotent, like the operation it asks for.
+	Repair func(ctx context.Context, f Finding) (string, error)
 }
 
 // Entity is one entity an entity check reads past its watermark: its key
@@ -231,6 +242,7 @@ type CheckRound struct {
 	CaughtUp bool // the last scan found fewer than Batch: up to the grace period
 	Raised   []Finding
 	Resolved []Finding
+	Repaired []Finding // each with what its repair did as Detail
 	Err      error
 }
 
@@ -294,13 +306,64 @@ func (a *Auditor) round(ctx context.Context, c Check) CheckRound {
 		raised, resolved, err := a.recheck(ctx, c)
 		cr.Raised, cr.Resolved, cr.Err = append(cr.Raised, raised...), resolved, err
 	}
+	if c.Repair != nil && cr.Err == nil {
+		cr.Repaired, cr.Err = a.repair(ctx, c)
+	}
 	for _, f := range cr.Raised {
 		a.cfg.Logger.Warn("audit finding", "check", c.Name, "entity", f.Entity, "kind", f.Kind, "detail", f.Detail)
 	}
 	for _, f := range cr.Resolved {
 		a.cfg.Logger.Info("audit finding resolved", "check", c.Name, "entity", f.Entity, "kind", f.Kind, "was", f.Detail)
 	}
+	for _, f := range cr.Repaired {
+		a.cfg.Logger.Warn("audit finding repaired", "check", c.Name, "entity", f.Entity, "kind", f.Kind, "repair", f.Detail)
+	}
 	return cr
+}
+
+// repair asks c.Repair to repair c's open findings not repaired yet, the
+// oldest first, and records what each did (or why it failed) on it. The
+// check's watermark row is held meanwhile, so replicas take turns.
+func (a *Auditor) repair(ctx context.Context, c Check) (repaired []Finding, err error) {
+	err = pgx.BeginFunc(ctx, a.state, func(tx pgx.Tx) error {
+		if _, err := lockMark(ctx, tx, c.Name); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT entity, kind, detail FROM audit_findings
+			WHERE check_name = $1 AND resolved_at IS NULL AND repaired_at IS NULL
+			ORDER BY first_seen, entity, kind LIMIT $2`, c.Name, a.cfg.Recheck)
+		if err != nil {
+			return err
+		}
+		todo, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Finding])
+		if err != nil {
+			return err
+		}
+		for _, f := range todo {
+			did, rerr := c.Repair(ctx, f)
+			switch {
+			case rerr != nil:
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				a.cfg.Logger.Warn("audit repair failed; asked again next round", "check", c.Name, "entity", f.Entity, "kind", f.Kind, "err", rerr)
+				_, err = tx.Exec(ctx, `UPDATE audit_findings SET repair_error = $4
+					WHERE check_name = $1 AND entity = $2 AND kind = $3`, c.Name, f.Entity, f.Kind, rerr.Error())
+			case did != "":
+				repaired = append(repaired, Finding{Entity: f.Entity, Kind: f.Kind, Detail: did})
+				_, err = tx.Exec(ctx, `UPDATE audit_findings SET repair = $4, repaired_at = now(), repair_error = NULL
+					WHERE check_name = $1 AND entity = $2 AND kind = $3`, c.Name, f.Entity, f.Kind, did)
+			}
+			if err != nil {
+				return fmt.Errorf("recording a repair: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("repairing: %w", err)
+	}
+	return repaired, nil
 }
 
 // scan examines one batch past c's watermark and records it: its findings
@@ -401,7 +464,10 @@ func record(ctx context.Context, tx pgx.Tx, check string, found []Finding) ([]Fi
 		INSERT INTO audit_findings AS a (check_name, entity, kind, detail)
 		SELECT $1, entity, kind, detail FROM f
 		ON CONFLICT (check_name, entity, kind) DO UPDATE SET detail = excluded.detail, last_seen = now(),
-			raised = a.raised + (a.resolved_at IS NOT NULL)::int, resolved_at = NULL
+			raised = a.raised + (a.resolved_at IS NOT NULL)::int, resolved_at = NULL,
+			repair = CASE WHEN a.resolved_at IS NULL THEN a.repair END,
+			repaired_at = CASE WHEN a.resolved_at IS NULL THEN a.repaired_at END,
+			repair_error = CASE WHEN a.resolved_at IS NULL THEN a.repair_error END
 		RETURNING a.entity, a.kind, a.detail,
 			NOT EXISTS (SELECT 1 FROM was_open o WHERE o.entity = a.entity AND o.kind = a.kind)`, check, es, ks, ds)
 	if err != nil {

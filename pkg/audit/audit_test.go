@@ -319,3 +319,80 @@ func TestConfigRefused(t *testing.T) {
 	_, err = audit.New(l.pool, audit.Config{}, audit.Check{Name: "x"})
 	require.ErrorContains(t, err, "needs a Name and a Scan")
 }
+
+// TestRepair: a check's Repair is asked about each open finding after the
+// recheck; what it did is recorded and it is not asked again; one that
+// failed or did nothing is asked again next round; the repaired entry's
+// finding resolves at the next recheck, one whose repair takes effect later
+// stays open, repaired, and is not asked again; a finding that opens again
+// is repaired again.
+func TestRepair(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	l.add(t, 0, 5, time.Hour, 1, 2, 3, 4)
+	asked := map[string]int{}
+	down := true
+	c := l.check()
+	c.Repair = func(ctx context.Context, f audit.Finding) (string, error) {
+		asked[f.Entity]++
+		switch f.Entity {
+		case "e003":
+			if down {
+				return "", errors.New("the repairing service is down")
+			}
+		case "e004":
+			return "", nil // nothing this repair can do
+		case "e002":
+			return "asked for it; it takes a while", nil
+		}
+		if _, err := l.pool.Exec(ctx, `UPDATE entries SET got = want WHERE id = $1`, f.Entity); err != nil {
+			return "", err
+		}
+		return "set got to want", nil
+	}
+	a := l.auditor(t, audit.Config{Grace: time.Minute}, c)
+	repairs := func() map[string]string {
+		recs, err := audit.ListFindings(t.Context(), l.pool, audit.ListOptions{All: true})
+		require.NoError(t, err)
+		out := map[string]string{}
+		for _, r := range recs {
+			out[r.Entity] = fmt.Sprintf("open=%t repair=%q failed=%q", r.Open(), r.Repair, r.RepairError)
+			require.Equal(t, r.Repair == "", r.RepairedAt.IsZero(), r.Entity)
+		}
+		return out
+	}
+
+	r := round(t, a)
+	require.Len(t, r.Raised, 4)
+	require.Equal(t, []audit.Finding{{Entity: "e001", Kind: "wrong", Detail: "set got to want"},
+		{Entity: "e002", Kind: "wrong", Detail: "asked for it; it takes a while"}}, r.Repaired)
+	require.Equal(t, map[string]string{
+		"e001": `open=true repair="set got to want" failed=""`,
+		"e002": `open=true repair="asked for it; it takes a while" failed=""`,
+		"e003": `open=true repair="" failed="the repairing service is down"`,
+		"e004": `open=true repair="" failed=""`,
+	}, repairs())
+
+	down = false
+	r = round(t, a)
+	require.Equal(t, []audit.Finding{{Entity: "e001", Kind: "wrong", Detail: "got 2, want 1"}}, r.Resolved, "repaired, then rechecked")
+	require.Equal(t, []audit.Finding{{Entity: "e003", Kind: "wrong", Detail: "set got to want"}}, r.Repaired)
+	round(t, a)
+	require.Equal(t, map[string]string{
+		"e001": `open=false repair="set got to want" failed=""`,
+		"e002": `open=true repair="asked for it; it takes a while" failed=""`,
+		"e003": `open=false repair="set got to want" failed=""`,
+		"e004": `open=true repair="" failed=""`,
+	}, repairs())
+	require.Equal(t, map[string]int{"e001": 1, "e002": 1, "e003": 2, "e004": 3}, asked, "a repaired finding is not asked again")
+
+	// e001 goes wrong again and the scan meets it again: it opens, and
+	// its repair is asked for anew.
+	_, err := l.pool.Exec(t.Context(), `UPDATE audit_watermarks SET mark_time = NULL, mark_key = ''`)
+	require.NoError(t, err)
+	l.set(t, "e001", 7)
+	r = round(t, a)
+	require.Contains(t, r.Raised, audit.Finding{Entity: "e001", Kind: "wrong", Detail: "got 7, want 1"})
+	require.Contains(t, r.Repaired, audit.Finding{Entity: "e001", Kind: "wrong", Detail: "set got to want"})
+	require.Equal(t, 2, asked["e001"])
+}

@@ -57,6 +57,11 @@ type Record struct {
 	FirstSeen, LastSeen time.Time
 	ResolvedAt          time.Time // zero: open
 	Raised              int       // times opened
+	// Repair is what the check's Repair did about it ("": nothing yet),
+	// and when; RepairError why its last attempt failed.
+	Repair      string
+	RepairedAt  time.Time
+	RepairError string
 }
 
 // Open reports whether the finding still holds.
@@ -74,7 +79,8 @@ func ListFindings(ctx context.Context, q Querier, o ListOptions) ([]Record, erro
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	rows, err := q.Query(ctx, `SELECT check_name, entity, kind, detail, first_seen, last_seen, resolved_at, raised
+	rows, err := q.Query(ctx, `SELECT check_name, entity, kind, detail, first_seen, last_seen, resolved_at, raised,
+			coalesce(repair, ''), repaired_at, coalesce(repair_error, '')
 		FROM audit_findings WHERE ($1 = '' OR check_name = $1) AND ($2 OR resolved_at IS NULL)
 		ORDER BY last_seen DESC, check_name, entity, kind LIMIT $3`, o.Check, o.All, o.Limit)
 	if err != nil {
@@ -82,9 +88,10 @@ func ListFindings(ctx context.Context, q Querier, o ListOptions) ([]Record, erro
 	}
 	var out []Record
 	var r Record
-	var resolved *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&r.Check, &r.Entity, &r.Kind, &r.Detail, &r.FirstSeen, &r.LastSeen, &resolved, &r.Raised}, func() error {
-		r.ResolvedAt = deref(resolved)
+	var resolved, repaired *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&r.Check, &r.Entity, &r.Kind, &r.Detail, &r.FirstSeen, &r.LastSeen, &resolved, &r.Raised,
+		&r.Repair, &repaired, &r.RepairError}, func() error {
+		r.ResolvedAt, r.RepairedAt = deref(resolved), deref(repaired)
 		out = append(out, r)
 		return nil
 	})
