@@ -73,3 +73,10 @@ func Amount(lines []Line) int64 {
 	}
 	return sum
 }
+
+// RefundKey is the idempotency key of an order's refund: an order is
+// refunded once, whole, so one key per order.
+func RefundKey(orderID string) string { return RefundKeyPrefix + orderID }
+
+// RefundKeyPrefix starts every refund's key.
+const RefundKeyPrefix = "refund-"

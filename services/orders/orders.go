@@ -38,7 +38,7 @@ func Service() platform.Service {
 			return settler{unguarded: cfg.DomainGuardDisabled}.apply
 		},
 		Routes:  routes,
-		Effects: captures, // payment.go
+		Effects: payments, // payment.go, refund.go
 	}
 }
 
@@ -50,9 +50,12 @@ type Order struct {
 	Amount       int64         `json:"amount"` // cents, in events.Currency
 	RejectReason string        `json:"reject_reason,omitempty"`
 	// Payment is the capture's state once the order is reserved:
-	// capturing, captured, declined or failed (payment.go).
+	// capturing, captured, declined or failed (payment.go); then, for a
+	// captured payment given back, refunding, refunded or refund_failed
+	// (refund.go).
 	Payment      string `json:"payment,omitempty"`
 	CaptureID    string `json:"capture_id,omitempty"`
+	RefundID     string `json:"refund_id,omitempty"`
 	PaymentError string `json:"payment_error,omitempty"`
 	// CaptureAttempts counts the captures asked for: 1, and one more for
 	// each retry a person made after a decline.
@@ -128,6 +131,34 @@ func routes(mux *http.ServeMux, db platform.DB, cfg platform.Config) {
 		}
 		o, err := retryCapture(r.Context(), db, r.PathValue("id"), req.Card) // payment.go
 		var refused errRetryRefused
+		switch {
+		case errors.Is(err, errNotFound):
+			platform.WriteError(w, http.StatusNotFound, err.Error())
+		case errors.As(err, &refused):
+			platform.WriteError(w, http.StatusConflict, err.Error())
+		case err != nil:
+			platform.WriteFailure(w, err)
+		default:
+			platform.WriteJSON(w, http.StatusAccepted, o)
+		}
+	})
+	mux.HandleFunc("POST /orders/{id}/payment/refund", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Reason string `json:"reason"` // why the money goes back: the order's reject_reason says it
+		}
+		if err := platform.ReadJSON(w, r, 4<<10, &req); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("no body: want {\"reason\": \"...\"}")
+			}
+			platform.WriteError(w, http.StatusBadRequest, "decoding the refund: "+err.Error())
+			return
+		}
+		if err := validReason(req.Reason); err != nil {
+			platform.WriteError(w, http.StatusBadRequest, "refund refused: "+err.Error())
+			return
+		}
+		o, err := requestRefund(r.Context(), db, r.PathValue("id"), req.Reason) // refund.go
+		var refused errRefundRefused
 		switch {
 		case errors.Is(err, errNotFound):
 			platform.WriteError(w, http.StatusNotFound, err.Error())
@@ -274,12 +305,12 @@ func readOrders(ctx context.Context, tx pgx.Tx, ids []string, orders map[string]
 
 // orderColumns are the columns scanOrder reads.
 const orderColumns = `id::text, status, lines, coalesce(amount, 0), coalesce(reject_reason, ''),
-	coalesce(payment, ''), coalesce(capture_id, ''), coalesce(payment_error, ''),
+	coalesce(payment, ''), coalesce(capture_id, ''), coalesce(refund_id, ''), coalesce(payment_error, ''),
 	CASE WHEN payment IS NULL THEN 0 ELSE capture_attempt END`
 
 func scanOrder(row pgx.CollectableRow) (Order, error) {
 	var o Order
-	err := row.Scan(&o.ID, &o.Status, &o.Lines, &o.Amount, &o.RejectReason, &o.Payment, &o.CaptureID, &o.PaymentError, &o.CaptureAttempts)
+	err := row.Scan(&o.ID, &o.Status, &o.Lines, &o.Amount, &o.RejectReason, &o.Payment, &o.CaptureID, &o.RefundID, &o.PaymentError, &o.CaptureAttempts)
 	return o, err
 }
 

@@ -141,13 +141,29 @@ type captured struct {
 	Replayed    bool   `json:"-"` // the provider answered with the stored response
 }
 
-// captures returns the capture runner: it reads PROVIDER_URL, and with
-// EFFECT_KEYS_DISABLED (the chaos harness's control run) sends no key.
-func captures(db platform.DB, cfg platform.Config, log *slog.Logger) (platform.Effects, error) {
+// payments returns the runners of the payment's effects, captures and
+// refunds (refund.go): they read PROVIDER_URL, and with
+// EFFECT_KEYS_DISABLED (the chaos harness's control run) send no key.
+func payments(db platform.DB, cfg platform.Config, log *slog.Logger) ([]platform.Effects, error) {
 	if cfg.ProviderURL == "" {
-		return platform.Effects{Kind: captureKind}, nil // recorded, counted, not called
+		return []platform.Effects{{Kind: captureKind}, {Kind: refundKind}}, nil // recorded, counted, not called
 	}
-	c := &captureClient{url: strings.TrimSuffix(cfg.ProviderURL, "/") + "/v1/captures", keys: !cfg.EffectKeysDisabled, token: cfg.ProviderToken, log: log}
+	p := &paymentProvider{url: strings.TrimSuffix(cfg.ProviderURL, "/"), keys: !cfg.EffectKeysDisabled, token: cfg.ProviderToken, log: log}
+	capture, err := captures(db, cfg, p)
+	if err != nil {
+		return nil, err
+	}
+	refund, err := refunds(db, cfg, p)
+	if err != nil {
+		return nil, err
+	}
+	return []platform.Effects{capture, refund}, nil
+}
+
+// captures returns the capture runner.
+func captures(db platform.DB, cfg platform.Config, p *paymentProvider) (platform.Effects, error) {
+	c := &captureClient{p}
+	log := p.log
 	r, err := effect.NewRunner(effect.Config[captured]{
 		Pool: db.Pool, Standby: db.Standby, Kind: captureKind, Do: c.do, RecordBatch: recordCaptures, Logger: log,
 		Workers: cfg.EffectWorkers, Lease: cfg.EffectLease, MinBackoff: cfg.EffectMinBackoff, MaxBackoff: cfg.EffectMaxBackoff,
@@ -161,19 +177,72 @@ func captures(db platform.DB, cfg platform.Config, log *slog.Logger) (platform.E
 	return platform.Effects{Kind: captureKind, Run: r.Run, Stats: func() effect.RunnerStats { return r.Stats() }}, nil
 }
 
-// captureClient calls the provider.
-type captureClient struct {
-	url   string
+// paymentProvider calls the payment provider's API.
+type paymentProvider struct {
+	url   string // PROVIDER_URL, without a trailing slash
 	keys  bool   // send the Idempotency-Key (off only in the control run)
 	token string // PROVIDER_TOKEN: the provider's API key
 	http  http.Client
 	log   *slog.Logger
 }
 
-// do makes one capture call. A 200 or 402 (declined) ends the effect; a
-// 409 (the key is in flight elsewhere), a 429, a 5xx, a network failure
-// and the answers that mean this side is misconfigured (401, 403, 404:
-// fixed by a person, then the capture goes on) are retried, visibly
+// post sends body to the provider's path under key, and returns its
+// answer's status, body (at most 1 MiB) and whether the provider replayed
+// a stored response.
+func (p *paymentProvider) post(ctx context.Context, path, key string, body any) (status int, raw []byte, replay replayed, err error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, replay, effect.Permanent(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, nil, replay, effect.Permanent(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if p.token != "" {
+		req.Header.Set("Authorization", "Bearer "+p.token)
+	}
+	if p.keys {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return 0, nil, replay, fmt.Errorf("calling the provider: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, nil, replay, fmt.Errorf("reading the provider's answer: %w", err)
+	}
+	replay = replayed{resp.Header.Get("Idempotent-Replayed") == "true", resp.Header.Get("Original-Request")}
+	return resp.StatusCode, raw, replay, nil
+}
+
+// replayed says whether the provider answered with a stored response, and
+// which request executed it.
+type replayed struct {
+	yes      bool
+	original string
+}
+
+// retried reports whether an answer is one a later call may change: the
+// key in flight elsewhere, too many requests, a timeout, a 5xx, and the
+// answers that mean this side is misconfigured (401, 403, 404: fixed by a
+// person, then the call goes on).
+func retried(status int) bool {
+	switch status {
+	case http.StatusConflict, http.StatusTooManyRequests, http.StatusRequestTimeout, http.StatusTooEarly,
+		http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		return true
+	}
+	return status >= 500
+}
+
+// captureClient makes captures.
+type captureClient struct{ *paymentProvider }
+
+// do makes one capture call. A 200 or 402 (declined) ends the effect; the
+// answers a later call may change (retried) are retried, visibly
 // (effects_retrying, last_error); any other 4xx is a request that can
 // never succeed.
 func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, error) {
@@ -181,34 +250,17 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 	if err := json.Unmarshal(e.Payload, &intent); err != nil {
 		return captured{}, effect.Permanent(fmt.Errorf("decoding the capture intent: %w", err))
 	}
-	body, _ := json.Marshal(map[string]any{
+	status, raw, replay, err := c.post(ctx, "/v1/captures", e.Key, map[string]any{
 		"amount": intent.Amount, "currency": intent.Currency, "reference": intent.OrderID, "source": intent.Card,
 	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
-		return captured{}, effect.Permanent(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if c.keys {
-		req.Header.Set("Idempotency-Key", e.Key)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return captured{}, fmt.Errorf("calling the provider: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return captured{}, fmt.Errorf("reading the provider's answer: %w", err)
+		return captured{}, err
 	}
 	var out captured
-	switch resp.StatusCode {
-	case http.StatusOK:
+	switch {
+	case status == http.StatusOK:
 		err = json.Unmarshal(raw, &out)
-	case http.StatusPaymentRequired: // {"error": {..., "capture": {...}}}
+	case status == http.StatusPaymentRequired: // {"error": {..., "capture": {...}}}
 		var declined struct {
 			Error struct {
 				Capture *captured `json:"capture"`
@@ -218,31 +270,26 @@ func (c *captureClient) do(ctx context.Context, e effect.Effect) (captured, erro
 		if err == nil && declined.Error.Capture != nil {
 			out = *declined.Error.Capture
 		}
-	case http.StatusConflict, http.StatusTooManyRequests, http.StatusRequestTimeout, http.StatusTooEarly,
-		http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
-		return captured{}, fmt.Errorf("provider: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
+	case retried(status):
+		return captured{}, fmt.Errorf("provider: %d %s", status, bytes.TrimSpace(raw))
 	default:
-		if resp.StatusCode >= 500 {
-			return captured{}, fmt.Errorf("provider: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
-		}
-		return captured{}, effect.Permanent(fmt.Errorf("provider refused the request: %d %s", resp.StatusCode, bytes.TrimSpace(raw)))
+		return captured{}, effect.Permanent(fmt.Errorf("provider refused the request: %d %s", status, bytes.TrimSpace(raw)))
 	}
 	switch {
 	case err != nil:
 	case out.ID == "":
 		err = errors.New("no capture in the answer")
-	case resp.StatusCode == http.StatusOK && out.Status != "captured",
-		resp.StatusCode == http.StatusPaymentRequired && out.Status != "declined":
+	case status == http.StatusOK && out.Status != "captured",
+		status == http.StatusPaymentRequired && out.Status != "declined":
 		err = fmt.Errorf("capture %s has status %q", out.ID, out.Status)
 	}
 	if err != nil {
-		return captured{}, fmt.Errorf("provider: %d with an answer this client cannot read: %w", resp.StatusCode, err)
+		return captured{}, fmt.Errorf("provider: %d with an answer this client cannot read: %w", status, err)
 	}
-	out.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	out.Replayed = replay.yes
 	if out.Replayed {
 		c.log.Info("capture: the provider answered with the stored response; nothing was captured again",
-			"key", e.Key, "order_id", intent.OrderID, "capture", out.ID, "attempt", e.Attempt,
-			"original_request", resp.Header.Get("Original-Request"))
+			"key", e.Key, "order_id", intent.OrderID, "capture", out.ID, "attempt", e.Attempt, "original_request", replay.original)
 	}
 	return out, nil
 }

@@ -65,16 +65,20 @@ func answers(t *testing.T, evs ...any) []*message.Message {
 func runCaptures(t *testing.T, pool *pgxpool.Pool, cfg platform.Config) {
 	t.Helper()
 	cfg.EffectMinBackoff, cfg.EffectMaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-	eff, err := captures(platform.DB{Pool: pool}, cfg, slog.New(slog.DiscardHandler))
+	effs, err := payments(platform.DB{Pool: pool}, cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- eff.Run(ctx) }()
+	done := make(chan error, len(effs))
+	for _, eff := range effs {
+		go func() { done <- eff.Run(ctx) }()
+	}
 	require.Eventually(t, func() bool {
 		return scalar[int](t, pool, `SELECT count(*) FROM effects WHERE state = 'pending'`) == 0
-	}, 30*time.Second, 20*time.Millisecond, "captures still pending")
+	}, 30*time.Second, 20*time.Millisecond, "effects still pending")
 	cancel()
-	require.NoError(t, <-done)
+	for range effs {
+		require.NoError(t, <-done)
+	}
 }
 
 // TestCaptureOnReserve: a reserved order's capture intent commits with the

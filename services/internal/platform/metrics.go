@@ -183,9 +183,15 @@ func (m *metrics) onGroupRead(group, topic string) func([]inboxkafka.PartitionLa
 	}
 }
 
-// registerEffects adds the backlog of one kind of effect.
-func (m *metrics) registerEffects(kind string) {
-	m.reg.MustRegister(effectCollector{pool: m.pool, log: m.log, kind: kind})
+// registerEffects adds the backlog of each kind of effect.
+func (m *metrics) registerEffects(effects []Effects) {
+	var kinds []string
+	for _, e := range effects {
+		kinds = append(kinds, e.Kind)
+	}
+	if len(kinds) > 0 {
+		m.reg.MustRegister(effectCollector{pool: m.pool, log: m.log, kinds: kinds})
+	}
 }
 
 // handler serves the registry.
@@ -291,18 +297,18 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	c.errors.Collect(ch)
 }
 
-// effectCollector reads one kind of effect's backlog on each scrape
+// effectCollector reads each kind of effect's backlog on each scrape
 // (effect.ReadStats: the pending rows through their partial index, and a
 // count of the ended ones).
 type effectCollector struct {
 	pool *pgxpool.Pool
-	log  *slog.Logger
-	kind string
+	log   *slog.Logger
+	kinds []string
 }
 
 var (
 	effectsPendingDesc = prometheus.NewDesc(metricEffectsPending,
-		"Effects outside the database (payment captures) recorded and not yet ended: called, retried or waiting for their first call.", []string{"kind"}, nil)
+		"Effects outside the database (payment captures, refunds) recorded and not yet ended: called, retried or waiting for their first call.", []string{"kind"}, nil)
 	effectsRetryingDesc = prometheus.NewDesc(metricEffectsRetrying,
 		"Pending effects whose last call failed and that wait for their next (the provider answers 5xx, times out, or holds the key).", []string{"kind"}, nil)
 	effectsFailedDesc = prometheus.NewDesc(metricEffectsFailed,
@@ -321,15 +327,17 @@ func (c effectCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c effectCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
 	defer cancel()
-	s, err := effect.ReadStats(ctx, c.pool, c.kind)
-	if err != nil {
-		c.log.Warn("metrics: reading the effects backlog", "err", err)
-		return
+	for _, kind := range c.kinds {
+		s, err := effect.ReadStats(ctx, c.pool, kind)
+		if err != nil {
+			c.log.Warn("metrics: reading the effects backlog", "kind", kind, "err", err)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(effectsPendingDesc, prometheus.GaugeValue, float64(s.Pending), kind)
+		ch <- prometheus.MustNewConstMetric(effectsRetryingDesc, prometheus.GaugeValue, float64(s.Retrying), kind)
+		ch <- prometheus.MustNewConstMetric(effectsFailedDesc, prometheus.GaugeValue, float64(s.Failed), kind)
+		ch <- prometheus.MustNewConstMetric(effectOldestDesc, prometheus.GaugeValue, s.OldestPending.Seconds(), kind)
 	}
-	ch <- prometheus.MustNewConstMetric(effectsPendingDesc, prometheus.GaugeValue, float64(s.Pending), c.kind)
-	ch <- prometheus.MustNewConstMetric(effectsRetryingDesc, prometheus.GaugeValue, float64(s.Retrying), c.kind)
-	ch <- prometheus.MustNewConstMetric(effectsFailedDesc, prometheus.GaugeValue, float64(s.Failed), c.kind)
-	ch <- prometheus.MustNewConstMetric(effectOldestDesc, prometheus.GaugeValue, s.OldestPending.Seconds(), c.kind)
 }
 
 // holdCollector reads the consumer's held keys and parked messages on each

@@ -59,14 +59,15 @@ type Service struct {
 	// Routes adds the service's HTTP endpoints.
 	// Its writes answer through db.Write.
 	Routes func(mux *http.ServeMux, db DB, cfg Config)
-	// Effects, when set, makes the runner of the service's effects outside
-	// the database (pkg/effect); the effects table is migrated for it. A
-	// zero Effects runs none (the effects wait, recorded).
-	// Its runner waits for db.Standby (effect.Config.Standby).
-	Effects func(db DB, cfg Config, log *slog.Logger) (Effects, error)
+	// Effects, when set, makes the runners of the service's effects outside
+	// the database (pkg/effect), one per kind; the effects table is
+	// migrated for them. An Effects without Run runs none of its kind (the
+	// effects wait, recorded). Each runner waits for db.Standby
+	// (effect.Config.Standby).
+	Effects func(db DB, cfg Config, log *slog.Logger) ([]Effects, error)
 }
 
-// Effects is a running service's effect runner.
+// Effects is a running service's runner of one kind of effect.
 type Effects struct {
 	Kind  string
 	Run   func(context.Context) error
@@ -79,7 +80,7 @@ type Stats struct {
 	Instance string              `json:"instance"`
 	Inbox    inbox.Stats         `json:"inbox"`
 	Relay    outbox.RelayStats   `json:"relay"`
-	Effects  *effect.RunnerStats `json:"effects,omitempty"`
+	Effects  map[string]effect.RunnerStats `json:"effects,omitempty"` // by kind
 }
 
 // Run starts the service and blocks until ctx ends. Then every part stops
@@ -137,9 +138,7 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 		return err
 	}
 	mtr.register(in.inbox, out.relay, cfg.RelayShards)
-	if effects.Kind != "" {
-		mtr.registerEffects(effects.Kind)
-	}
+	mtr.registerEffects(effects)
 	primary := &primaryWatch{log: log} // primary.go: readiness, a line per failover
 	mtr.registerDatabase(primary, db.Standby)
 	srv, ln, err := newHTTP(cfg, svc, db, in, out, effects, primary, mtr, log)
@@ -223,20 +222,22 @@ func migrateAll(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool
 	return t, nil
 }
 
-// newEffects makes the service's effect runner, if it has effects.
-func newEffects(cfg Config, svc Service, db DB, log *slog.Logger) (Effects, error) {
-	var effects Effects
-	var err error
-	if svc.Effects != nil {
-		if effects, err = svc.Effects(db, cfg, log); err != nil {
-			return Effects{}, fmt.Errorf("effects: %w", err)
+// newEffects makes the service's effect runners, if it has effects.
+func newEffects(cfg Config, svc Service, db DB, log *slog.Logger) ([]Effects, error) {
+	if svc.Effects == nil {
+		return nil, nil
+	}
+	effects, err := svc.Effects(db, cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("effects: %w", err)
+	}
+	for _, e := range effects {
+		if e.Run == nil {
+			log.Warn("PROVIDER_URL is unset: effects are recorded and wait; none is performed", "kind", e.Kind)
 		}
-		if effects.Run == nil {
-			log.Warn("PROVIDER_URL is unset: effects are recorded and wait; none is performed")
-		}
-		if cfg.EffectKeysDisabled {
-			log.Warn("EFFECT KEYS DISABLED: effects are sent without their idempotency key; a repeated call performs them again")
-		}
+	}
+	if cfg.EffectKeysDisabled {
+		log.Warn("EFFECT KEYS DISABLED: effects are sent without their idempotency key; a repeated call performs them again")
 	}
 	return effects, nil
 }
@@ -333,7 +334,7 @@ func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *in
 
 // newHTTP makes the service's HTTP server: health, readiness, stats,
 // metrics, and the service's own routes.
-func newHTTP(cfg Config, svc Service, db DB, in incoming, out outgoing, effects Effects, primary *primaryWatch, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
+func newHTTP(cfg Config, svc Service, db DB, in incoming, out outgoing, effects []Effects, primary *primaryWatch, mtr *metrics, log *slog.Logger) (*http.Server, net.Listener, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck
@@ -356,9 +357,13 @@ func newHTTP(cfg Config, svc Service, db DB, in incoming, out outgoing, effects 
 	})
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
 		st := Stats{Service: svc.Name, Instance: cfg.Instance, Inbox: in.inbox.Stats(), Relay: out.relay.Stats()}
-		if effects.Stats != nil {
-			es := effects.Stats()
-			st.Effects = &es
+		for _, e := range effects {
+			if e.Stats != nil {
+				if st.Effects == nil {
+					st.Effects = map[string]effect.RunnerStats{}
+				}
+				st.Effects[e.Kind] = e.Stats()
+			}
 		}
 		WriteJSON(w, http.StatusOK, st)
 	})
@@ -384,7 +389,7 @@ func newHTTP(cfg Config, svc Service, db DB, in incoming, out outgoing, effects 
 
 // serve runs every part until ctx ends, then stops them all, each
 // finishing what it started.
-func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects Effects, primary *primaryWatch, srv *http.Server, ln net.Listener, log *slog.Logger) error {
+func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects []Effects, primary *primaryWatch, srv *http.Server, ln net.Listener, log *slog.Logger) error {
 	wlog := newWatermillLogger(log)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -406,8 +411,10 @@ func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in 
 	g.Go(func() error { return runRelay(gctx, cfg, out.relay, pool, out.publisher, wlog) })
 	g.Go(func() error { return watchStalls(gctx, in.watchdog, log) })
 	g.Go(func() error { return primary.run(gctx, pool, time.Second) })
-	if effects.Run != nil {
-		g.Go(func() error { return effects.Run(gctx) }) // returns once the calls in flight are recorded
+	for _, e := range effects {
+		if e.Run != nil {
+			g.Go(func() error { return e.Run(gctx) }) // returns once the calls in flight are recorded
+		}
 	}
 	g.Go(func() error {
 		// The inbox's batch transactions and its retention sweep. No row is
