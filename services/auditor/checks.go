@@ -47,6 +47,8 @@ const (
 	KindSaleMissing         = "sale-missing"            // captured, and inventory has not sold its units
 	KindWrongSale           = "wrong-sale"              // the units sold are not the order's lines (sold twice, or others)
 	KindUnreadable          = "unreadable"              // the order's row cannot be read (its lines are not lines)
+	KindRefundPending       = "refund-pending"          // a refund asked for has not ended
+	KindRefundFailed        = "refund-failed"           // the provider refused a refund for good: the customer is still charged
 	// decisions
 	KindDecisionWithoutOrder   = "decision-without-order"   // inventory decided an order orders does not have
 	KindDecisionWithoutPayment = "decision-without-payment" // inventory decided an order that was never paid
@@ -61,6 +63,9 @@ type domain struct {
 	// applied, its capture recorded) is held to the next only once it is
 	// older than this, on a recheck too.
 	grace time.Duration
+	// repair, when set, is asked for the repairs the domain can make
+	// (repair.go); nil: findings are only reported.
+	repair *ordersAPI
 }
 
 // horizon is how far a scan may go: grace ago ($N, in seconds), and never
@@ -78,8 +83,12 @@ func horizon(graceParam int) string {
 
 // checks returns the domain's checks.
 func (d domain) checks() []audit.Check {
+	orders := audit.Entities("orders", d.nextPaid, d.examine(orderRule))
+	if d.repair != nil {
+		orders.Repair = d.repairOrder
+	}
 	return []audit.Check{
-		audit.Entities("orders", d.nextPaid, d.examine(orderRule)),
+		orders,
 		audit.Entities("decisions", d.nextDecisions, d.examine(decisionRule)),
 		d.salesCheck(),
 		d.stockCheck(),
@@ -121,7 +130,7 @@ func (d domain) nextDecisions(ctx context.Context, from audit.Mark, grace time.D
 type orderView struct {
 	found      bool
 	status     string // created, paid, reserved, rejected
-	payment    string // "", capturing, captured, declined, failed
+	payment    string // "", capturing, captured, declined, failed, refunding, refunded, refund_failed
 	lines      map[string]int
 	decision   string // "", reserved, rejected
 	rejected   bool   // inventory recorded a rejection
@@ -129,8 +138,9 @@ type orderView struct {
 	// Each stage is held to the next once it is older than the grace
 	// period: the decision (inventory's decided_at; a decision read from
 	// its rows alone counts as old), the answer applied (orders'
-	// settled_at), the capture recorded (payment_at).
-	decidedOld, settledOld, paymentOld bool
+	// settled_at), the capture recorded (payment_at), the refund asked for
+	// (refund_at).
+	decidedOld, settledOld, paymentOld, refundOld bool
 	// salesBefore: the capture was recorded before inventory learnt to
 	// sell (its migration 004): no OrderCaptured was ever published for it.
 	salesBefore bool
@@ -209,18 +219,19 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 	rows, err := d.orders.Query(ctx, `SELECT id::text, status, coalesce(payment, ''), lines,
 			coalesce(settled_at < now() - make_interval(secs => $2), false),
 			coalesce(payment_at < now() - make_interval(secs => $2), false),
-			coalesce(payment_at < $3, false)
+			coalesce(payment_at < $3, false),
+			coalesce(refund_at < now() - make_interval(secs => $2), false)
 		FROM orders WHERE id = ANY($1::uuid[])`, uuids, seconds(d.grace), salesSince)
 	if err != nil {
 		return nil, fmt.Errorf("reading orders: %w", err)
 	}
 	var id, status, payment string
 	var raw []byte
-	var settledOld, paymentOld, salesBefore bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &status, &payment, &raw, &settledOld, &paymentOld, &salesBefore}, func() error {
+	var settledOld, paymentOld, salesBefore, refundOld bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &status, &payment, &raw, &settledOld, &paymentOld, &salesBefore, &refundOld}, func() error {
 		v := views[id]
 		v.found, v.status, v.payment, v.lines = true, status, payment, map[string]int{}
-		v.settledOld, v.paymentOld, v.salesBefore = settledOld, paymentOld, salesBefore
+		v.settledOld, v.paymentOld, v.salesBefore, v.refundOld = settledOld, paymentOld, salesBefore, refundOld
 		var lines []events.Line
 		if err := json.Unmarshal(raw, &lines); err != nil {
 			v.unreadable = "its lines are not a list of lines: " + err.Error()
@@ -284,6 +295,16 @@ func orderRule(v *orderView, add func(kind, format string, args ...any)) {
 	}
 	if v.decision != "" && !maps.Equal(v.reserved, want) {
 		add(KindWrongQuantities, "inventory %s it, reserving %s; its lines are %s", v.decision, units(v.reserved), units(v.lines))
+	}
+	switch v.payment {
+	case "refunding":
+		if v.refundOld {
+			add(KindRefundPending, "its refund was asked for and has not ended")
+		}
+		return
+	case "refund_failed":
+		add(KindRefundFailed, "the provider refused its refund for good: the customer is still charged")
+		return
 	}
 	if v.status != "reserved" || v.status != v.decision {
 		return

@@ -91,10 +91,11 @@ func (w *world) add(o order) string {
 	if o.payment != "" {
 		payment = &o.payment
 	}
-	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at, settled_at, payment_at)
+	w.exec(w.orders, `INSERT INTO orders (id, status, lines, payment, paid_at, created_at, settled_at, payment_at, refund_at)
 		VALUES ($1, $2, $3, $4, CASE WHEN $2 <> 'created' THEN now() - $5::interval END, now() - $5::interval - interval '1 minute',
 			CASE WHEN $2 IN ('reserved', 'rejected') THEN now() - $5::interval END,
-			CASE WHEN $4 IN ('captured', 'declined', 'failed') THEN now() - $5::interval END)`,
+			CASE WHEN $4 <> 'capturing' THEN now() - $5::interval END,
+			CASE WHEN $4 LIKE 'refund%' THEN now() - $5::interval END)`,
 		id, o.status, js, payment, ago)
 	w.decide(id, o.decision, ago)
 	w.rows("reservations", id, o.reserved, ago)
@@ -176,9 +177,12 @@ var (
 	c1   = map[string]int{"C": 1}
 )
 
-// healthy adds one order of each good ending: sold, rejected, declined.
+// healthy adds one order of each good ending: sold, rejected, declined,
+// refunded (captured, then given back when inventory's rejection came
+// to light).
 func (w *world) healthy() {
 	w.t.Helper()
+	w.add(order{status: "rejected", payment: "refunded", lines: c1, decision: "rejected"})
 	w.add(order{status: "reserved", payment: "captured", lines: a2b1, decision: "reserved", reserved: a2b1, sold: a2b1})
 	w.add(order{status: "rejected", lines: c1, decision: "rejected"})
 	w.add(order{status: "reserved", payment: "declined", lines: c1, decision: "reserved", reserved: c1})
@@ -208,10 +212,10 @@ func TestCleanHistoryHasNoFinding(t *testing.T) {
 	for _, s := range st {
 		examined[s.Check] = s.Examined
 	}
-	// 9 paid orders, 9 decisions, 3 sales (of two SKUs each: 6 rows),
+	// 12 paid orders, 12 decisions, 3 sales (of two SKUs each: 6 rows),
 	// 9 reservation rows (A and B of the sold, C of the declined) and 6
 	// fulfilment rows.
-	require.Equal(t, map[string]int64{"orders": 9, "decisions": 9, "sales": 6, "stock": 15}, examined)
+	require.Equal(t, map[string]int64{"orders": 12, "decisions": 12, "sales": 6, "stock": 15}, examined)
 }
 
 // TestEachBreachIsFound: one order per kind of breach, beside healthy
@@ -241,6 +245,8 @@ func TestEachBreachIsFound(t *testing.T) {
 	breach("orders", KindSaleMissing, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1})
 	breach("orders", KindWrongSale, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1, sold: map[string]int{"C": 2}})
 	// Sold and never captured: the sale's check sees it.
+	breach("orders", KindRefundPending, order{status: "rejected", payment: "refunding", lines: c1, decision: "rejected"})
+	breach("orders", KindRefundFailed, order{status: "rejected", payment: "refund_failed", lines: c1, decision: "rejected"})
 	breach("sales", KindSaleWithoutCapture, order{status: "reserved", payment: "declined", lines: c1, decision: "reserved", reserved: c1, sold: c1})
 	// Inventory decided an order orders never had, and one never paid.
 	ghost := "not-a-uuid"

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -21,14 +22,20 @@ type config struct {
 	Grace        time.Duration // AUDIT_GRACE: how old an order, decision or sale must be before it is examined (audit.GraceDefault)
 	Interval     time.Duration // AUDIT_INTERVAL: the pause between rounds (audit.IntervalDefault)
 	Batch        int           // AUDIT_BATCH: entities per scan (audit.BatchDefault)
-	HTTPAddr     string        // HTTP_ADDR: defaults to 127.0.0.1:8084
-	LogLevel     string        // LOG_LEVEL: debug, info (the default), warn, error
+	// ORDERS_API_URL: orders' HTTP API. Set, the auditor repairs what the
+	// domain can (repair.go: it asks orders to refund a capture inventory
+	// rejected); unset, it only reports.
+	OrdersAPI   string
+	OrdersToken string // ORDERS_API_TOKEN: orders' HTTP_TOKEN, sent with each repair
+	HTTPAddr    string // HTTP_ADDR: defaults to 127.0.0.1:8084
+	LogLevel    string // LOG_LEVEL: debug, info (the default), warn, error
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
 	get := func(name string) string { return strings.TrimSpace(getenv(name)) }
 	cfg := config{
 		OrdersURL: get("ORDERS_DATABASE_URL"), InventoryURL: get("INVENTORY_DATABASE_URL"), AuditURL: get("AUDIT_DATABASE_URL"),
+		OrdersAPI: get("ORDERS_API_URL"), OrdersToken: get("ORDERS_API_TOKEN"),
 		HTTPAddr: get("HTTP_ADDR"), LogLevel: get("LOG_LEVEL"),
 		Grace: audit.GraceDefault, Interval: audit.IntervalDefault, Batch: audit.BatchDefault,
 	}
@@ -52,6 +59,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 	for name, v := range map[string]string{"ORDERS_DATABASE_URL": cfg.OrdersURL, "INVENTORY_DATABASE_URL": cfg.InventoryURL, "AUDIT_DATABASE_URL": cfg.AuditURL} {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s is required", name))
+		}
+	}
+	if cfg.OrdersAPI != "" {
+		if u, err := url.Parse(cfg.OrdersAPI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("ORDERS_API_URL=%q: want orders' base URL (http://host:port)", cfg.OrdersAPI))
 		}
 	}
 	if cfg.HTTPAddr == "" {

@@ -27,7 +27,7 @@ import (
 // kinds lists each check's kinds of finding: their open count is exported
 // as 0 too, so an alert that fired resolves when its series drops to 0.
 var kinds = map[string][]string{
-	"orders":    {KindUnanswered, KindAnswerUnapplied, KindAnswerWithoutDecide, KindAnswersDisagree, KindWrongQuantities, KindCapturePending, KindSaleMissing, KindWrongSale, KindUnreadable},
+	"orders":    {KindUnanswered, KindAnswerUnapplied, KindAnswerWithoutDecide, KindAnswersDisagree, KindWrongQuantities, KindCapturePending, KindSaleMissing, KindWrongSale, KindUnreadable, KindRefundPending, KindRefundFailed},
 	"decisions": {KindDecisionWithoutOrder, KindDecisionWithoutPayment},
 	"sales":     {KindSaleWithoutCapture},
 	"stock":     {KindStockOutOfBalance},
@@ -63,7 +63,7 @@ func serve(ctx context.Context, cfg config) error {
 		return err
 	}
 	a, err := audit.New(pools["audit"], audit.Config{Grace: cfg.Grace, Interval: cfg.Interval, Batch: cfg.Batch, Logger: log},
-		domain{orders: pools["orders"], inventory: pools["inventory"], grace: cfg.Grace}.checks()...)
+		domain{orders: pools["orders"], inventory: pools["inventory"], grace: cfg.Grace, repair: newOrdersAPI(cfg.OrdersAPI, cfg.OrdersToken)}.checks()...)
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,10 @@ func serve(ctx context.Context, cfg config) error {
 		defer cancel()
 		return srv.Shutdown(shutdownCtx)
 	})
-	log.Info("started", "http", ln.Addr().String(), "grace", cfg.Grace, "interval", cfg.Interval, "batch", cfg.Batch)
+	if cfg.OrdersAPI == "" {
+		log.Warn("ORDERS_API_URL is unset: findings are reported, none is repaired (a capture inventory rejected is not refunded)")
+	}
+	log.Info("started", "http", ln.Addr().String(), "grace", cfg.Grace, "interval", cfg.Interval, "batch", cfg.Batch, "repairs", cfg.OrdersAPI != "")
 	err = g.Wait()
 	log.Info("stopped", "err", err)
 	return err
@@ -170,12 +173,21 @@ type findingJSON struct {
 	LastSeen   time.Time  `json:"last_seen"`
 	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
 	Raised     int        `json:"raised"`
+	// What the auditor's repair did about it, and when; or why its last
+	// attempt failed (repair.go).
+	Repair      string     `json:"repair,omitempty"`
+	RepairedAt  *time.Time `json:"repaired_at,omitempty"`
+	RepairError string     `json:"repair_error,omitempty"`
 }
 
 func toJSON(r audit.Record) findingJSON {
 	f := findingJSON{Check: r.Check, Entity: r.Entity, Kind: r.Kind, Detail: r.Detail, FirstSeen: r.FirstSeen, LastSeen: r.LastSeen, Raised: r.Raised}
 	if !r.Open() {
 		f.ResolvedAt = &r.ResolvedAt
+	}
+	f.Repair, f.RepairError = r.Repair, r.RepairError
+	if !r.RepairedAt.IsZero() {
+		f.RepairedAt = &r.RepairedAt
 	}
 	return f
 }

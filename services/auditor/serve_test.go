@@ -48,7 +48,7 @@ func TestServe(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, metrics, `audit_findings_open{check="orders",kind="answers-disagree"} 1`)
 	require.Contains(t, metrics, `audit_findings_open{check="stock",kind="stock-out-of-balance"} 0`)
-	require.Contains(t, metrics, `audit_examined_total{check="orders"} 4`)
+	require.Contains(t, metrics, `audit_examined_total{check="orders"} 5`)
 	rules, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
 	require.NoError(t, err)
 	used := regexp.MustCompile(`\baudit_[a-z_]+`).FindAllString(string(rules), -1)
