@@ -301,7 +301,7 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 // (effect.ReadStats: the pending rows through their partial index, and a
 // count of the ended ones).
 type effectCollector struct {
-	pool *pgxpool.Pool
+	pool  *pgxpool.Pool
 	log   *slog.Logger
 	kinds []string
 }

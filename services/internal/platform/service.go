@@ -76,10 +76,10 @@ type Effects struct {
 
 // Stats is what GET /stats returns.
 type Stats struct {
-	Service  string              `json:"service"`
-	Instance string              `json:"instance"`
-	Inbox    inbox.Stats         `json:"inbox"`
-	Relay    outbox.RelayStats   `json:"relay"`
+	Service  string                        `json:"service"`
+	Instance string                        `json:"instance"`
+	Inbox    inbox.Stats                   `json:"inbox"`
+	Relay    outbox.RelayStats             `json:"relay"`
 	Effects  map[string]effect.RunnerStats `json:"effects,omitempty"` // by kind
 }
 
