@@ -1,26 +1,33 @@
 package provider
 
-// The HTTP API. POST /v1/captures goes, in this order: check the headers
-// and the body (4xx, nothing stored), the injected 500 (nothing done,
-// nothing stored), claim the idempotency key (replay, 422, 409), the
-// latency, execute (capture or decline, and store the response under the
-// key, in one transaction), and answer, or, for a lost response, close the
-// connection without a word.
+// The HTTP API. POST /v1/captures and POST /v1/refunds go through the same
+// steps (servePost, post.go), in this order: check the headers and the body
+// (4xx, nothing stored), the injected 500 (nothing done, nothing stored),
+// claim the idempotency key (replay, 422, 409), the latency, execute (a
+// capture or decline; a refund or an executed refusal; and store the
+// response under the key, in one transaction), and answer, or, for a lost
+// response, close the connection without a word. Every POST needs the
+// token when the server has one (HTTP_TOKEN, httpserve.RequireToken in
+// Run); the GETs need none.
+//
+//	POST /v1/captures            capture (200) or decline (402)
+//	GET  /v1/captures?reference= the attempts for one order
+//	GET  /v1/captures/{id}
+//	GET  /v1/ledger              every attempt, a page at a time
+//	POST /v1/refunds             refund a capture, all or part (refunds.go)
+//	GET  /v1/refunds?capture=    or ?reference=: its refunds
+//	GET  /v1/refunds/{id}
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 
 // Headers of the idempotency protocol, as Stripe names them.
@@ -43,6 +50,9 @@ func (p *Provider) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/captures", p.listByReference)
 	mux.HandleFunc("GET /v1/captures/{id}", p.getCapture)
 	mux.HandleFunc("GET /v1/ledger", p.ledger)
+	mux.HandleFunc("POST /v1/refunds", p.createRefund)
+	mux.HandleFunc("GET /v1/refunds", p.listRefunds)
+	mux.HandleFunc("GET /v1/refunds/{id}", p.getRefund)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	})
@@ -58,204 +68,68 @@ func (p *Provider) Handler() http.Handler {
 	return mux
 }
 
+// createCapture answers POST /v1/captures: capture or decline, once per
+// Idempotency-Key (servePost).
 func (p *Provider) createCapture(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	reqID := newID("req_")
-	w.Header().Set(HeaderRequestID, reqID)
-	fate := p.draw()
-	log := p.log.With("request_id", reqID)
-
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			writeError(w, http.StatusUnsupportedMediaType, APIError{Type: "invalid_request_error", Message: "Content-Type must be application/json"})
-			return
-		}
-	}
-	keys := r.Header.Values(HeaderIdempotencyKey)
-	if len(keys) > 1 {
-		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: HeaderIdempotencyKey, Message: "Idempotency-Key must be sent once"})
-		return
-	}
-	var key string
-	if len(keys) == 1 {
-		key = keys[0]
-		if err := validKey(key); err != nil {
-			writeInvalid(w, err)
-			return
-		}
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, APIError{Type: "invalid_request_error", Message: "body larger than " + strconv.Itoa(MaxBodyBytes) + " bytes"})
-			return
-		}
-		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Message: "reading body: " + err.Error()})
-		return
-	}
-	req, err := parseCaptureRequest(body)
-	if err != nil {
-		writeInvalid(w, err)
-		return
-	}
-	log = log.With("key", key, "reference", req.Reference, "amount", req.Amount)
-	if fate.fail {
-		log.Warn("injected failure: 500 before anything was done or stored")
-		writeError(w, http.StatusInternalServerError, APIError{Type: "api_error", Message: "injected failure; nothing was done, retry"})
-		return
-	}
-
-	// From here on the request is executed whatever the client does.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), executeTimeout)
-	defer cancel()
-	var token string
-	if key != "" {
-		c, err := p.claimKey(ctx, key, fingerprint(r.Method, r.URL.Path, req), reqID, p.cfg.Now())
+	p.servePost(w, r, func(body []byte) (postCall, error) {
+		req, err := parseCaptureRequest(body)
 		if err != nil {
-			log.Error("claiming the idempotency key failed", "err", err)
-			writeError(w, http.StatusInternalServerError, APIError{Type: "api_error", Message: "internal error; nothing was done, retry"})
-			return
+			return postCall{}, err
 		}
-		switch c.outcome {
-		case replay:
-			log.Info("replayed the stored response", "status", c.status, "original_request", c.origReq)
-			w.Header().Set(HeaderReplayed, "true")
-			w.Header().Set(HeaderOriginalRequest, c.origReq)
-			writeRaw(w, c.status, c.body)
-			return
-		case mismatch:
-			log.Warn("idempotency key reused with another request")
-			writeError(w, http.StatusUnprocessableEntity, APIError{Type: "idempotency_error", Code: "idempotency_key_mismatch",
-				Message: "this Idempotency-Key was used with different parameters; use a new key for a different request"})
-			return
-		case inUse:
-			log.Info("idempotency key in use by a request in flight", "holder", c.origReq)
-			writeError(w, http.StatusConflict, APIError{Type: "idempotency_error", Code: "idempotency_key_in_use",
-				Message: "another request with this Idempotency-Key is in progress; retry later"})
-			return
-		}
-		token = c.token
-	}
-
-	if fate.latency > 0 {
-		time.Sleep(fate.latency) // the card network; the key is held meanwhile
-	}
-	status, resp, capture, err := p.execute(ctx, req, key, token, reqID)
-	switch {
-	case errors.Is(err, errLostKey):
-		log.Warn("the idempotency key was taken over during execution; nothing captured", "err", err)
-		writeError(w, http.StatusConflict, APIError{Type: "idempotency_error", Code: "idempotency_key_in_use",
-			Message: "another request with this Idempotency-Key is in progress; retry later"})
-		return
-	case err != nil:
-		log.Error("executing the capture failed; nothing captured", "err", err)
-		if key != "" {
-			if err := p.releaseKey(ctx, key, token); err != nil {
-				log.Error("releasing the key failed; it is taken over after the lock timeout", "err", err)
-			}
-		}
-		writeError(w, http.StatusInternalServerError, APIError{Type: "api_error", Message: "internal error; nothing was done, retry"})
-		return
-	}
-	log = log.With("capture", capture.ID, "status", capture.Status, "took", time.Since(start).Round(time.Microsecond))
-	if fate.lost {
-		log.Warn("lost response: executed and committed, closing the connection unanswered", "after", p.cfg.LostResponseDelay)
-		p.loseResponse(w, r)
-		return
-	}
-	log.Info("executed")
-	writeRaw(w, status, resp)
+		return postCall{what: "capture", params: req, attrs: []any{"reference", req.Reference, "amount", req.Amount},
+			execute: func(ctx context.Context, key, token, reqID string) (result, error) {
+				status, body, c, err := p.execute(ctx, req, key, token, reqID)
+				return result{status: status, body: body, captureID: c.ID, attrs: []any{"capture", c.ID, "status", c.Status}}, err
+			}}, nil
+	})
 }
 
 // execute captures or declines req and records the attempt, with its
-// response stored under key (if any) in the same transaction.
+// response stored under key (if any) in the same transaction (commit):
+// the capture is written only if token still holds the key (errLostKey
+// otherwise).
 func (p *Provider) execute(ctx context.Context, req CaptureRequest, key, token, reqID string) (int, []byte, Capture, error) {
 	now := p.cfg.Now()
 	c := Capture{ID: newID("cap_"), Object: "capture", Amount: req.Amount, Currency: req.Currency,
 		Reference: req.Reference, Source: req.Source, Status: StatusCaptured, IdempotencyKey: key, Created: now.Unix()}
-	status, body := http.StatusOK, []byte(nil)
+	res := result{status: http.StatusOK, captureID: c.ID}
 	if DeclinedSources[req.Source] || (p.cfg.DeclineAmount != 0 && req.Amount == p.cfg.DeclineAmount) {
 		c.Status, c.DeclineCode = StatusDeclined, "generic_decline"
-		status = http.StatusPaymentRequired
-		body = marshal(ErrorBody{APIError{Type: "card_error", Code: "card_declined", DeclineCode: c.DeclineCode,
+		res.status = http.StatusPaymentRequired
+		res.body = marshal(ErrorBody{APIError{Type: "card_error", Code: "card_declined", DeclineCode: c.DeclineCode,
 			Message: "Your card was declined.", Capture: &c}})
 	} else {
-		body = marshal(c)
+		res.body = marshal(c)
 	}
-	err := p.insertCapture(ctx, c, key, token, reqID, status, body, now)
-	return status, body, c, err
-}
-
-// insertCapture writes the capture and, under a key, stores the response
-// with it, in one statement (one round trip, one transaction): the capture
-// is written only if token still holds the key (errLostKey otherwise).
-func (p *Provider) insertCapture(ctx context.Context, c Capture, key, token, reqID string, status int, body []byte, now time.Time) error {
-	const insert = `INSERT INTO captures
-		(id, amount, currency, reference, source, status, decline_code, idempotency_key, request_id, created_at)
-		SELECT $1, $2, $3, $4, $5, $6, NULLIF($7, ''), NULLIF($8, ''), $9, $10`
-	args := []any{c.ID, c.Amount, c.Currency, c.Reference, c.Source, c.Status, c.DeclineCode, key, reqID, now}
-	statement := insert
-	if key != "" {
-		statement, args = completeKey+insert+` WHERE EXISTS (SELECT FROM completed)`, append(args, token, status, body)
-	}
-	var tag pgconn.CommandTag
-	var ticket standby.Ticket
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) (err error) {
-		if tag, err = tx.Exec(ctx, statement, args...); err != nil {
-			return err
-		}
-		ticket, err = p.standby.Mark(ctx, tx) // nothing without PROVIDER_DATABASE_STANDBYS
-		return err
+	_, err := p.commit(ctx, key, token, now, func(tx pgx.Tx) (result, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO captures
+			(id, amount, currency, reference, source, status, decline_code, idempotency_key, request_id, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), NULLIF($8, ''), $9, $10)`,
+			c.ID, c.Amount, c.Currency, c.Reference, c.Source, c.Status, c.DeclineCode, key, reqID, now)
+		return res, err
 	})
-	if err != nil {
-		return fmt.Errorf("storing the capture and its response: %w", err)
+	if err != nil && !errors.Is(err, errLostKey) {
+		err = fmt.Errorf("storing the capture and its response: %w", err)
 	}
-	if key != "" && tag.RowsAffected() == 0 {
-		return errLostKey
-	}
-	// Answered once its standbys hold it. If they do not confirm it, the
-	// client's retry under the same key finds the stored response, or,
-	// if a failover took it, captures anew: once either way.
-	return p.standby.Wait(ctx, ticket)
-}
-
-// loseResponse closes the connection without answering, after
-// LostResponseDelay, or sooner when the client gives up or the provider
-// shuts down.
-func (p *Provider) loseResponse(w http.ResponseWriter, r *http.Request) {
-	if d := p.cfg.LostResponseDelay; d > 0 {
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-		case <-p.stopping:
-			t.Stop()
-		}
-	}
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		panic(http.ErrAbortHandler) // HTTP/2: the stream is reset
-	}
-	conn, _, err := hj.Hijack()
-	if err != nil {
-		panic(http.ErrAbortHandler)
-	}
-	conn.Close()
+	return res.status, res.body, c, err
 }
 
 func (p *Provider) getCapture(w http.ResponseWriter, r *http.Request) {
-	if !storable(r.PathValue("id")) {
-		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "id", Message: "id must be printable text of at most 255 bytes"})
+	getByID(p, w, r, "capture", p.query)
+}
+
+// getByID answers GET /v1/<what>s/{id} with the one find finds.
+func getByID[T any](p *Provider, w http.ResponseWriter, r *http.Request, what string, find func(context.Context, string, int, any) ([]T, bool, error)) {
+	id := r.PathValue("id")
+	if !textParam(w, "id", id) {
 		return
 	}
-	list, _, err := p.query(r.Context(), `WHERE id = $1`, 1, r.PathValue("id"))
+	list, _, err := find(r.Context(), `WHERE id = $1`, 1, id)
 	switch {
 	case err != nil:
 		p.internalError(w, err)
 	case len(list) == 0:
-		writeError(w, http.StatusNotFound, APIError{Type: "invalid_request_error", Code: "resource_missing", Param: "id", Message: "no such capture"})
+		writeError(w, http.StatusNotFound, APIError{Type: "invalid_request_error", Code: "resource_missing", Param: "id", Message: "no such " + what})
 	default:
 		writeJSON(w, http.StatusOK, list[0])
 	}
@@ -269,8 +143,7 @@ func (p *Provider) listByReference(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "reference", Message: "reference is required"})
 		return
 	}
-	if !storable(ref) {
-		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "reference", Message: "reference must be printable text of at most 255 bytes"})
+	if !textParam(w, "reference", ref) {
 		return
 	}
 	list, more, err := p.query(r.Context(), `WHERE reference = $1`, 1000, ref)
@@ -279,6 +152,16 @@ func (p *Provider) listByReference(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, List{Object: "list", Data: list, HasMore: more})
+}
+
+// textParam answers 400 (false) unless the path or query parameter name
+// is storable.
+func textParam(w http.ResponseWriter, name, value string) bool {
+	if storable(value) {
+		return true
+	}
+	writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: name, Message: name + " must be printable text of at most 255 bytes"})
+	return false
 }
 
 // ledger answers GET /v1/ledger?limit=&starting_after=: every attempt,
@@ -297,8 +180,7 @@ func (p *Provider) ledger(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	var after int64
-	if id := q.Get("starting_after"); id != "" && !storable(id) {
-		writeError(w, http.StatusBadRequest, APIError{Type: "invalid_request_error", Param: "starting_after", Message: "starting_after must be printable text of at most 255 bytes"})
+	if id := q.Get("starting_after"); id != "" && !textParam(w, "starting_after", id) {
 		return
 	} else if id != "" {
 		err := p.pool.QueryRow(r.Context(), `SELECT seq FROM captures WHERE id = $1`, id).Scan(&after)
@@ -325,16 +207,22 @@ func (p *Provider) query(ctx context.Context, where string, limit int, arg any) 
 	rows, err := p.pool.Query(ctx, `SELECT id, amount, currency, reference, source, status,
 		coalesce(decline_code, ''), coalesce(idempotency_key, ''), created_at
 		FROM captures `+where+` ORDER BY seq LIMIT $2`, arg, limit+1)
-	if err != nil {
-		return nil, false, err
-	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Capture, error) {
+	return collectPage(rows, err, limit, func(row pgx.CollectableRow) (Capture, error) {
 		c := Capture{Object: "capture"}
 		var created time.Time
 		err := row.Scan(&c.ID, &c.Amount, &c.Currency, &c.Reference, &c.Source, &c.Status, &c.DeclineCode, &c.IdempotencyKey, &created)
 		c.Created = created.Unix()
 		return c, err
 	})
+}
+
+// collectPage scans the rows of a query that asked for limit+1 (or its
+// error): at most limit of them, and whether there were more.
+func collectPage[T any](rows pgx.Rows, err error, limit int, scan func(pgx.CollectableRow) (T, error)) ([]T, bool, error) {
+	if err != nil {
+		return nil, false, err
+	}
+	list, err := pgx.CollectRows(rows, scan)
 	if err != nil {
 		return nil, false, err
 	}

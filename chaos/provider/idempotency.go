@@ -1,15 +1,18 @@
 package provider
 
 // The idempotency keys: claim a key before executing, complete it in the
-// transaction that writes the capture, release it when execution failed.
+// transaction that writes the capture or the refund, release it when
+// execution failed.
 //
 // A key is claimed by inserting its row in_progress with a fresh lock
 // token (INSERT … ON CONFLICT DO NOTHING: one inserter wins). A second
 // request with the key finds the row and gets the stored response (done),
 // 409 idempotency_key_in_use (in progress) or 422 (another body). The
-// capture is written in one transaction with an UPDATE of the key row that
-// requires the holder's token, so that only the holder captures: a holder
-// whose key was taken over (it outlived KeyLockTimeout) captures nothing.
+// capture or refund is written in one transaction with an UPDATE of the key
+// row that requires the holder's token, so that only the holder executes: a
+// holder whose key was taken over (it outlived KeyLockTimeout) writes
+// nothing. Keys are global: one used for a capture and then for a refund is
+// a 422 (the fingerprint covers the path).
 
 import (
 	"bytes"
@@ -82,7 +85,7 @@ func (p *Provider) claimKey(ctx context.Context, key string, fp []byte, reqID st
 			// A key older than the TTL is as good as swept: the request is new.
 			tag, err = p.pool.Exec(ctx, `UPDATE idempotency_keys SET fingerprint = $2, state = 'in_progress',
 				lock_token = $3, locked_at = $4, request_id = $5, created_at = $4,
-				response_status = NULL, response_body = NULL, capture_id = NULL, finished_at = NULL
+				response_status = NULL, response_body = NULL, capture_id = NULL, refund_id = NULL, finished_at = NULL
 				WHERE key = $1 AND created_at = $6`, key, fp, token, now, reqID, createdAt)
 		case !bytes.Equal(storedFP, fp):
 			return claim{outcome: mismatch}, nil
@@ -109,18 +112,26 @@ func (p *Provider) claimKey(ctx context.Context, key string, fp []byte, reqID st
 	return claim{}, errors.New("claiming key: the row kept changing under us")
 }
 
-// completeKey, the start of insertCapture's statement, stores the response
-// under the key ($8) if the lock token ($11) still holds it: completed has
-// its row then, and is empty when the key was taken over.
-const completeKey = `WITH completed AS (
-		UPDATE idempotency_keys
-		SET state = 'done', lock_token = NULL, response_status = $12, response_body = $13, capture_id = $1, finished_at = $10
-		WHERE key = $8 AND state = 'in_progress' AND lock_token = $11
-		RETURNING 1)
-	`
+// completeKey stores res as the response under key, in tx (the
+// transaction that wrote what res answers), if token still holds the key:
+// errLostKey otherwise, and the caller's transaction must roll back.
+func completeKey(ctx context.Context, tx pgx.Tx, key, token string, res result, now time.Time) error {
+	tag, err := tx.Exec(ctx, `UPDATE idempotency_keys
+		SET state = 'done', lock_token = NULL, response_status = $3, response_body = $4,
+			capture_id = NULLIF($5, ''), refund_id = NULLIF($6, ''), finished_at = $7
+		WHERE key = $1 AND state = 'in_progress' AND lock_token = $2`,
+		key, token, res.status, res.body, res.captureID, res.refundID, now)
+	if err != nil {
+		return fmt.Errorf("storing the response under the key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errLostKey
+	}
+	return nil
+}
 
 // releaseKey deletes the claim of a request that failed before its
-// capture committed, so a retry runs afresh instead of waiting out the lock.
+// effect committed, so a retry runs afresh instead of waiting out the lock.
 func (p *Provider) releaseKey(ctx context.Context, key, token string) error {
 	_, err := p.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE key = $1 AND state = 'in_progress' AND lock_token = $2`, key, token)
 	return err

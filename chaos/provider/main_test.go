@@ -86,7 +86,12 @@ func (r response) apiError(t *testing.T) APIError {
 func post(url, key, body string) response { return postWith(client, url, key, body) }
 
 func postWith(c *http.Client, url, key, body string) response {
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/captures", bytes.NewBufferString(body))
+	return postPath(c, url+"/v1/captures", key, body)
+}
+
+// postPath sends body to the POST endpoint at url with key ("" for none).
+func postPath(c *http.Client, url, key, body string) response {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewBufferString(body))
 	if err != nil {
 		return response{err: err}
 	}

@@ -1,8 +1,8 @@
 package provider
 
-// Reading and checking a POST /v1/captures body, strictly: anything the
-// provider would have to guess about is refused with 400 and a reason, and
-// nothing refused here is stored under its idempotency key.
+// Reading and checking a POST /v1/captures or /v1/refunds body, strictly:
+// anything the provider would have to guess about is refused with 400 and
+// a reason, and nothing refused here is stored under its idempotency key.
 
 import (
 	"crypto/sha256"
@@ -49,12 +49,8 @@ func invalid(param, format string, args ...any) error {
 // the source a token.
 func parseCaptureRequest(body []byte) (CaptureRequest, error) {
 	var req CaptureRequest
-	if err := strictjson.Decode(body, &req); err != nil {
-		var refused *strictjson.Error
-		if errors.As(err, &refused) {
-			return req, invalid(refused.Path, "%v", refused)
-		}
-		return req, invalid("", "body: %v", err)
+	if _, err := decodeBody(body, &req); err != nil {
+		return req, err
 	}
 	switch {
 	case req.Amount <= 0:
@@ -79,11 +75,73 @@ func parseCaptureRequest(body []byte) (CaptureRequest, error) {
 	return req, nil
 }
 
+// RefundRequest is the body of POST /v1/refunds.
+type RefundRequest struct {
+	Capture string `json:"capture"` // cap_…, the capture to refund
+	// Amount, in minor units, 1..MaxAmount; absent (nil): all that is
+	// left of the capture.
+	Amount *int64 `json:"amount,omitempty"`
+	Reason string `json:"reason,omitempty"` // at most MaxReasonBytes, printable
+}
+
+// MaxReasonBytes bounds a refund's reason.
+const MaxReasonBytes = 500
+
+// parseRefundRequest decodes and checks body as parseCaptureRequest does:
+// the capture an identifier, the amount, if there, a positive integer in
+// range (not null: leave it out for "the rest"), the reason printable.
+func parseRefundRequest(body []byte) (RefundRequest, error) {
+	var req RefundRequest
+	tree, err := decodeBody(body, &req)
+	if err != nil {
+		return req, err
+	}
+	if v, ok := tree.Field("amount"); ok && v.Kind == strictjson.Null {
+		return req, invalid("amount", "amount must be a positive integer of minor units, or left out to refund all that is left")
+	}
+	switch {
+	case req.Capture == "":
+		return req, invalid("capture", "capture is required")
+	case !storable(req.Capture):
+		return req, invalid("capture", "capture must be printable text of at most 255 bytes")
+	case req.Amount != nil && *req.Amount <= 0:
+		return req, invalid("amount", "amount must be a positive integer of minor units")
+	case req.Amount != nil && *req.Amount > MaxAmount:
+		return req, invalid("amount", "amount must be at most %d", MaxAmount)
+	case len(req.Reason) > MaxReasonBytes:
+		return req, invalid("reason", "reason must be at most %d bytes", MaxReasonBytes)
+	case !printable(req.Reason):
+		return req, invalid("reason", "reason must not contain control characters")
+	}
+	return req, nil
+}
+
+// decodeBody decodes body into v strictly (strictjson), a refusal as an
+// invalidRequest naming the field, and returns the parsed tree.
+func decodeBody(body []byte, v any) (*strictjson.Value, error) {
+	tree, err := strictjson.Parse(body)
+	if err == nil {
+		err = tree.Decode(v)
+	}
+	if err != nil {
+		var refused *strictjson.Error
+		if errors.As(err, &refused) {
+			return nil, invalid(refused.Path, "%v", refused)
+		}
+		return nil, invalid("", "body: %v", err)
+	}
+	return tree, nil
+}
+
 // fingerprint identifies a request for its idempotency key: the method,
-// the path and the body re-encoded from the parsed fields, so that spacing
-// and field order do not count and every parameter does.
-func fingerprint(method, path string, req CaptureRequest) []byte {
-	canonical, _ := json.Marshal(req) // a struct of strings and ints: cannot fail
+// the path and the body re-encoded from the parsed fields (req, a
+// CaptureRequest or a RefundRequest), so that spacing and field order do
+// not count and every parameter does.
+func fingerprint(method, path string, req any) []byte {
+	canonical, err := json.Marshal(req)
+	if err != nil {
+		panic(fmt.Sprintf("provider: fingerprint %T: %v", req, err)) // only our own request types come here
+	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s %s\n", method, path)
 	h.Write(canonical)

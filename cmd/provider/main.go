@@ -1,5 +1,5 @@
 // Command provider is the payment provider stand-in (chaos/provider):
-// POST /v1/captures with Stripe-like idempotent requests over a ledger in
+// POST /v1/captures and /v1/refunds with Stripe-like idempotent requests over a ledger in
 // its own Postgres database, with injected latency, 500s and lost
 // responses, configured from the environment (PROVIDER_*).
 package main
