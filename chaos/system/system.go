@@ -268,7 +268,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 	}
 	ready := append(s.All(), s.Provider)
 	if !opts.WithoutAuditor {
-		if err := s.startAuditor(bins["auditor"]); err != nil {
+		if err := s.startAuditor(bins["auditor"], urls["orders"][0], envValue(append(opts.Env, opts.EnvFor["orders"]...), "HTTP_TOKEN")); err != nil {
 			return nil, err
 		}
 		ready = append(ready, s.Auditor)
@@ -300,8 +300,8 @@ func (s *System) startProvider(bin string, env []string) error {
 }
 
 // startAuditor starts services/auditor over the services' databases,
-// its state in its own.
-func (s *System) startAuditor(bin string) error {
+// its state in its own, its repairs asked of orders at ordersURL.
+func (s *System) startAuditor(bin, ordersURL, ordersToken string) error {
 	addr, err := procs.FreeAddr()
 	if err != nil {
 		return err
@@ -313,8 +313,21 @@ func (s *System) startAuditor(bin string) error {
 	s.logFiles = append(s.logFiles, f)
 	s.Auditor = &procs.Proc{Service: "auditor", Name: "auditor", Bin: bin, Addr: addr, Log: f,
 		Env: []string{"ORDERS_DATABASE_URL=" + s.DBURL["orders"], "INVENTORY_DATABASE_URL=" + s.DBURL["inventory"],
-			"AUDIT_DATABASE_URL=" + s.DBURL["audit"], "AUDIT_GRACE=" + s.AuditGrace.String(), "AUDIT_INTERVAL=1s"}}
+			"AUDIT_DATABASE_URL=" + s.DBURL["audit"], "AUDIT_GRACE=" + s.AuditGrace.String(), "AUDIT_INTERVAL=1s",
+			"ORDERS_API_URL=" + ordersURL, "ORDERS_API_TOKEN=" + ordersToken}}
 	return s.Auditor.Start()
+}
+
+// envValue is the value the last of env's NAME=value entries gives name
+// ("" when none does).
+func envValue(env []string, name string) string {
+	v := ""
+	for _, e := range env {
+		if k, val, ok := strings.Cut(e, "="); ok && k == name {
+			v = val
+		}
+	}
+	return v
 }
 
 // All returns every service process (the provider is not one).

@@ -60,8 +60,8 @@ func answers(t *testing.T, evs ...any) []*message.Message {
 	return msgs
 }
 
-// runCaptures runs orders' capture runner against url until every capture
-// ended.
+// runCaptures runs orders' payment runners (captures, refunds) against url
+// until every effect ended.
 func runCaptures(t *testing.T, pool *pgxpool.Pool, cfg platform.Config) {
 	t.Helper()
 	cfg.EffectMinBackoff, cfg.EffectMaxBackoff = 5*time.Millisecond, 50*time.Millisecond
