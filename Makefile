@@ -94,6 +94,7 @@ define chaos-double
 	@grep -Eq '"crash_window_double_applied": [1-9]' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but not with double-applies of the crash windows' own messages"; exit 1; }
 	@grep -Eq '"exactly-once": false' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2 failed, but exactly-once held: the checker did not see the double-applies"; exit 1; }
 	@grep -Eq '"attribution": true' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2: a copy the crash windows made was not applied twice, or none came back (see attribution)"; exit 1; }
+	@grep -Eq '"audit-alarms": false' chaos-control-$(1).json || { echo "FAIL: the $(1) control run 2: the auditor beside it raised no alarm for the double-applies (see audit-alarms)"; exit 1; }
 	$(call trace-ok,chaos-control-$(1).json)
 	@echo "control run 2 ($(1)) failed with the crash windows' double-applies, each copy that met a committed effect applied twice, as it must"
 endef
@@ -179,7 +180,8 @@ define chaos-failover
 	@grep -Eq '"no-ghost-events": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but found no ghost event (see no-ghost-events)"; exit 1; }
 	@grep -Eq '"committed-applied": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but found no committed message unapplied (see committed-applied)"; exit 1; }
 	@grep -Eq '"continuity-alarms": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but no consumer saw its producer's history go back (see continuity-alarms)"; exit 1; }
-	@echo "the failover control failed with ghost events, committed messages never applied and the consumers' continuity alarms, as it must"
+	@grep -Eq '"audit-alarms": false' chaos-control-failover-async.json || { echo "FAIL: the failover control failed, but the auditor raised no alarm for what the failover lost (see audit-alarms)"; exit 1; }
+	@echo "the failover control failed with ghost events, committed messages never applied, the consumers' continuity alarms and the auditor's, as it must"
 	@echo "== failover on asynchronous replication, what leaves a transaction waiting for a standby (DATABASE_STANDBYS=1, pkg/standby): must PASS =="
 	./bin/chaos -profile failover-async -orders $(1) -standbys 1 -seed $(SEED) -report chaos-report-failover-standbys.json
 	$(call trace-ok,chaos-report-failover-standbys.json)

@@ -717,27 +717,27 @@ func (h *harness) diagnoseStall(ctx context.Context) {
 }
 
 // measureAudit waits until the auditor beside the run has caught up with
-// it and reads what it found: measured, not yet judged (a clean run's
-// findings, with kills and faults, are what the judge's audit-quiet rule
-// will be set against).
+// it and judges what it found (judge.AuditAlarms): late work resolved in
+// time is no alarm, a breach is.
 func (h *harness) measureAudit(ctx context.Context, sys *system.System) AuditRow {
 	if sys.Auditor == nil {
-		return AuditRow{Detail: "no auditor"}
+		return AuditRow{Detail: "no auditor", Verdict: judge.Invariant{Name: judge.AuditAlarms, OK: true, Detail: "not judged: no auditor ran"}}
 	}
 	actx, cancel := context.WithTimeout(ctx, sys.AuditGrace+2*time.Minute)
 	defer cancel()
 	findings, err := judge.AuditAfter(actx, sys.Pools["audit"], sys.AuditGrace)
 	if err != nil {
 		h.say("auditor: %v", err)
-		return AuditRow{Detail: err.Error()}
+		return AuditRow{Detail: err.Error(), Verdict: judge.Invariant{Name: judge.AuditAlarms, Detail: "the auditor did not catch up with the run: " + err.Error()}}
 	}
-	row := AuditRow{Findings: len(findings), Kinds: map[string]int{}, Detail: judge.AuditVerdict(findings).Detail}
+	row := AuditRow{Findings: len(findings), Kinds: map[string]int{}, Detail: judge.AuditVerdict(findings).Detail,
+		Verdict: judge.AuditAlarmsVerdict(findings, sys.AuditGrace)}
 	for _, f := range findings {
 		row.Kinds[f.Check+"/"+f.Kind]++
 		if f.Open() {
 			row.Open++
 		}
 	}
-	h.say("auditor: %s", row.Detail)
+	h.say("auditor: %s", row.Verdict.Detail)
 	return row
 }

@@ -78,6 +78,8 @@ type AuditRow struct {
 	Open     int            `json:"open"`
 	Kinds    map[string]int `json:"kinds,omitempty"` // "check/kind" → findings
 	Detail   string         `json:"detail"`
+	// Verdict is judge.AuditAlarms's, which the report's invariants carry.
+	Verdict judge.Invariant `json:"-"`
 }
 
 // PaymentsRow is what the provider's ledger holds (judge.CheckPayments).
@@ -132,6 +134,7 @@ func (h *harness) report(ctx context.Context, final judge.Report, hostile *hosti
 		r.Invariants[inv.Name] = inv.OK
 		r.Details[inv.Name] = inv.Detail
 	}
+	r.Invariants[judge.AuditAlarms], r.Details[judge.AuditAlarms] = h.audit.Verdict.OK, h.audit.Verdict.Detail
 	r.Trace = judge.TraceRowOf(traced)
 	r.Invariants[judge.TraceInModel], r.Details[judge.TraceInModel] = judge.TraceVerdict(traced)
 

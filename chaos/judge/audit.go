@@ -74,3 +74,55 @@ func AuditVerdict(findings []audit.Record) Invariant {
 	}
 	return Invariant{AuditQuiet, false, fmt.Sprintf("the auditor raised %d findings, %d still open: %s", len(findings), open, strings.Join(examples, "; "))}
 }
+
+// AuditAlarms: what the auditor raised in a run with kills and faults is
+// what a person would have been paged for. Work that was late, not wrong
+// (LatenessKinds), is an alarm only if the auditor still found it at the
+// end, or if it was late enough for production's auditor to page (later
+// than AlarmLateness); a finding of any other kind is a breach, and always
+// an alarm. A clean run raises none; a run with a breach injected must.
+const AuditAlarms = "audit-alarms"
+
+// LatenessKinds are the auditor's kinds of finding that say an order's
+// next step has not happened yet (services/auditor/checks.go): under
+// kills, restarts and failovers a short grace period sees many, each
+// resolved when the step comes.
+var LatenessKinds = []string{"unanswered", "answer-unapplied", "capture-pending", "sale-missing", "refund-pending"}
+
+// AlarmLateness is how late work may be before a person is paged for it
+// in production: the auditor's default grace period, then the `for` of
+// the AuditFindingOpen alert (deploy/prometheus/alerts.yml).
+const AlarmLateness = audit.GraceDefault + time.Minute
+
+// AuditAlarmsVerdict judges a run's findings, raised by an auditor whose
+// grace period was grace: a lateness finding is as late as grace plus the
+// time it stayed open.
+func AuditAlarmsVerdict(findings []audit.Record, grace time.Duration) Invariant {
+	var alarms []string
+	late := map[string]int{}
+	var latest time.Duration
+	for _, f := range findings {
+		name := fmt.Sprintf("%s %s %s", f.Check, f.Kind, f.Entity)
+		switch {
+		case !slices.Contains(LatenessKinds, f.Kind):
+			alarms = append(alarms, fmt.Sprintf("%s (a breach): %s", name, f.Detail))
+		case f.Open():
+			alarms = append(alarms, fmt.Sprintf("%s still open at the end: %s", name, f.Detail))
+		default:
+			d := grace + f.ResolvedAt.Sub(f.FirstSeen)
+			if d > AlarmLateness {
+				alarms = append(alarms, fmt.Sprintf("%s late by %s, more than %s", name, d.Round(time.Second), AlarmLateness))
+			}
+			late[f.Kind]++
+			latest = max(latest, d)
+		}
+	}
+	if len(alarms) > 0 {
+		return Invariant{AuditAlarms, false, fmt.Sprintf("%d alarms among %d findings: %s", len(alarms), len(findings), strings.Join(alarms[:min(len(alarms), maxExamples)], "; "))}
+	}
+	if len(findings) == 0 {
+		return Invariant{AuditAlarms, true, "the auditor raised nothing"}
+	}
+	return Invariant{AuditAlarms, true, fmt.Sprintf("no alarm: %d findings, each late work resolved within %s (the latest %s late; by kind %v), no breach",
+		len(findings), AlarmLateness, latest.Round(time.Second), late)}
+}

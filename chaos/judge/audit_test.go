@@ -24,3 +24,39 @@ func TestAuditVerdict(t *testing.T) {
 	}
 	require.Contains(t, AuditVerdict([]audit.Record{open, resolved}).Detail, "2 findings, 1 still open")
 }
+
+// TestAuditAlarmsVerdict: late work resolved within AlarmLateness is no
+// alarm; a breach is, resolved or not; late work still open at the end is;
+// late work resolved after more than AlarmLateness (grace included) is.
+func TestAuditAlarmsVerdict(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	rec := func(kind string, open time.Duration, resolved bool) audit.Record {
+		r := audit.Record{Check: "orders", Finding: audit.Finding{Entity: "o-" + kind, Kind: kind, Detail: "seen"}, FirstSeen: at}
+		if resolved {
+			r.ResolvedAt = at.Add(open)
+		}
+		return r
+	}
+	grace := 10 * time.Second
+	require.True(t, AuditAlarmsVerdict(nil, grace).OK)
+	var late []audit.Record
+	for _, k := range LatenessKinds {
+		late = append(late, rec(k, AlarmLateness-grace, true))
+	}
+	v := AuditAlarmsVerdict(late, grace)
+	require.True(t, v.OK, v.Detail)
+	require.Contains(t, v.Detail, "the latest 3m0s late")
+
+	for name, bad := range map[string]audit.Record{
+		"a breach, resolved":     rec("answers-disagree", time.Second, true),
+		"a breach, open":         rec("wrong-quantities", 0, false),
+		"late work still open":   rec("unanswered", 0, false),
+		"late work, late enough": rec("sale-missing", AlarmLateness-grace+time.Second, true),
+	} {
+		v := AuditAlarmsVerdict(append(append([]audit.Record{}, late...), bad), grace)
+		require.False(t, v.OK, name)
+		require.Contains(t, v.Detail, bad.Entity, name)
+		require.Contains(t, v.Detail, "1 alarms", name)
+	}
+}

@@ -101,6 +101,11 @@ var Rules = []Rule{
 		"chaos/judge/audit.go AuditVerdict", []Control{
 			{"chaos/judge/audit_test.go", "TestAuditVerdict"},
 			{"chaos/e2e/e2e_test.go", "TestCrashAfterCommitBeforeAckWithoutEitherLayer"}}},
+	{AuditAlarms, "the auditor beside the run raised no alarm: no breach, and no late work still found at the end or later than production's auditor pages (its grace, then its alert's for)",
+		"chaos/judge/audit.go AuditAlarmsVerdict", []Control{
+			{"chaos/judge/audit_test.go", "TestAuditAlarmsVerdict"},
+			{"Makefile", "-inbox=off -guard=off"},
+			{"Makefile", "-profile failover-async -orders"}}},
 	{FaultsBit, "the run reached its profile's minimums: kills in every window, restarts, broker and network faults, duplicates suppressed",
 		"chaos/judge/invariants.go FaultsBitVerdict", []Control{{"chaos/judge/invariants_test.go", "TestFaultsBitVerdict"}}},
 }

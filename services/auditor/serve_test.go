@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/chaos/judge"
+	"github.com/outboxref/outbox-inbox/pkg/audit"
 )
 
 // TestServe: GET /findings names what is wrong, GET /metrics exports every
@@ -68,4 +71,26 @@ func TestServe(t *testing.T) {
 	}
 	code, _ = get("/healthz")
 	require.Equal(t, http.StatusOK, code)
+}
+
+// TestChaosJudgesTheseKinds: the chaos judge's rule (judge.AuditAlarms)
+// names kinds of this auditor's as lateness, and pages at the lateness
+// production's alert pages at: the default grace period, then the `for`
+// of AuditFindingOpen.
+func TestChaosJudgesTheseKinds(t *testing.T) {
+	t.Parallel()
+	var known []string
+	for _, ks := range kinds {
+		known = append(known, ks...)
+	}
+	for _, k := range judge.LatenessKinds {
+		require.Contains(t, known, k, "judge.LatenessKinds names a kind the auditor does not have")
+	}
+	rules, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?s)alert: AuditFindingOpen\n.*?\n\s+for: (\S+)`).FindSubmatch(rules)
+	require.NotNil(t, m, "AuditFindingOpen's for")
+	d, err := time.ParseDuration(string(m[1]))
+	require.NoError(t, err)
+	require.Equal(t, judge.AlarmLateness, audit.GraceDefault+d)
 }
