@@ -100,7 +100,7 @@ func routes() map[string][]bad {
 			{name: "after not text", method: "GET", path: "/v1/ledger?starting_after=%FF"}, {name: "after unknown", method: "GET", path: "/v1/ledger?starting_after=cap_nope"}},
 		// the auditor (its /healthz, /readyz and /metrics are the platform's patterns)
 		"GET /findings": {{name: "limit not a number", method: "GET", path: "/findings?limit=x"}, {name: "limit 0", method: "GET", path: "/findings?limit=0"},
-			{name: "limit huge", method: "GET", path: "/findings?limit=99999999999999999999"}, {name: "unknown check", method: "GET", path: "/findings?check=refunds"},
+			{name: "limit huge", method: "GET", path: "/findings?limit=99999999999999999999"}, {name: "unknown check", method: "GET", path: "/findings?check=payments"},
 			{name: "check not text", method: "GET", path: "/findings?check=%FF%00"}, {name: "check sql", method: "GET", path: "/findings?check=" + url.QueryEscape("' OR 1=1 --")}},
 		"GET /status": nil,
 		// the live page

@@ -17,7 +17,7 @@ import (
 const AuditQuiet = "audit-quiet"
 
 // AuditChecks are the auditor's checks, each of which must have caught up.
-var AuditChecks = []string{"decisions", "orders", "sales", "stock"}
+var AuditChecks = []string{"decisions", "orders", "refunds", "sales", "stock"}
 
 // AuditAfter waits until every one of the auditor's checks (its database:
 // pool) has caught up with everything that happened before now, grace

@@ -252,14 +252,14 @@ auditor="http://127.0.0.1:${AUDITOR_PORT:-8084}"
 checks=
 for _ in $(seq 1 60); do
 	checks=$(curl -fsS "$auditor/status" 2>/dev/null | grep -o '"Check":"[a-z]*"' | sort | tr '\n' ' ') || true
-	[ "$checks" = '"Check":"decisions" "Check":"orders" "Check":"sales" "Check":"stock" ' ] && break
+	[ "$checks" = '"Check":"decisions" "Check":"orders" "Check":"refunds" "Check":"sales" "Check":"stock" ' ] && break
 	sleep 1
 done
-[ "$checks" = '"Check":"decisions" "Check":"orders" "Check":"sales" "Check":"stock" ' ] ||
-	fail "the auditor did not run its four checks (GET /status: ${checks:-nothing}; see its log)"
+[ "$checks" = '"Check":"decisions" "Check":"orders" "Check":"refunds" "Check":"sales" "Check":"stock" ' ] ||
+	fail "the auditor did not run its five checks (GET /status: ${checks:-nothing}; see its log)"
 findings=$(curl -fsS "$auditor/findings") || fail "GET $auditor/findings"
 [ "$findings" = '{"findings":[]}' ] || fail "the auditor found something wrong after the demo: $findings"
-say "ok: auditor healthy at $auditor, its four checks running, nothing found"
+say "ok: auditor healthy at $auditor, its five checks running, nothing found"
 mark "checks"
 
 # 5. A crash mid-load. A second demo run pays more orders while inventory's

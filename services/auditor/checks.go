@@ -12,6 +12,8 @@ package main
 //     paid (none for an order orders never had, or never paid).
 //   - sales: every sale (fulfilment) is of an order whose payment was
 //     captured.
+//   - refunds: every refund asked for, once older than the grace period,
+//     has ended refunded.
 //   - stock (ledger.go): per SKU, reserved = Σ reservations − Σ
 //     fulfilments and sold = Σ fulfilments, kept as a running ledger.
 
@@ -47,13 +49,15 @@ const (
 	KindSaleMissing         = "sale-missing"            // captured, and inventory has not sold its units
 	KindWrongSale           = "wrong-sale"              // the units sold are not the order's lines (sold twice, or others)
 	KindUnreadable          = "unreadable"              // the order's row cannot be read (its lines are not lines)
-	KindRefundPending       = "refund-pending"          // a refund asked for has not ended
-	KindRefundFailed        = "refund-failed"           // the provider refused a refund for good: the customer is still charged
+
 	// decisions
 	KindDecisionWithoutOrder   = "decision-without-order"   // inventory decided an order orders does not have
 	KindDecisionWithoutPayment = "decision-without-payment" // inventory decided an order that was never paid
 	// sales
 	KindSaleWithoutCapture = "sale-without-capture" // inventory sold an order whose payment was not captured
+	// refunds
+	KindRefundPending = "refund-pending" // a refund asked for has not ended
+	KindRefundFailed  = "refund-failed"  // the provider refused a refund for good: the customer is still charged
 )
 
 // domain is what the checks read: both services' databases.
@@ -91,6 +95,7 @@ func (d domain) checks() []audit.Check {
 		orders,
 		audit.Entities("decisions", d.nextDecisions, d.examine(decisionRule)),
 		d.salesCheck(),
+		audit.Entities("refunds", d.nextRefunds, d.examine(refundRule)),
 		d.stockCheck(),
 	}
 }
@@ -296,16 +301,6 @@ func orderRule(v *orderView, add func(kind, format string, args ...any)) {
 	if v.decision != "" && !maps.Equal(v.reserved, want) {
 		add(KindWrongQuantities, "inventory %s it, reserving %s; its lines are %s", v.decision, units(v.reserved), units(v.lines))
 	}
-	switch v.payment {
-	case "refunding":
-		if v.refundOld {
-			add(KindRefundPending, "its refund was asked for and has not ended")
-		}
-		return
-	case "refund_failed":
-		add(KindRefundFailed, "the provider refused its refund for good: the customer is still charged")
-		return
-	}
 	if v.status != "reserved" || v.status != v.decision {
 		return
 	}
@@ -322,6 +317,32 @@ func orderRule(v *orderView, add func(kind, format string, args ...any)) {
 			add(KindWrongSale, "captured; inventory sold %s, its lines are %s", units(v.sold), units(v.lines))
 		}
 	}
+}
+
+// refundRule holds a refund asked for to its end: refunded.
+func refundRule(v *orderView, add func(kind, format string, args ...any)) {
+	switch {
+	case v.payment == "refunding" && v.refundOld:
+		add(KindRefundPending, "its refund was asked for and has not ended")
+	case v.payment == "refund_failed":
+		add(KindRefundFailed, "the provider refused its refund for good: the customer is still charged")
+	}
+}
+
+// nextRefunds lists the orders whose refund was asked for past the
+// watermark, by (refund_at, id) (index orders_refund).
+func (d domain) nextRefunds(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
+	key := from.Key
+	if key == "" {
+		key = uuid.Nil.String()
+	}
+	rows, err := d.orders.Query(ctx, `SELECT id::text, refund_at FROM orders
+		WHERE refund_at IS NOT NULL AND (refund_at, id) > ($1, $2::uuid) AND refund_at < `+horizon(3)+`
+		ORDER BY refund_at, id LIMIT $4`, since(from.Time), key, seconds(grace), limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing refunds: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[audit.Entity])
 }
 
 // decisionRule holds a decision to a paid order.

@@ -213,9 +213,9 @@ func TestCleanHistoryHasNoFinding(t *testing.T) {
 		examined[s.Check] = s.Examined
 	}
 	// 12 paid orders, 12 decisions, 3 sales (of two SKUs each: 6 rows),
-	// 9 reservation rows (A and B of the sold, C of the declined) and 6
-	// fulfilment rows.
-	require.Equal(t, map[string]int64{"orders": 12, "decisions": 12, "sales": 6, "stock": 15}, examined)
+	// 3 refunds, 9 reservation rows (A and B of the sold, C of the
+	// declined) and 6 fulfilment rows.
+	require.Equal(t, map[string]int64{"orders": 12, "decisions": 12, "refunds": 3, "sales": 6, "stock": 15}, examined)
 }
 
 // TestEachBreachIsFound: one order per kind of breach, beside healthy
@@ -245,8 +245,8 @@ func TestEachBreachIsFound(t *testing.T) {
 	breach("orders", KindSaleMissing, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1})
 	breach("orders", KindWrongSale, order{status: "reserved", payment: "captured", lines: c1, decision: "reserved", reserved: c1, sold: map[string]int{"C": 2}})
 	// Sold and never captured: the sale's check sees it.
-	breach("orders", KindRefundPending, order{status: "rejected", payment: "refunding", lines: c1, decision: "rejected"})
-	breach("orders", KindRefundFailed, order{status: "rejected", payment: "refund_failed", lines: c1, decision: "rejected"})
+	breach("refunds", KindRefundPending, order{status: "rejected", payment: "refunding", lines: c1, decision: "rejected"})
+	breach("refunds", KindRefundFailed, order{status: "rejected", payment: "refund_failed", lines: c1, decision: "rejected"})
 	breach("sales", KindSaleWithoutCapture, order{status: "reserved", payment: "declined", lines: c1, decision: "reserved", reserved: c1, sold: c1})
 	// Inventory decided an order orders never had, and one never paid.
 	ghost := "not-a-uuid"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -95,4 +96,32 @@ func TestRepairRefundsWhatInventoryRejected(t *testing.T) {
 	var reason string
 	require.NoError(t, w.orders.QueryRow(t.Context(), `SELECT reject_reason FROM orders WHERE id = $1`, captured).Scan(&reason))
 	require.Contains(t, reason, "inventory rejected the order")
+}
+
+// TestRefundOutcomeFollowed: once the auditor's repair asked for a
+// refund, the disagreement resolves (the order now says rejected), and the
+// refunds check follows the refund to its end: one the provider refused
+// for good is refund-failed, one still pending past the grace period is
+// refund-pending, one refunded is nothing.
+func TestRefundOutcomeFollowed(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	failed := w.add(order{status: "reserved", payment: "captured", lines: c1, decision: "rejected"})
+	stuck := w.add(order{status: "reserved", payment: "captured", lines: c1, decision: "rejected"})
+	done := w.add(order{status: "reserved", payment: "captured", lines: c1, decision: "rejected"})
+	grace := time.Minute
+	checks := domain{orders: w.orders, inventory: w.inventory, grace: grace}.checks()
+	checks[0].Repair = func(ctx context.Context, f audit.Finding) (string, error) {
+		// what orders' requestRefund writes
+		w.exec(w.orders, `UPDATE orders SET status = 'rejected', reject_reason = 'refunded: x', payment = 'refunding', refund_at = now() WHERE id = $1 AND payment = 'captured'`, f.Entity)
+		return "refund asked", nil
+	}
+	a, err := audit.New(w.state, audit.Config{Grace: grace, Batch: 3}, checks...)
+	require.NoError(t, err)
+	w.round(a)
+	require.Empty(t, w.round(a), "the disagreements repaired and resolved")
+	w.exec(w.orders, `UPDATE orders SET payment = 'refund_failed', payment_error = 'provider refused' WHERE id = $1`, failed)
+	w.exec(w.orders, `UPDATE orders SET payment = 'refunded', refund_id = 're_1' WHERE id = $1`, done)
+	w.exec(w.orders, `UPDATE orders SET refund_at = now() - interval '1 hour' WHERE id = ANY($1::uuid[])`, []string{failed, stuck, done})
+	require.Equal(t, sorted("refunds "+failed+" "+KindRefundFailed, "refunds "+stuck+" "+KindRefundPending), w.round(a))
 }

@@ -27,9 +27,10 @@ import (
 // kinds lists each check's kinds of finding: their open count is exported
 // as 0 too, so an alert that fired resolves when its series drops to 0.
 var kinds = map[string][]string{
-	"orders":    {KindUnanswered, KindAnswerUnapplied, KindAnswerWithoutDecide, KindAnswersDisagree, KindWrongQuantities, KindCapturePending, KindSaleMissing, KindWrongSale, KindUnreadable, KindRefundPending, KindRefundFailed},
+	"orders":    {KindUnanswered, KindAnswerUnapplied, KindAnswerWithoutDecide, KindAnswersDisagree, KindWrongQuantities, KindCapturePending, KindSaleMissing, KindWrongSale, KindUnreadable},
 	"decisions": {KindDecisionWithoutOrder, KindDecisionWithoutPayment},
 	"sales":     {KindSaleWithoutCapture},
+	"refunds":   {KindRefundPending, KindRefundFailed},
 	"stock":     {KindStockOutOfBalance},
 }
 

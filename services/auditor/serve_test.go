@@ -61,9 +61,9 @@ func TestServe(t *testing.T) {
 	}
 
 	for path, reason := range map[string]string{
-		"/findings?limit=0":       "limit",
-		"/findings?limit=x":       "limit",
-		"/findings?check=refunds": "check: one of",
+		"/findings?limit=0":        "limit",
+		"/findings?limit=x":        "limit",
+		"/findings?check=payments": "check: one of",
 	} {
 		code, body := get(path)
 		require.Equal(t, http.StatusBadRequest, code, path)
