@@ -16,6 +16,10 @@ import (
 // no finding: none open at the end, none raised and resolved on the way.
 const AuditQuiet = "audit-quiet"
 
+// maxFindings bounds the findings AuditAfter reads: a run that raised
+// more is not judged on some of them, so it is an error.
+const maxFindings = 1_000_000
+
 // AuditChecks are the auditor's checks, each of which must have caught up.
 var AuditChecks = []string{"decisions", "orders", "refunds", "sales", "stock"}
 
@@ -41,7 +45,11 @@ func AuditAfter(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) ([
 			}
 		}
 		if caught == len(AuditChecks) {
-			return audit.ListFindings(ctx, pool, audit.ListOptions{All: true, Limit: 10_000})
+			found, err := audit.ListFindings(ctx, pool, audit.ListOptions{All: true, Limit: maxFindings})
+			if err == nil && len(found) == maxFindings {
+				err = fmt.Errorf("the auditor raised %d findings or more: more than a run is judged on", maxFindings)
+			}
+			return found, err
 		}
 		select {
 		case <-ctx.Done():

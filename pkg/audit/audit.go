@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -86,10 +87,13 @@ type Check struct {
 	// asked again next round), or an error (asked again next round;
 	// audit_findings.repair_error says why). What it did is recorded on
 	// the finding (repair, repaired_at), and it is not asked again unless
-	// the finding resolves and opens again. Replicas take turns (the
-	// check's watermark row is locked meanwhile), but a repair whose
-	// record was lost (the auditor killed between the two) is asked again:
-	// it must be idempotent, like the operation it asks for.
+	// the finding resolves and opens again. No transaction is held while
+	// it runs: two replicas may ask about the same finding, and a repair
+	// whose record was lost (the auditor killed between the two) is asked
+	// again if the finding still holds: it must be idempotent, like the
+	// operation it asks for. (If the repair made the finding hold no more,
+	// the recheck resolves it, and what was done shows in the audited
+	// system, not on the finding.)
 	Repair func(ctx context.Context, f Finding) (string, error)
 }
 
@@ -321,50 +325,56 @@ func (a *Auditor) round(ctx context.Context, c Check) CheckRound {
 	return cr
 }
 
-// repair asks c.Repair to repair c's open findings not repaired yet, the
-// oldest first, and records what each did (or why it failed) on it. The
-// check's watermark row is held meanwhile, so replicas take turns.
-func (a *Auditor) repair(ctx context.Context, c Check) (repaired []Finding, err error) {
-	err = pgx.BeginFunc(ctx, a.state, func(tx pgx.Tx) error {
-		if _, err := lockMark(ctx, tx, c.Name); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT entity, kind, detail FROM audit_findings
-			WHERE check_name = $1 AND resolved_at IS NULL AND repaired_at IS NULL
-			ORDER BY first_seen, entity, kind LIMIT $2`, c.Name, a.cfg.Recheck)
-		if err != nil {
-			return err
-		}
-		todo, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Finding])
-		if err != nil {
-			return err
-		}
-		for _, f := range todo {
-			did, rerr := c.Repair(ctx, f)
-			switch {
-			case rerr != nil:
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				a.cfg.Logger.Warn("audit repair failed; asked again next round", "check", c.Name, "entity", f.Entity, "kind", f.Kind, "err", rerr)
-				_, err = tx.Exec(ctx, `UPDATE audit_findings SET repair_error = $4
-					WHERE check_name = $1 AND entity = $2 AND kind = $3`, c.Name, f.Entity, f.Kind, rerr.Error())
-			case did != "":
-				repaired = append(repaired, Finding{Entity: f.Entity, Kind: f.Kind, Detail: did})
-				_, err = tx.Exec(ctx, `UPDATE audit_findings SET repair = $4, repaired_at = now(), repair_error = NULL
-					WHERE check_name = $1 AND entity = $2 AND kind = $3`, c.Name, f.Entity, f.Kind, did)
-			}
-			if err != nil {
-				return fmt.Errorf("recording a repair: %w", err)
-			}
-		}
-		return nil
-	})
+// repair asks c.Repair about c's open findings not repaired yet, in turn
+// (the longest unasked first), and records, each in a transaction of its
+// own, what it did or why it failed. No transaction is open while Repair
+// runs (it may call another service), so replicas may both ask about a
+// finding: Repair is idempotent. The first failure ends the round's
+// repairs (a service down is not asked a thousand times): the rest are
+// asked next round, before the failed one.
+func (a *Auditor) repair(ctx context.Context, c Check) ([]Finding, error) {
+	rows, err := a.state.Query(ctx, `SELECT entity, kind, detail FROM audit_findings
+		WHERE check_name = $1 AND resolved_at IS NULL AND repaired_at IS NULL
+		ORDER BY repair_tried_at NULLS FIRST, first_seen, entity, kind LIMIT $2`, c.Name, a.cfg.Recheck)
 	if err != nil {
-		return nil, fmt.Errorf("repairing: %w", err)
+		return nil, fmt.Errorf("listing findings to repair: %w", err)
+	}
+	todo, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Finding])
+	if err != nil {
+		return nil, fmt.Errorf("listing findings to repair: %w", err)
+	}
+	var repaired []Finding
+	for _, f := range todo {
+		did, rerr := c.Repair(ctx, f)
+		if rerr != nil && ctx.Err() != nil {
+			return repaired, ctx.Err()
+		}
+		var failed *string
+		if rerr != nil {
+			msg := rerr.Error()
+			if len(msg) > maxRepairError {
+				msg = strings.ToValidUTF8(msg[:maxRepairError], "") + "…"
+			}
+			failed = &msg
+		}
+		if _, err := a.state.Exec(ctx, `UPDATE audit_findings SET repair_tried_at = now(), repair_error = $5,
+				repair = coalesce(nullif($4, ''), repair), repaired_at = CASE WHEN $4 <> '' THEN now() ELSE repaired_at END
+			WHERE check_name = $1 AND entity = $2 AND kind = $3`, c.Name, f.Entity, f.Kind, did, failed); err != nil {
+			return repaired, fmt.Errorf("recording a repair: %w", err)
+		}
+		switch {
+		case rerr != nil:
+			a.cfg.Logger.Warn("audit repair failed; asked again next round", "check", c.Name, "entity", f.Entity, "kind", f.Kind, "err", rerr)
+			return repaired, nil
+		case did != "":
+			repaired = append(repaired, Finding{Entity: f.Entity, Kind: f.Kind, Detail: did})
+		}
 	}
 	return repaired, nil
 }
+
+// maxRepairError bounds the reason a failed repair records.
+const maxRepairError = 1000
 
 // scan examines one batch past c's watermark and records it: its findings
 // and the new watermark commit together.
@@ -467,7 +477,8 @@ func record(ctx context.Context, tx pgx.Tx, check string, found []Finding) ([]Fi
 			raised = a.raised + (a.resolved_at IS NOT NULL)::int, resolved_at = NULL,
 			repair = CASE WHEN a.resolved_at IS NULL THEN a.repair END,
 			repaired_at = CASE WHEN a.resolved_at IS NULL THEN a.repaired_at END,
-			repair_error = CASE WHEN a.resolved_at IS NULL THEN a.repair_error END
+			repair_error = CASE WHEN a.resolved_at IS NULL THEN a.repair_error END,
+			repair_tried_at = CASE WHEN a.resolved_at IS NULL THEN a.repair_tried_at END
 		RETURNING a.entity, a.kind, a.detail,
 			NOT EXISTS (SELECT 1 FROM was_open o WHERE o.entity = a.entity AND o.kind = a.kind)`, check, es, ks, ds)
 	if err != nil {

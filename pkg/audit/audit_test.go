@@ -325,7 +325,7 @@ func TestConfigRefused(t *testing.T) {
 // failed or did nothing is asked again next round; the repaired entry's
 // finding resolves at the next recheck, one whose repair takes effect later
 // stays open, repaired, and is not asked again; a finding that opens again
-// is repaired again.
+// is repaired again. A failed repair ends the round's repairs.
 func TestRepair(t *testing.T) {
 	t.Parallel()
 	l := newLedger(t)
@@ -384,7 +384,8 @@ func TestRepair(t *testing.T) {
 		"e003": `open=false repair="set got to want" failed=""`,
 		"e004": `open=true repair="" failed=""`,
 	}, repairs())
-	require.Equal(t, map[string]int{"e001": 1, "e002": 1, "e003": 2, "e004": 3}, asked, "a repaired finding is not asked again")
+	require.Equal(t, map[string]int{"e001": 1, "e002": 1, "e003": 2, "e004": 2}, asked,
+		"a repaired finding is not asked again; e003's failure ended the first round's repairs before e004")
 
 	// e001 goes wrong again and the scan meets it again: it opens, and
 	// its repair is asked for anew.
@@ -395,4 +396,28 @@ func TestRepair(t *testing.T) {
 	require.Contains(t, r.Raised, audit.Finding{Entity: "e001", Kind: "wrong", Detail: "got 7, want 1"})
 	require.Contains(t, r.Repaired, audit.Finding{Entity: "e001", Kind: "wrong", Detail: "set got to want"})
 	require.Equal(t, 2, asked["e001"])
+}
+
+// TestRepairsTakeTurns: findings a repair can do nothing about do not
+// crowd out a newer one it can repair, however many there are: each round
+// asks about the longest unasked first.
+func TestRepairsTakeTurns(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	l.add(t, 0, 4, 2*time.Hour, 0, 1, 2, 3)
+	asked := map[string]int{}
+	c := l.check()
+	c.Repair = func(ctx context.Context, f audit.Finding) (string, error) {
+		asked[f.Entity]++
+		if f.Entity != "e003" {
+			return "", nil // nothing this repair can do
+		}
+		return "repaired", nil
+	}
+	a := l.auditor(t, audit.Config{Grace: time.Minute, Recheck: 2}, c)
+	var repaired []audit.Finding
+	for range 3 {
+		repaired = append(repaired, round(t, a).Repaired...)
+	}
+	require.Equal(t, []audit.Finding{{Entity: "e003", Kind: "wrong", Detail: "repaired"}}, repaired, "asked %v", asked)
 }

@@ -73,12 +73,14 @@ func TestRepairRefundsWhatInventoryRejected(t *testing.T) {
 		return out
 	}
 
+	// Two rounds: orders' refusal ends a round's repairs, and the next
+	// asks about the others first.
 	w.round(a)
-	require.Equal(t, map[string]string{
-		captured: "answers-disagree open=yes repair=refund asked of orders: the order is now rejected, its payment refunding",
-		declined: "answers-disagree open=yes repair=",
-		busy:     `answers-disagree open=yes repair= failed=orders refused the refund: 409 {"error": "refund refused: order's payment is capturing"}`,
-	}, repairs())
+	w.round(a)
+	got := repairs()
+	require.Contains(t, got[captured], "repair=refund asked of orders: the order is now rejected, its payment refunding")
+	require.Equal(t, "answers-disagree open=yes repair=", got[declined])
+	require.Equal(t, `answers-disagree open=yes repair= failed=orders refused the refund: 409 {"error": "refund refused: order's payment is capturing"}`, got[busy])
 
 	mu.Lock()
 	refusing = false
@@ -91,7 +93,9 @@ func TestRepairRefundsWhatInventoryRejected(t *testing.T) {
 		busy:     "answers-disagree open=no repair=refund asked of orders: the order is now rejected, its payment refunding",
 	}, repairs())
 	mu.Lock()
-	require.Equal(t, map[string]int{captured: 1, busy: 2}, asked, "each refund asked for until orders took it, then never again; the declined order's never")
+	require.Equal(t, 1, asked[captured], "a refund orders took is not asked for again")
+	require.GreaterOrEqual(t, asked[busy], 2, "a refund orders refused is asked for again")
+	require.NotContains(t, asked, declined, "nothing is owed on a declined order")
 	mu.Unlock()
 	var reason string
 	require.NoError(t, w.orders.QueryRow(t.Context(), `SELECT reject_reason FROM orders WHERE id = $1`, captured).Scan(&reason))
