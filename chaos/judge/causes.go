@@ -46,7 +46,7 @@ func effectsHaveCauses(ctx context.Context, inventory *pgxpool.Pool, ord ordersV
 		}
 	}
 	for _, id := range sortedKeys(ord.orderCaptured) {
-		if o := ord.orders[id]; o == nil || o.payment != "captured" {
+		if o := ord.orders[id]; o == nil || !o.captured() {
 			what := "orders has no such order"
 			if o != nil {
 				what = fmt.Sprintf("its payment is %q", o.payment)

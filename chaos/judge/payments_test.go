@@ -65,6 +65,20 @@ func TestPaymentsChecker(t *testing.T) {
 	require.True(t, r.Invariant.OK, r.Invariant.Detail)
 	require.Zero(t, r.CapturedTwice)
 
+	// The auditor's repair: b.reserved2's capture refunded in full, the
+	// order ending rejected (orders' refund.go).
+	refunded := func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+		t.Helper()
+		b.exec(t, l, `INSERT INTO refunds (id, capture_id, amount, currency, reference, idempotency_key, request_id, created_at)
+			SELECT 're_1', id, amount, currency, reference, 'refund-' || reference, 'req_r', now() FROM captures WHERE reference = $1 AND status = 'captured'`, b.reserved2)
+		b.exec(t, b.orders, `UPDATE orders SET status = 'rejected', payment = 'refunded', refund_id = 're_1', refund_at = now() WHERE id = $1`, b.reserved2)
+	}
+	refunded(t, b, ledger)
+	r, err = judge.CheckPayments(b.ctx, b.orders, ledger)
+	require.NoError(t, err)
+	require.True(t, r.Invariant.OK, r.Invariant.Detail)
+	require.Equal(t, 1, r.Refunded)
+
 	for _, tc := range []struct {
 		name, want string
 		breakIt    func(t *testing.T, b *testBundle, ledger *pgxpool.Pool)
@@ -110,6 +124,30 @@ func TestPaymentsChecker(t *testing.T) {
 		{"more attempts than asked for", "3 attempts in the ledger after 2 captures asked for", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
 			b.retried(t, l, b.reserved, "declined")
 			b.capture(t, l, b.reserved, "declined")
+		}},
+		{"refunded twice", "2 refunds in the ledger", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			refunded(t, b, l)
+			b.exec(t, l, `INSERT INTO refunds (id, capture_id, amount, currency, reference, request_id, created_at)
+				SELECT 're_2', capture_id, amount, currency, reference, 'req_r2', now() FROM refunds WHERE id = 're_1'`)
+		}},
+		{"refunded in part", "the ledger refunded", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			refunded(t, b, l)
+			b.exec(t, l, `UPDATE refunds SET amount = amount - 1 WHERE id = 're_1'`)
+		}},
+		{"refunded, the order not told", "refunds in the ledger for an order whose payment is \"captured\"", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			refunded(t, b, l)
+			b.exec(t, b.orders, `UPDATE orders SET status = 'reserved', payment = 'captured', refund_id = NULL WHERE id = $1`, b.reserved2)
+		}},
+		{"the order says refunded, nothing refunded", "0 refunds in the ledger", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			refunded(t, b, l)
+			b.exec(t, l, `DELETE FROM refunds`)
+		}},
+		{"the order names another refund", "the order records refund", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			refunded(t, b, l)
+			b.exec(t, b.orders, `UPDATE orders SET refund_id = 're_other' WHERE id = $1`, b.reserved2)
+		}},
+		{"a refund still pending", "still pending", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
+			b.exec(t, b.orders, `UPDATE orders SET status = 'rejected', payment = 'refunding', refund_at = now() WHERE id = $1`, b.reserved2)
 		}},
 		{"a good card declined", "card tok_visa was declined", func(t *testing.T, b *testBundle, l *pgxpool.Pool) {
 			b.exec(t, l, `UPDATE captures SET status = 'declined' WHERE reference = $1`, b.reserved)

@@ -158,9 +158,19 @@ type ordersView struct {
 
 type order struct {
 	status  string
-	payment string         // "", "capturing", "captured", "declined", "failed"
+	payment string         // "", "capturing", "captured", "declined", "failed", "refunding", "refunded", "refund_failed"
 	lines   map[string]int // quantity per SKU, summed over the order's lines
 	answers map[string]int // answers applied (order_events), per event type
+}
+
+// captured reports whether the order's payment was captured: it is, or it
+// was and its refund was asked for since.
+func (o *order) captured() bool {
+	switch o.payment {
+	case "captured", "refunding", "refunded", "refund_failed":
+		return true
+	}
+	return false
 }
 
 // paid reports whether the order's payment committed.
