@@ -58,6 +58,9 @@ func (e errRefundRefused) Error() string { return "refund refused: " + e.reason 
 
 // requestRefund refunds order id's captured payment: the order ends
 // rejected with reason, and the refund is recorded, in one transaction.
+// It is the remedy for a capture inventory never backed: refunding an
+// order inventory reserved or sold leaves its units where they are, and
+// the auditor reports the order (answers-disagree, sale-without-capture).
 // An order already refunding or refunded is answered as it is (asking twice
 // refunds once); any other order is refused (errRefundRefused): only a
 // captured payment is refunded.
@@ -138,9 +141,10 @@ func refunds(db platform.DB, cfg platform.Config, p *paymentProvider) (platform.
 type refundClient struct{ *paymentProvider }
 
 // do makes one refund call. A 200 ends the effect refunded, and so does a
-// 400 charge_already_refunded (the money is back); a 404 resource_missing
-// (no such capture) and any other 4xx end it failed; the answers a later
-// call may change are retried.
+// 400 charge_already_refunded (the money is back); the answers a later
+// call may change (retried: a 404 without resource_missing among them)
+// are retried; a 404 resource_missing (no such capture) and any other 4xx
+// end it failed.
 func (c *refundClient) do(ctx context.Context, e effect.Effect) (refunded, error) {
 	var intent refund
 	if err := json.Unmarshal(e.Payload, &intent); err != nil {
