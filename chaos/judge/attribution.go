@@ -133,7 +133,7 @@ func attribute(l Log, facts map[string]subjectFacts) []WindowRow {
 		case failpoint.BeforeEffect, failpoint.AfterEffectBeforeRecord:
 			again = l.seenAfter(failpoint.BeforeEffect, k)
 		default:
-			again = l.seenAfter(failpoint.BeforeBegin, k)
+			again = l.consumedAgain(k)
 		}
 		if again {
 			r.Redelivered++

@@ -276,3 +276,27 @@ func TestProbeSubjectsHaveRowsOfTheirOwn(t *testing.T) {
 		t.Errorf("verdict %v %q: want the dead letter's row named by its topic", ok, detail)
 	}
 }
+
+// TestConcurrentCopyIsConsumedAgain: a copy another process began before
+// the kill (two consumers held the partition at once, during a failover's
+// rebalance) and took on after it, its inbox insert waiting for the killed
+// transaction's, is the subject seen again (a failover run once failed
+// attribution with "after-inbox-insert/orders: 1 kills, no subject seen
+// again" for one).
+func TestConcurrentCopyIsConsumedAgain(t *testing.T) {
+	in := "failpoint before-begin hit: pid 8 subject m-1\n" +
+		"failpoint before-begin hit: pid 7 subject m-1\n" +
+		"failpoint after-inbox-insert hit: pid 7 subject m-1\n" +
+		"failpoint after-inbox-insert fired: SIGKILL pid 7 subject m-1\n"
+	l, err := ParseLog(strings.NewReader(in), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.consumedAgain(l.Kills[0]) {
+		t.Fatal("a delivery begun before the kill, and nothing after, counted as consumed again")
+	}
+	l, _ = ParseLog(strings.NewReader(in+"failpoint after-inbox-insert hit: pid 8 subject m-1\n"), true)
+	if !l.consumedAgain(l.Kills[0]) {
+		t.Fatal("the other process's copy, inserted after the kill, was not seen")
+	}
+}

@@ -75,6 +75,15 @@ func (l Log) seenAfter(w failpoint.Name, k Kill) bool {
 	return false
 }
 
+// consumedAgain reports whether another consumer process took k's subject
+// up after the kill: it began a delivery of it, or a delivery it had begun
+// before (a copy two processes held at once, as in a rebalance) reached the
+// inbox insert after the kill, its insert having waited for the killed
+// transaction's to roll back.
+func (l Log) consumedAgain(k Kill) bool {
+	return l.seenAfter(failpoint.BeforeBegin, k) || l.seenAfter(failpoint.AfterInboxInsert, k)
+}
+
 // deliveries counts the deliveries of message id any consumer began.
 func (l Log) deliveries(id string) int {
 	return len(l.hits[string(failpoint.BeforeBegin)+" "+id])
