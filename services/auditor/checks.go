@@ -87,7 +87,7 @@ func horizon(graceParam int) string {
 
 // checks returns the domain's checks.
 func (d domain) checks() []audit.Check {
-	orders := audit.Entities("orders", d.nextPaid, d.examine(orderRule))
+	orders := audit.Entities("orders", d.ordersBy("paid_at", "paid orders"), d.examine(orderRule))
 	if d.repair != nil {
 		orders.Repair = d.repairOrder
 	}
@@ -95,7 +95,7 @@ func (d domain) checks() []audit.Check {
 		orders,
 		audit.Entities("decisions", d.nextDecisions, d.examine(decisionRule)),
 		d.salesCheck(),
-		audit.Entities("refunds", d.nextRefunds, d.examine(refundRule)),
+		audit.Entities("refunds", d.ordersBy("refund_at", "refunds"), d.examine(refundRule)),
 		d.stockCheck(),
 	}
 }
@@ -103,20 +103,24 @@ func (d domain) checks() []audit.Check {
 // seconds is a duration as SQL's make_interval takes it.
 func seconds(d time.Duration) float64 { return d.Seconds() }
 
-// nextPaid lists the orders paid past the watermark, by (paid_at, id)
-// (index orders_paid).
-func (d domain) nextPaid(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
-	key := from.Key
-	if key == "" {
-		key = uuid.Nil.String()
+// ordersBy lists the orders past the watermark by (column, id), a
+// timestamp set once (paid_at: index orders_paid; refund_at: index
+// orders_refund); what names them in an error.
+func (d domain) ordersBy(column, what string) func(context.Context, audit.Mark, time.Duration, int) ([]audit.Entity, error) {
+	query := `SELECT id::text, ` + column + ` FROM orders
+		WHERE ` + column + ` IS NOT NULL AND (` + column + `, id) > ($1, $2::uuid) AND ` + column + ` < ` + horizon(3) + `
+		ORDER BY ` + column + `, id LIMIT $4`
+	return func(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
+		key := from.Key
+		if key == "" {
+			key = uuid.Nil.String()
+		}
+		rows, err := d.orders.Query(ctx, query, since(from.Time), key, seconds(grace), limit)
+		if err != nil {
+			return nil, fmt.Errorf("listing %s: %w", what, err)
+		}
+		return pgx.CollectRows(rows, pgx.RowToStructByPos[audit.Entity])
 	}
-	rows, err := d.orders.Query(ctx, `SELECT id::text, paid_at FROM orders
-		WHERE paid_at IS NOT NULL AND (paid_at, id) > ($1, $2::uuid) AND paid_at < `+horizon(3)+`
-		ORDER BY paid_at, id LIMIT $4`, since(from.Time), key, seconds(grace), limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing paid orders: %w", err)
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[audit.Entity])
 }
 
 // nextDecisions lists inventory's decisions past the watermark, by
@@ -327,22 +331,6 @@ func refundRule(v *orderView, add func(kind, format string, args ...any)) {
 	case v.payment == "refund_failed":
 		add(KindRefundFailed, "the provider refused its refund for good: the customer is still charged")
 	}
-}
-
-// nextRefunds lists the orders whose refund was asked for past the
-// watermark, by (refund_at, id) (index orders_refund).
-func (d domain) nextRefunds(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
-	key := from.Key
-	if key == "" {
-		key = uuid.Nil.String()
-	}
-	rows, err := d.orders.Query(ctx, `SELECT id::text, refund_at FROM orders
-		WHERE refund_at IS NOT NULL AND (refund_at, id) > ($1, $2::uuid) AND refund_at < `+horizon(3)+`
-		ORDER BY refund_at, id LIMIT $4`, since(from.Time), key, seconds(grace), limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing refunds: %w", err)
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[audit.Entity])
 }
 
 // decisionRule holds a decision to a paid order.
