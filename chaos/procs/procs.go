@@ -126,6 +126,10 @@ type Proc struct {
 	exited chan struct{}
 	status error
 	starts int
+	// held is set by Stop and cleared by Start: a process stopped on purpose
+	// stays down (Held); started is closed by the next Start.
+	held    bool
+	started chan struct{}
 }
 
 // Start launches the process. It dies with the parent (Pdeathsig), so an
@@ -145,6 +149,11 @@ func (p *Proc) Start() error {
 	}
 	p.cmd, p.exited, p.status = cmd, make(chan struct{}), nil
 	p.starts++
+	p.held = false
+	if p.started != nil {
+		close(p.started)
+		p.started = nil
+	}
 	go func(cmd *exec.Cmd, exited chan struct{}) {
 		err := cmd.Wait()
 		p.mu.Lock()
@@ -203,13 +212,31 @@ func (p *Proc) Kill() {
 	}
 }
 
+// Held returns nil unless the process was stopped on purpose (Stop) and
+// not started since; then a channel that the next Start closes. A
+// supervisor restarting what exits leaves a held process down until then.
+func (p *Proc) Held() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.held {
+		return nil
+	}
+	if p.started == nil {
+		p.started = make(chan struct{})
+	}
+	return p.started
+}
+
 // Stop asks the process to shut down gracefully (SIGTERM) and waits up to
 // timeout before killing it. It returns the exit error of a process that
-// did not exit cleanly.
+// did not exit cleanly. The process stays down (Held) until Start.
 func (p *Proc) Stop(timeout time.Duration) error {
 	if p.Pid() == 0 {
 		return nil
 	}
+	p.mu.Lock()
+	p.held = true
+	p.mu.Unlock()
 	select {
 	case <-p.Exited():
 		return nil // already gone
@@ -246,5 +273,51 @@ func (p *Proc) WaitReady(ctx context.Context) error {
 			return fmt.Errorf("%s exited before it was ready", p.Name)
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// Supervision says how Supervise restarts processes.
+type Supervision struct {
+	Delay     func() time.Duration // before each restart
+	OnRestart func(*Proc)          // after each restart, when set
+	OnHeld    func(*Proc)          // when set, when a process stopped on purpose is left down
+}
+
+// Supervise restarts each of ps that exits, after s.Delay, until ctx ends:
+// what a container orchestrator does. A process stopped on purpose
+// (Proc.Stop) stays down until it is started.
+func Supervise(ctx context.Context, ps []*Proc, s Supervision) {
+	for _, p := range ps {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-p.Exited():
+				}
+				if held := p.Held(); held != nil {
+					if s.OnHeld != nil {
+						s.OnHeld(p)
+					}
+					select {
+					case <-ctx.Done():
+						return
+					case <-held:
+						continue
+					}
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(s.Delay()):
+				}
+				if err := p.Start(); err != nil {
+					return
+				}
+				if s.OnRestart != nil {
+					s.OnRestart(p)
+				}
+			}
+		}()
 	}
 }

@@ -376,31 +376,11 @@ func (s *System) Stop() {
 }
 
 // Supervise restarts every service process that exits, after delay, until
-// ctx ends: what a container orchestrator does. onRestart, when set, is
-// called after each restart. The provider is restarted too.
+// ctx ends: what a container orchestrator does (procs.Supervise). A process
+// stopped on purpose (Proc.Stop) stays down until started. onRestart, when
+// set, is called after each restart. The provider is restarted too.
 func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRestart func(*procs.Proc)) {
-	for _, p := range append(s.All(), s.Provider) {
-		go func(p *procs.Proc) {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-p.Exited():
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(delay()):
-				}
-				if err := p.Start(); err != nil {
-					return
-				}
-				if onRestart != nil {
-					onRestart(p)
-				}
-			}
-		}(p)
-	}
+	procs.Supervise(ctx, append(s.All(), s.Provider), procs.Supervision{Delay: delay, OnRestart: onRestart})
 }
 
 // Producers names the service whose relay publishes each events topic.
