@@ -85,8 +85,12 @@ type Quarantined struct {
 type QuarantineFilter struct {
 	Consumer string // empty: every consumer
 	Kind     string // empty: every kind
+	Group    string // empty: every failure group (Group.ID, groups.go)
 	// Resolved also lists rows that were redriven or discarded.
 	Resolved bool
+	// After lists the rows after this id: the next page after a page whose
+	// last row had it.
+	After int64
 	// Limit caps the rows returned, oldest first. Defaults to 1000.
 	Limit int
 }
@@ -125,7 +129,8 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter
 	}
 	rows, err := pool.Query(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine
 		WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR kind = $2) AND ($3 OR resolved_at IS NULL)
-		ORDER BY id LIMIT $4`, f.Consumer, f.Kind, f.Resolved, f.Limit)
+			AND ($4 = '' OR failure_group = $4) AND id > $5
+		ORDER BY id LIMIT $6`, planEachTime, f.Consumer, f.Kind, f.Resolved, f.Group, f.After, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing quarantine: %w", err)
 	}
@@ -186,6 +191,22 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 	}
 	var res RedriveResult
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		if res, err = retryTx(ctx, tx, id, by); err != nil || !res.Redriven {
+			return err
+		}
+		return recordOne(ctx, tx, res.Quarantined, ActionRetry, by, "")
+	})
+	if err != nil {
+		return RedriveResult{}, err
+	}
+	return res, nil
+}
+
+// retryTx is RetryQuarantined in tx, which it leaves to its caller.
+func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult, error) {
+	var res RedriveResult
+	err := func() error {
 		q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -260,7 +281,7 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 		}
 		res.Redriven = true
 		return nil
-	})
+	}()
 	if err != nil {
 		return RedriveResult{}, err
 	}
@@ -283,14 +304,10 @@ func DropQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by, why 
 	var q Quarantined
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		q, err = scanQuarantined(tx.QueryRow(ctx, `UPDATE inbox_quarantine
-			SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
-			WHERE id = $1 AND resolved_at IS NULL
-			RETURNING `+quarantineColumns, id, ResolutionDiscarded, by, why))
-		if err != nil {
+		if q, err = dropTx(ctx, tx, id, by, why); err != nil {
 			return err
 		}
-		return releaseDiscarded(ctx, tx, q) // below
+		return recordOne(ctx, tx, q, ActionDrop, by, why)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		prior, gerr := GetQuarantined(ctx, pool, id)
@@ -305,7 +322,17 @@ func DropQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by, why 
 	return q, nil
 }
 
-// Held keys (Config.OnDeadLetter = HoldKey): what an operator sees of them.
+// dropTx is DropQuarantined in tx: pgx.ErrNoRows when id is not open.
+func dropTx(ctx context.Context, tx pgx.Tx, id int64, by, why string) (Quarantined, error) {
+	q, err := scanQuarantined(tx.QueryRow(ctx, `UPDATE inbox_quarantine
+		SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
+		WHERE id = $1 AND resolved_at IS NULL
+		RETURNING `+quarantineColumns, id, ResolutionDiscarded, by, why))
+	if err != nil {
+		return q, err
+	}
+	return q, releaseDiscarded(ctx, tx, q) // below
+}
 
 // What the operator sees of, and does to, held keys (HoldKey, hold.go).
 

@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -118,4 +119,68 @@ func TestContinuityStaysCheapAsKeysGrow(t *testing.T) {
 	counts, err := inbox.ReadContinuity(b.ctx, b.pool, consumer)
 	require.NoError(t, err)
 	require.Zero(t, counts.Gaps+counts.Rewinds)
+}
+
+// TestGroupPagesStayCheap: a failure group's messages are read a page at a
+// time by keyset (QuarantineFilter.Group and After), from the groups index,
+// however many rows of other groups the quarantine holds: a page reads its
+// rows and no more, the last page as the first; and a bulk action's batch
+// reads its items and its messages the same way.
+func TestGroupPagesStayCheap(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	_, err := b.pool.Exec(b.ctx, `ALTER TABLE inbox_quarantine SET (autovacuum_enabled = off)`)
+	require.NoError(t, err)
+	pool, plans := pgtest.Explained(t, b.pool, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	deadLetters(t, b.ctx, b, 40000, func(i int) string { // two groups, interleaved: 200 and 39,800
+		if i%200 == 0 {
+			return badDeploy(i)
+		}
+		return fmt.Sprintf("timeout after %dms", i)
+	}, nil)
+	_, err = b.pool.Exec(b.ctx, `ANALYZE inbox_quarantine`)
+	require.NoError(t, err)
+	groups, err := inbox.ListGroups(b.ctx, pool, inbox.GroupFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, groups, 2)
+	require.EqualValues(t, 200, groups[1].Count)
+
+	plans.Take()
+	var after int64
+	for page := 0; page < 4; page++ {
+		list, err := inbox.ListQuarantined(b.ctx, pool, inbox.QuarantineFilter{Consumer: consumer, Group: groups[1].ID, After: after, Limit: 50})
+		require.NoError(t, err)
+		require.Len(t, list, 50)
+		after = list[len(list)-1].ID
+	}
+	ran := plans.Take()
+	require.Len(t, ran, 4)
+	require.Empty(t, pgtest.Costly(ran, 60, "inbox_quarantine"), "pages that read more than their 50 rows (and a few) of 40,000")
+
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: groups[0].ID})
+	require.NoError(t, err)
+	require.EqualValues(t, 39800, plan.Count)
+	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", "timeouts of the old network")
+	require.NoError(t, err)
+	_, err = pool.Exec(b.ctx, `ANALYZE inbox_action_items`)
+	require.NoError(t, err)
+	plans.Take()
+	ctx, stop := context.WithCancel(b.ctx) // stopped after ten batches
+	defer stop()
+	_, err = inbox.RunBulk(ctx, pool, a.ID, inbox.BulkOptions{BatchSize: 100, Progress: func(a inbox.Action) {
+		if a.Done >= 1000 {
+			stop()
+		}
+	}})
+	require.ErrorIs(t, err, context.Canceled)
+	ran = plans.Take()
+	var batches int
+	for _, p := range ran {
+		if strings.Contains(p.Query, "FROM inbox_action_items") {
+			batches++
+		}
+	}
+	require.Equal(t, 10, batches)
+	require.Empty(t, pgtest.Costly(ran, 120, "inbox_action_items", "inbox_quarantine"),
+		"statements of a batch of 100 that read more than 120 rows of 39,800 items or 40,000 messages")
 }

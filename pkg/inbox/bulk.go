@@ -1,0 +1,400 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Bulk actions. An operator retries or drops many quarantined messages at
+// once (a failure group, a kind, an event type) in three steps:
+//
+//  1. DryRun counts what a Selection chooses, and pins it to the rows that
+//     exist now (Plan.Selection.UpTo): messages quarantined later are not
+//     part of what the operator was shown.
+//  2. StartBulk, given that Plan (the operator confirmed its count),
+//     records the action in the history (inbox_actions: who, when, what,
+//     the selection, how many) and the messages it chose
+//     (inbox_action_items), in one transaction; if the selection no longer
+//     holds the count confirmed (another operator resolved some meanwhile),
+//     it refuses with ErrSelectionChanged and records nothing.
+//  3. RunBulk does the action's messages in batches, each in one
+//     transaction that retries or drops them (RetryQuarantined's and
+//     DropQuarantined's work, row by row) and marks them done with their
+//     outcome, and reports progress after each batch.
+//
+// So an action is resumable and idempotent: killed half-way, RunBulk again
+// (RunningActions lists what is left) goes on with the messages not yet
+// marked, and none is done twice, because a message is marked in the
+// transaction that does it. Two actions choosing the same message do it
+// once: the second finds it resolved (skipped). The single-message
+// RetryQuarantined and DropQuarantined record an action of one message, so
+// the history holds every change an operator made through this package.
+
+// The actions.
+const (
+	ActionRetry = "retry" // RetryQuarantined each message
+	ActionDrop  = "drop"  // DropQuarantined each message
+)
+
+// An action's states.
+const (
+	ActionRunning  = "running"
+	ActionFinished = "finished"
+)
+
+// An item's outcomes.
+const (
+	OutcomeDone    = "done"    // redriven or discarded
+	OutcomeSkipped = "skipped" // already resolved, or applied meanwhile: nothing to do
+	OutcomeRefused = "refused" // cannot be redriven (a payload conflict, an invalid message): drop it instead
+)
+
+var (
+	// ErrSelectionChanged: the selection no longer holds the count the
+	// operator confirmed. Dry-run again.
+	ErrSelectionChanged = errors.New("inbox: the selection changed since its dry run")
+	// ErrNothingSelected: a bulk action needs at least one message.
+	ErrNothingSelected = errors.New("inbox: the selection holds no open message")
+	// ErrNoAction: no action has that id.
+	ErrNoAction = errors.New("inbox: no action with that id")
+)
+
+// Selection chooses the open quarantined messages of one consumer that a
+// bulk action acts on. Empty fields choose everything.
+type Selection struct {
+	Consumer  string  `json:"consumer"`
+	Group     string  `json:"group,omitempty"` // a failure group's ID
+	Kind      string  `json:"kind,omitempty"`
+	EventType string  `json:"event_type,omitempty"`
+	IDs       []int64 `json:"ids,omitempty"` // only these rows
+	// UpTo, set by DryRun, leaves out the rows quarantined after the dry
+	// run (ids above it).
+	UpTo int64 `json:"up_to,omitempty"`
+}
+
+// selected is the WHERE clause of a Selection, over inbox_quarantine, with
+// its arguments from $1.
+func (s Selection) selected() (string, []any) {
+	var ids []int64 // nil, NULL, when none: every id
+	if len(s.IDs) > 0 {
+		ids = s.IDs
+	}
+	return `consumer = $1 AND resolved_at IS NULL AND ($2 = '' OR failure_group = $2) AND ($3 = '' OR kind = $3)
+		AND ($4 = '' OR metadata->>'event_type' = $4) AND ($5::bigint[] IS NULL OR id = ANY($5))
+		AND ($6 = 0 OR id <= $6)`, []any{s.Consumer, s.Group, s.Kind, s.EventType, ids, s.UpTo}
+}
+
+func (s Selection) validate() error {
+	if strings.TrimSpace(s.Consumer) == "" {
+		return errors.New("inbox: a selection needs its consumer")
+	}
+	return nil
+}
+
+// Plan is a dry run's answer: how many messages the selection chooses, and
+// the selection pinned to them.
+type Plan struct {
+	Selection Selection
+	Count     int64
+}
+
+// DryRun counts the open messages s chooses. It changes nothing.
+func DryRun(ctx context.Context, pool *pgxpool.Pool, s Selection) (Plan, error) {
+	if err := s.validate(); err != nil {
+		return Plan{}, err
+	}
+	where, args := s.selected()
+	var upTo *int64
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT count(*), max(id) FROM inbox_quarantine WHERE `+where,
+		append([]any{planEachTime}, args...)...).Scan(&n, &upTo)
+	if err != nil {
+		return Plan{}, fmt.Errorf("inbox: counting the selection: %w", err)
+	}
+	if upTo != nil && s.UpTo == 0 {
+		s.UpTo = *upTo
+	}
+	return Plan{Selection: s, Count: n}, nil
+}
+
+// Action is one entry of the history: what an operator did, or is doing,
+// to quarantined messages.
+type Action struct {
+	ID        int64
+	Consumer  string
+	Action    string // ActionRetry or ActionDrop
+	Actor     string
+	Why       string
+	Selection Selection
+	Selected  int64 // messages it chose
+	Done      int64 // redriven or discarded
+	Skipped   int64 // resolved meanwhile, or applied: nothing to do
+	Refused   int64 // could not be redriven
+	State     string
+	StartedAt time.Time
+	UpdatedAt time.Time
+	// FinishedAt is set once every message it chose has its outcome.
+	FinishedAt *time.Time
+}
+
+// Remaining is how many of its messages are still to do.
+func (a Action) Remaining() int64 { return a.Selected - a.Done - a.Skipped - a.Refused }
+
+const actionColumns = `id, consumer, action, actor, why, selection, selected, done, skipped, refused, state, started_at, updated_at, finished_at`
+
+func scanAction(row pgx.Row) (Action, error) {
+	var a Action
+	err := row.Scan(&a.ID, &a.Consumer, &a.Action, &a.Actor, &a.Why, &a.Selection, &a.Selected, &a.Done,
+		&a.Skipped, &a.Refused, &a.State, &a.StartedAt, &a.UpdatedAt, &a.FinishedAt)
+	return a, err
+}
+
+// StartBulk records action (ActionRetry or ActionDrop) of by, with why
+// (required for a drop), on the messages plan counted, and chooses them.
+// It does none of them: RunBulk does. It refuses with ErrSelectionChanged
+// when the selection holds other than plan.Count messages now.
+func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan, by, why string) (Action, error) {
+	switch {
+	case action != ActionRetry && action != ActionDrop:
+		return Action{}, fmt.Errorf("inbox: no bulk action %q: %s or %s", action, ActionRetry, ActionDrop)
+	case strings.TrimSpace(by) == "":
+		return Action{}, errors.New("inbox: a bulk action needs who does it")
+	case action == ActionDrop && strings.TrimSpace(why) == "":
+		return Action{}, errors.New("inbox: a bulk drop needs why")
+	case plan.Count <= 0:
+		return Action{}, ErrNothingSelected
+	}
+	if err := plan.Selection.validate(); err != nil {
+		return Action{}, err
+	}
+	selection, err := json.Marshal(plan.Selection)
+	if err != nil {
+		return Action{}, err
+	}
+	var a Action
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		a, err = scanAction(tx.QueryRow(ctx, `INSERT INTO inbox_actions (consumer, action, actor, why, selection, selected)
+			VALUES ($1, $2, $3, $4, $5, 0) RETURNING `+actionColumns, plan.Selection.Consumer, action, by, why, selection))
+		if err != nil {
+			return fmt.Errorf("inbox: recording the action: %w", err)
+		}
+		where, args := plan.Selection.selected()
+		tag, err := tx.Exec(ctx, `INSERT INTO inbox_action_items (action_id, quarantine_id)
+			SELECT $7, id FROM inbox_quarantine WHERE `+where, append(append([]any{planEachTime}, args...), a.ID)...)
+		if err != nil {
+			return fmt.Errorf("inbox: choosing the messages: %w", err)
+		}
+		if n := tag.RowsAffected(); n != plan.Count {
+			return fmt.Errorf("%w: it holds %d open messages, %d when counted", ErrSelectionChanged, n, plan.Count)
+		}
+		a.Selected = plan.Count
+		_, err = tx.Exec(ctx, `UPDATE inbox_actions SET selected = $2 WHERE id = $1`, a.ID, a.Selected)
+		return err
+	})
+	if err != nil {
+		return Action{}, err
+	}
+	return a, nil
+}
+
+// BulkOptions tunes RunBulk.
+type BulkOptions struct {
+	// BatchSize is how many messages one transaction does. Defaults to 100.
+	BatchSize int
+	// Progress, when set, is called after each batch commits, with the
+	// action as it stands.
+	Progress func(Action)
+}
+
+// RunBulk does the messages of action id not done yet, a batch per
+// transaction, until none is left; then the action is finished. It is what
+// resumes an action that was stopped (killed, its context cancelled, a
+// database error): each message is done once however often it runs, and
+// two RunBulk of one action take turns. A message that cannot be redriven
+// is refused, with the reason on its item, and the action goes on.
+func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions) (Action, error) {
+	if opt.BatchSize <= 0 {
+		opt.BatchSize = 100
+	}
+	for {
+		var a Action
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			a, err = scanAction(tx.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE id = $1 FOR UPDATE`, id))
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: %d", ErrNoAction, id)
+			}
+			if err != nil || a.State == ActionFinished {
+				return err
+			}
+			return a.batch(ctx, tx, opt.BatchSize)
+		})
+		if err != nil {
+			return a, fmt.Errorf("inbox: action %d: %w", id, err)
+		}
+		if opt.Progress != nil {
+			opt.Progress(a)
+		}
+		if a.State == ActionFinished {
+			return a, nil
+		}
+	}
+}
+
+// batch does up to n of a's messages in tx, marks each with its outcome and
+// counts them on a; with none left, it finishes a.
+func (a *Action) batch(ctx context.Context, tx pgx.Tx, n int) error {
+	rows, err := tx.Query(ctx, `SELECT quarantine_id FROM inbox_action_items
+		WHERE action_id = $1 AND outcome IS NULL ORDER BY quarantine_id LIMIT $2`, a.ID, n)
+	if err != nil {
+		return err
+	}
+	todo, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	if len(todo) == 0 {
+		return tx.QueryRow(ctx, `UPDATE inbox_actions SET state = 'finished', finished_at = now(), updated_at = now()
+			WHERE id = $1 RETURNING state, finished_at, updated_at`, a.ID).Scan(&a.State, &a.FinishedAt, &a.UpdatedAt)
+	}
+	for _, qid := range todo {
+		outcome, note, err := a.do(ctx, tx, qid)
+		if err != nil {
+			return fmt.Errorf("message %d: %w", qid, err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE inbox_action_items SET outcome = $3, note = $4, done_at = now()
+			WHERE action_id = $1 AND quarantine_id = $2`, a.ID, qid, outcome, note); err != nil {
+			return err
+		}
+		switch outcome {
+		case OutcomeDone:
+			a.Done++
+		case OutcomeSkipped:
+			a.Skipped++
+		default:
+			a.Refused++
+		}
+	}
+	return tx.QueryRow(ctx, `UPDATE inbox_actions SET done = $2, skipped = $3, refused = $4, updated_at = now()
+		WHERE id = $1 RETURNING updated_at`, a.ID, a.Done, a.Skipped, a.Refused).Scan(&a.UpdatedAt)
+}
+
+// do retries or drops quarantined message qid in tx. Only a database error
+// is returned as an error: it ends the batch, whose transaction then
+// changes nothing. A refusal is found before the message's first write.
+func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note string, err error) {
+	if a.Action == ActionDrop {
+		switch q, err := dropTx(ctx, tx, qid, a.Actor, a.Why); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return OutcomeSkipped, "already resolved, or gone", nil
+		case err != nil:
+			return "", "", err
+		default:
+			return OutcomeDone, fmt.Sprintf("discarded message %s", q.MessageID), nil
+		}
+	}
+	switch res, err := retryTx(ctx, tx, qid, a.Actor); {
+	case errors.Is(err, ErrNotRedrivable):
+		return OutcomeRefused, err.Error(), nil
+	case errors.Is(err, ErrNotFound):
+		return OutcomeSkipped, "gone", nil
+	case err != nil:
+		return "", "", err
+	case !res.Redriven:
+		return OutcomeSkipped, res.Note, nil
+	default:
+		return OutcomeDone, res.Note, nil
+	}
+}
+
+// recordOne records, in tx, the single-message action of RetryQuarantined
+// or DropQuarantined on q.
+func recordOne(ctx context.Context, tx pgx.Tx, q Quarantined, action, by, why string) error {
+	selection, err := json.Marshal(Selection{Consumer: q.Consumer, IDs: []int64{q.ID}})
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `WITH a AS (
+			INSERT INTO inbox_actions (consumer, action, actor, why, selection, selected, done, state, finished_at)
+			VALUES ($1, $2, $3, $4, $5, 1, 1, 'finished', now()) RETURNING id)
+		INSERT INTO inbox_action_items (action_id, quarantine_id, outcome, done_at) SELECT id, $6, 'done', now() FROM a`,
+		q.Consumer, action, by, why, selection, q.ID)
+	if err != nil {
+		return fmt.Errorf("inbox: recording the action: %w", err)
+	}
+	return nil
+}
+
+// ActionFilter selects actions for ListActions.
+type ActionFilter struct {
+	Consumer string // empty: every consumer
+	Running  bool   // only the actions not finished
+	Before   int64  // only the actions before this id: the next page
+	Limit    int    // defaults to 100
+}
+
+// ListActions returns the history, newest first.
+func ListActions(ctx context.Context, pool *pgxpool.Pool, f ActionFilter) ([]Action, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	rows, err := pool.Query(ctx, `SELECT `+actionColumns+` FROM inbox_actions
+		WHERE ($1 = '' OR consumer = $1) AND (NOT $2 OR state = 'running') AND ($3 = 0 OR id < $3)
+		ORDER BY id DESC LIMIT $4`, planEachTime, f.Consumer, f.Running, f.Before, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing actions: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Action, error) { return scanAction(row) })
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing actions: %w", err)
+	}
+	return list, nil
+}
+
+// GetAction returns one action.
+func GetAction(ctx context.Context, pool *pgxpool.Pool, id int64) (Action, error) {
+	a, err := scanAction(pool.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return a, fmt.Errorf("%w: %d", ErrNoAction, id)
+	}
+	if err != nil {
+		return a, fmt.Errorf("inbox: reading action %d: %w", id, err)
+	}
+	return a, nil
+}
+
+// ActionItem is what an action did to one message.
+type ActionItem struct {
+	QuarantineID int64
+	Outcome      string // "" while to do
+	Note         string
+	DoneAt       *time.Time
+}
+
+// ListActionItems returns action id's messages after quarantine id after,
+// in id order, up to limit (100 when 0).
+func ListActionItems(ctx context.Context, pool *pgxpool.Pool, id, after int64, limit int) ([]ActionItem, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := pool.Query(ctx, `SELECT quarantine_id, coalesce(outcome, ''), coalesce(note, ''), done_at FROM inbox_action_items
+		WHERE action_id = $1 AND quarantine_id > $2 ORDER BY quarantine_id LIMIT $3`, id, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing action %d: %w", id, err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ActionItem, error) {
+		var it ActionItem
+		return it, row.Scan(&it.QuarantineID, &it.Outcome, &it.Note, &it.DoneAt)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing action %d: %w", id, err)
+	}
+	return list, nil
+}

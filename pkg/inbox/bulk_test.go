@@ -1,0 +1,465 @@
+package inbox_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// poisonTopic is where the dead letters these tests make came from.
+const poisonTopic = "payments"
+
+// deadLetters dead-letters n messages of consumer the way the middleware
+// leaves them (an inbox row dead_lettered, a quarantine row with the
+// payload, the headers and the topic), with the reason reason(i) and the
+// headers md, in one statement: a bad deploy's worth in a second. It
+// returns their message ids in quarantine id order.
+func deadLetters(t testing.TB, ctx context.Context, b *testBundle, n int, reason func(i int) string, md map[string]string) []string {
+	t.Helper()
+	ids, reasons := make([]string, n), make([]string, n)
+	for i := range n {
+		ids[i], reasons[i] = newID(), reason(i)
+	}
+	if md == nil {
+		md = map[string]string{}
+	}
+	_, err := b.pool.Exec(ctx, `WITH m AS (
+			SELECT u.id, u.reason, u.ord FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(id, reason, ord)),
+		i AS (INSERT INTO inbox_messages (consumer, message_id, payload_sha256, status, topic)
+			SELECT $1, id, sha256(convert_to(id, 'UTF8')), 'dead_lettered', $4 FROM m)
+		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, payload, metadata)
+		SELECT $1, id, 'dead_letter', reason, 5, $4, sha256(convert_to(id, 'UTF8')), convert_to('{"id":"' || id || '"}', 'UTF8'), $5
+		FROM m ORDER BY ord`, consumer, ids, reasons, poisonTopic, md)
+	require.NoError(t, err)
+	return ids
+}
+
+// badDeploy is the reason a bad deploy gives each message: the same words,
+// other ids and numbers.
+func badDeploy(i int) string {
+	return fmt.Sprintf(`handler: order %s: amount %d.%02d for sku "sku-%d" above the limit 1000 (hash 9f%06xab)`,
+		newID(), i, i%100, i, i)
+}
+
+// redriven returns the outbox rows the redrives wrote, per message id.
+func redriven(t *testing.T, b *testBundle) map[string]int {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT message_id::text, count(*) FROM outbox_messages
+		WHERE topic = $1 AND metadata ? $2 GROUP BY message_id`, poisonTopic, inbox.RedriveOfMetadata)
+	require.NoError(t, err)
+	counts := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(t, rows.Scan(&id, &n))
+		counts[id] = n
+	}
+	require.NoError(t, rows.Err())
+	return counts
+}
+
+// applyRedriven delivers every redriven outbox row to a handler that now
+// works, twice (a relay publishes at least once), and returns how many
+// times each message was applied.
+func applyRedriven(t *testing.T, b *testBundle, in *inbox.Inbox) map[string]int {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT message_id::text, payload FROM outbox_messages
+		WHERE topic = $1 AND metadata ? $2 ORDER BY id`, poisonTopic, inbox.RedriveOfMetadata)
+	require.NoError(t, err)
+	type msg struct {
+		id      string
+		payload []byte
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (msg, error) {
+		var m msg
+		return m, r.Scan(&m.id, &m.payload)
+	})
+	require.NoError(t, err)
+	mw := in.Middleware(b.handler.handle)
+	work := make(chan msg)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range work {
+				if err := deliver(b.ctx, mw, m.id, m.payload); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range 2 {
+		for _, m := range list {
+			work <- m
+		}
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	require.NoError(t, <-errs)
+	applied := map[string]int{}
+	rows, err = b.pool.Query(b.ctx, `SELECT message_id, count(*) FROM applied WHERE consumer = $1 GROUP BY message_id`, consumer)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(t, rows.Scan(&id, &n))
+		applied[id] = n
+	}
+	require.NoError(t, rows.Err())
+	return applied
+}
+
+// once is what each of ids counted once looks like.
+func once(ids []string) map[string]int {
+	m := make(map[string]int, len(ids))
+	for _, id := range ids {
+		m[id] = 1
+	}
+	return m
+}
+
+// TestFailureGroups: a bad deploy's dead letters, whose reasons differ only
+// in the ids, numbers, quoted values and hashes they quote, make one group;
+// another reason, another event type, another producer or another kind make
+// others.
+func TestFailureGroups(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	signed := map[string]string{outbox.TypeMetadata: "PaymentCaptured", "signature_key_id": "payments-2026"}
+	deadLetters(t, b.ctx, b, 50, badDeploy, signed)
+	deadLetters(t, b.ctx, b, 3, badDeploy, map[string]string{outbox.TypeMetadata: "PaymentRefunded", "signature_key_id": "payments-2026"})
+	deadLetters(t, b.ctx, b, 2, badDeploy, map[string]string{outbox.TypeMetadata: "PaymentCaptured", "signature_key_id": "payments-2027"})
+	deadLetters(t, b.ctx, b, 4, func(i int) string { return fmt.Sprintf("handler: connection refused after %d tries", i) }, signed)
+
+	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	require.NoError(t, err)
+	type shape struct {
+		Count              int64
+		Pattern, Type, Key string
+	}
+	var got []shape
+	for _, g := range groups {
+		got = append(got, shape{g.Count, g.ReasonPattern, g.EventType, g.Producer})
+		require.Equal(t, inbox.KindDeadLetter, g.Kind)
+		require.Equal(t, poisonTopic, g.Topic)
+		require.Len(t, g.ID, 16)
+		require.False(t, g.LastSeen.Before(g.FirstSeen))
+	}
+	deploy := `handler: order <id>: amount <n> for sku "…" above the limit <n> (hash <hex>)`
+	require.Equal(t, []shape{
+		{50, deploy, "PaymentCaptured", "payments-2026"},
+		{4, "handler: connection refused after <n> tries", "PaymentCaptured", "payments-2026"},
+		{3, deploy, "PaymentRefunded", "payments-2026"},
+		{2, deploy, "PaymentCaptured", "payments-2027"},
+	}, got)
+	require.Contains(t, groups[0].Example, "above the limit 1000", "the example is a reason as it was")
+
+	// A group's messages, a page at a time.
+	var pages, seen int
+	for after := int64(0); ; pages++ {
+		page, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Group: groups[0].ID, After: after, Limit: 20})
+		require.NoError(t, err)
+		if len(page) == 0 {
+			break
+		}
+		seen += len(page)
+		after = page[len(page)-1].ID
+	}
+	require.Equal(t, 50, seen)
+	require.Equal(t, 3, pages)
+
+	masked, err := inbox.ReasonPattern(b.ctx, b.pool, `key "a\"b" at 0x1f id 0197b0f2-7a1c-7c3e-9d2a-5b7e0c1d2e3f`)
+	require.NoError(t, err)
+	require.Equal(t, `key "…" at <hex> id <id>`, masked)
+}
+
+// TestBulkRetry: a bad deploy's dead letters, fixed, are retried as a group:
+// the dry run counts them, the action records who did what to how many, and
+// after the relay and the consumer each message is applied once. The same
+// group retried again does nothing; a message quarantined after the dry run
+// is not part of it; a selection that changed since its dry run is refused.
+func TestBulkRetry(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{})
+	ids := deadLetters(t, b.ctx, b, 250, badDeploy, nil)
+	other := deadLetters(t, b.ctx, b, 5, func(int) string { return "another failure" }, nil)
+	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, groups, 2)
+	group := groups[0].ID
+
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: group})
+	require.NoError(t, err)
+	require.EqualValues(t, 250, plan.Count)
+	require.Empty(t, redriven(t, b), "a dry run changes nothing")
+	late := deadLetters(t, b.ctx, b, 1, badDeploy, nil) // after the dry run: not in it
+
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, inbox.Plan{Selection: plan.Selection, Count: 249}, "alice", "")
+	require.ErrorIs(t, err, inbox.ErrSelectionChanged, "a count other than the selection's")
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "", "")
+	require.Error(t, err, "who does it")
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", " ")
+	require.Error(t, err, "a drop without why")
+	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Empty(t, history, "refused actions record nothing")
+
+	action, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "fixed in v1.4.2")
+	require.NoError(t, err)
+	var progress []int64
+	done, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{BatchSize: 40, Progress: func(a inbox.Action) {
+		progress = append(progress, a.Done)
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []int64{40, 80, 120, 160, 200, 240, 250, 250}, progress, "progress after each batch, and at the end")
+	require.Equal(t, inbox.ActionFinished, done.State)
+	require.EqualValues(t, 250, done.Done)
+	require.Zero(t, done.Skipped+done.Refused+done.Remaining())
+	require.Equal(t, once(ids), redriven(t, b), "each message written back once")
+
+	// Again, as a second operator who missed the first: nothing left.
+	again, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: group, UpTo: plan.Selection.UpTo})
+	require.NoError(t, err)
+	require.Zero(t, again.Count)
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, again, "bob", "")
+	require.ErrorIs(t, err, inbox.ErrNothingSelected)
+	// The same action run again does nothing more.
+	rerun, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.Equal(t, done.Done, rerun.Done)
+
+	b.handler.hook = nil
+	applied := applyRedriven(t, b, in)
+	require.Equal(t, once(ids), applied, "each message applied once, though delivered twice")
+
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	require.NoError(t, err)
+	var left []string
+	for _, q := range open {
+		left = append(left, q.MessageID)
+	}
+	require.ElementsMatch(t, append(other, late...), left, "the other group and the late message stay open")
+
+	history, err = inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, history, 1)
+	h := history[0]
+	require.Equal(t, [4]string{inbox.ActionRetry, "alice", "fixed in v1.4.2", group}, [4]string{h.Action, h.Actor, h.Why, h.Selection.Group})
+	require.EqualValues(t, 250, h.Selected)
+	require.NotNil(t, h.FinishedAt)
+	items, err := inbox.ListActionItems(b.ctx, b.pool, h.ID, 0, 1000)
+	require.NoError(t, err)
+	require.Len(t, items, 250)
+	for _, it := range items {
+		require.Equal(t, inbox.OutcomeDone, it.Outcome)
+	}
+}
+
+// TestBulkActionsOverlap: two operators retry the same group at once, each
+// with an action of their own: each message is written back once, the
+// other action counting it skipped. A drop of the same group beside them
+// discards only what neither retried.
+func TestBulkActionsOverlap(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	ids := deadLetters(t, b.ctx, b, 300, badDeploy, nil)
+	sel := inbox.Selection{Consumer: consumer}
+	plan, err := inbox.DryRun(b.ctx, b.pool, sel)
+	require.NoError(t, err)
+	var actions []inbox.Action
+	for _, who := range []string{"alice", "bob"} {
+		a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, who, "")
+		require.NoError(t, err)
+		actions = append(actions, a)
+	}
+	drop, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "carol", "stale")
+	require.NoError(t, err)
+	actions = append(actions, drop)
+
+	results := make([]inbox.Action, len(actions))
+	var wg sync.WaitGroup
+	for i, a := range actions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			results[i], err = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: 7})
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	var done int64
+	for _, r := range results {
+		require.EqualValues(t, 300, r.Done+r.Skipped, "action %d", r.ID)
+		done += r.Done
+	}
+	require.EqualValues(t, 300, done, "each message done by one action")
+	retried := redriven(t, b)
+	for id, n := range retried {
+		require.Equal(t, 1, n, "message %s written back %d times", id, n)
+	}
+	require.EqualValues(t, results[0].Done+results[1].Done, len(retried))
+	require.EqualValues(t, results[2].Done, 300-len(retried))
+	require.Len(t, ids, 300)
+}
+
+// TestBulkRetryRefusesWhatCannotBeRetried: a group of payload conflicts
+// cannot be retried (it would only conflict again): each is refused with
+// the reason, the action finishes, and the same group is dropped instead.
+func TestBulkRetryRefusesWhatCannotBeRetried(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{})
+	mw := in.Middleware(b.handler.handle)
+	for range 3 {
+		id := newID()
+		require.NoError(t, deliver(b.ctx, mw, id, []byte(`{"amount":1}`)))
+		require.NoError(t, deliver(b.ctx, mw, id, []byte(`{"amount":2}`)))
+	}
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Kind: inbox.KindPayloadConflict})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, plan.Count)
+	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.NoError(t, err)
+	a, err = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.EqualValues(t, [3]int64{0, 0, 3}, [3]int64{a.Done, a.Skipped, a.Refused})
+	items, err := inbox.ListActionItems(b.ctx, b.pool, a.ID, 0, 0)
+	require.NoError(t, err)
+	require.Contains(t, items[0].Note, "discard it instead")
+
+	plan, err = inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Kind: inbox.KindPayloadConflict})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, plan.Count, "refused: still open")
+	d, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", "the producer resent other amounts; settled by hand")
+	require.NoError(t, err)
+	d, err = inbox.RunBulk(b.ctx, b.pool, d.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, d.Done)
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Empty(t, open)
+}
+
+// TestSingleActionsAreInTheHistory: RetryQuarantined and DropQuarantined
+// record an action of one message each, in the history bulk actions are in.
+func TestSingleActionsAreInTheHistory(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	deadLetters(t, b.ctx, b, 2, badDeploy, nil)
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	require.NoError(t, err)
+	res, err := inbox.RetryQuarantined(b.ctx, b.pool, open[0].ID, "alice")
+	require.NoError(t, err)
+	require.True(t, res.Redriven)
+	_, err = inbox.RetryQuarantined(b.ctx, b.pool, open[0].ID, "alice") // resolved: nothing done, nothing recorded
+	require.NoError(t, err)
+	_, err = inbox.DropQuarantined(b.ctx, b.pool, open[1].ID, "bob", "duplicate of a manual fix")
+	require.NoError(t, err)
+
+	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, history, 2)
+	type entry struct {
+		Action, Actor, Why string
+		IDs                []int64
+		Done               int64
+		State              string
+	}
+	var got []entry
+	for _, h := range history {
+		got = append(got, entry{h.Action, h.Actor, h.Why, h.Selection.IDs, h.Done, h.State})
+	}
+	require.Equal(t, []entry{
+		{inbox.ActionDrop, "bob", "duplicate of a manual fix", []int64{open[1].ID}, 1, inbox.ActionFinished},
+		{inbox.ActionRetry, "alice", "", []int64{open[0].ID}, 1, inbox.ActionFinished},
+	}, got, "newest first")
+}
+
+// TestBulkRetryResumesAfterAKill: a process running a bulk retry is killed
+// with SIGKILL with a batch open: its first batch committed, the second
+// half done in a transaction that never commits. Run again, the action
+// goes on where it stopped: each message written back once, counted done
+// once by the action, and applied once.
+func TestBulkRetryResumesAfterAKill(t *testing.T) {
+	if id := os.Getenv("INBOX_BULK_CHILD"); id != "" {
+		// The child: run the action, print a line after each batch.
+		action, err := strconv.ParseInt(id, 10, 64)
+		require.NoError(t, err)
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, os.Getenv("INBOX_BULK_DB"))
+		require.NoError(t, err)
+		_, err = inbox.RunBulk(ctx, pool, action, inbox.BulkOptions{BatchSize: 10, Progress: func(a inbox.Action) {
+			fmt.Printf("progress %d\n", a.Done)
+		}})
+		require.NoError(t, err)
+		return
+	}
+	t.Parallel()
+	in, b := setup(t, inbox.Config{})
+	ids := deadLetters(t, b.ctx, b, 35, badDeploy, nil)
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	action, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.NoError(t, err)
+
+	// Hold the 15th message's quarantine row: the child's second batch does
+	// the 11th to the 14th and waits for it, its transaction open.
+	hold, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.WithoutCancel(b.ctx)) //nolint:errcheck // rolled back below
+	_, err = hold.Exec(b.ctx, `SELECT 1 FROM inbox_quarantine WHERE message_id = $1 FOR UPDATE`, ids[14])
+	require.NoError(t, err)
+
+	child := exec.Command(os.Args[0], "-test.run=^TestBulkRetryResumesAfterAKill$")
+	child.Env = append(os.Environ(), "INBOX_BULK_CHILD="+strconv.FormatInt(action.ID, 10), "INBOX_BULK_DB="+b.pool.Config().ConnString())
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	child.Stderr = os.Stderr
+	require.NoError(t, child.Start())
+	lines := bufio.NewScanner(out)
+	require.True(t, lines.Scan(), "the child's first batch")
+	require.Equal(t, "progress 10", lines.Text())
+	awaitLockWaiters(t, b, 1, "the child's second batch waiting for the 15th message")
+	for i, id := range ids[10:14] { // done in the child's open transaction: their rows locked by it
+		_, err := b.pool.Exec(b.ctx, `SELECT 1 FROM inbox_quarantine WHERE message_id = $1 FOR UPDATE NOWAIT`, id)
+		require.ErrorContains(t, err, "could not obtain lock", "message %d", 11+i)
+	}
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	err = child.Wait()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "the child ended with %v", err)
+	require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal())
+	require.NoError(t, hold.Rollback(b.ctx))
+
+	killed, err := inbox.GetAction(b.ctx, b.pool, action.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]any{inbox.ActionRunning, int64(10)}, [2]any{killed.State, killed.Done}, "the first batch, and only it")
+	require.Len(t, redriven(t, b), 10, "the open batch's work went with its transaction")
+	running, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer, Running: true})
+	require.NoError(t, err)
+	require.Len(t, running, 1, "what is left to resume")
+
+	resumed, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{BatchSize: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, [4]int64{35, 0, 0, 0}, [4]int64{resumed.Done, resumed.Skipped, resumed.Refused, resumed.Remaining()})
+	require.Equal(t, once(ids), redriven(t, b))
+	require.Equal(t, once(ids), applyRedriven(t, b, in))
+}

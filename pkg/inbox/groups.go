@@ -1,0 +1,87 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Failure groups. A bad deploy dead-letters thousands of messages with one
+// reason that differs only in the ids and numbers it quotes; an operator
+// wants to see one line for them, count them, and retry or drop them
+// together (Bulk). A group is the open quarantined messages of a consumer
+// with the same
+//
+//   - kind (KindDeadLetter, KindPayloadConflict, KindInvalid),
+//   - reason pattern: the reason with its variable parts masked (quoted
+//     values become "…", UUIDs <id>, runs of hex with a digit <hex>,
+//     numbers <n>),
+//   - event type (the outbox's event_type header), and
+//   - producer key (pkg/signature's signature_key_id header),
+//
+// computed by the database as each row is written (migration 007), so the
+// groups of a million open rows are one index-only scan.
+
+// Group is one failure group.
+type Group struct {
+	ID            string // 16 hex digits; what QuarantineFilter.Group and Selection.Group take
+	Consumer      string
+	Kind          string
+	ReasonPattern string // the reason with its variable parts masked
+	EventType     string // "" when the messages had no event_type header
+	Producer      string // the signing key's id; "" when unsigned
+	Topic         string // the topic of its first message
+	Example       string // its first message's reason, as it was
+	Count         int64  // open messages in the group
+	FirstSeen     time.Time
+	LastSeen      time.Time
+}
+
+// GroupFilter selects groups for ListGroups.
+type GroupFilter struct {
+	Consumer string // empty: every consumer
+	Kind     string // empty: every kind
+}
+
+// ListGroups returns the failure groups of the open quarantined messages,
+// the largest first.
+func ListGroups(ctx context.Context, pool *pgxpool.Pool, f GroupFilter) ([]Group, error) {
+	rows, err := pool.Query(ctx, `
+		WITH g AS (
+			SELECT consumer, failure_group, count(*) AS n, min(created_at) AS first, max(created_at) AS last, min(id) AS sample
+			FROM inbox_quarantine
+			WHERE resolved_at IS NULL AND ($1 = '' OR consumer = $1)
+			GROUP BY consumer, failure_group)
+		SELECT g.failure_group, g.consumer, q.kind, inbox_reason_pattern(q.reason),
+			coalesce(q.metadata->>'event_type', ''), coalesce(q.metadata->>'signature_key_id', ''),
+			q.topic, q.reason, g.n, g.first, g.last
+		FROM g JOIN inbox_quarantine q ON q.id = g.sample
+		WHERE $2 = '' OR q.kind = $2
+		ORDER BY g.n DESC, g.first, g.consumer, g.failure_group`, planEachTime, f.Consumer, f.Kind)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing failure groups: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Group, error) {
+		var g Group
+		err := row.Scan(&g.ID, &g.Consumer, &g.Kind, &g.ReasonPattern, &g.EventType, &g.Producer,
+			&g.Topic, &g.Example, &g.Count, &g.FirstSeen, &g.LastSeen)
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: listing failure groups: %w", err)
+	}
+	return list, nil
+}
+
+// ReasonPattern returns reason with its variable parts masked, as the
+// database masks it to group failures: what a Group's ReasonPattern shows.
+func ReasonPattern(ctx context.Context, pool *pgxpool.Pool, reason string) (string, error) {
+	var p string
+	if err := pool.QueryRow(ctx, `SELECT inbox_reason_pattern($1)`, pgText(reason)).Scan(&p); err != nil {
+		return "", fmt.Errorf("inbox: masking a reason: %w", err)
+	}
+	return p, nil
+}
