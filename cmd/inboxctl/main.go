@@ -2,30 +2,45 @@
 // did not apply: dead letters and quarantined messages, in the consumer's
 // database (DATABASE_URL).
 //
-//	inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-resolved]
+//	inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-group ID] [-resolved]
+//	inboxctl groups [-consumer NAME] [-kind KIND]
 //	inboxctl show ID
-//	inboxctl redrive [-by WHO] ID | -all [-consumer NAME]
+//	inboxctl redrive [-by WHO] ID
+//	inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
 //	inboxctl discard -by WHO -why WHY ID
+//	inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
+//	inboxctl actions [-consumer NAME] [-limit N]
+//	inboxctl resume ID
 //	inboxctl held [-consumer NAME]
 //	inboxctl breaches [-consumer NAME] [-limit N]
 //	inboxctl consumers
 //	inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 //
+// groups lists the failure groups of the open messages: those that failed
+// alike (kind, reason with its ids and numbers masked, event type, producer
+// key), the largest first; see inbox.ListGroups.
+// redrive writes a dead letter back to its topic through the consumer's
+// outbox, under its original id, in the transaction that marks it redriven
+// (see inbox.RetryQuarantined): fix the handler first, then redrive.
+// discard closes a row without applying it and records who, why and when.
+// Given a group, a kind or -all instead of an ID, redrive and discard act on
+// many messages of one consumer: without -expect they only count them (a
+// dry run); with -expect N, the count the dry run printed, they record the
+// action and do it in batches, printing progress (inbox.StartBulk,
+// inbox.RunBulk). actions lists the history of what operators did, newest
+// first; resume goes on with an action that was stopped (killed, ^C): each
+// message is done once however often it runs.
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
 // it; redriving or discarding that dead letter releases them in order.
 // breaches lists the breaks in producers' key histories the consumer saw
 // (gaps, rewinds and late messages, newest first; see docs/operate.md,
 // InboxGap and ProducerRewound).
-// redrive writes a dead letter back to its topic through the consumer's
-// outbox, under its original id, in the transaction that marks it redriven
-// (see inbox.Redrive): fix the handler first, then redrive. discard closes a
-// row without applying it and records who, why and when. consumers lists
-// every consumer with rows in the inbox; retire deletes what the inbox keeps
-// for one that no longer runs (renamed or removed: no sweep retires its
-// rows, and they hold every partition they are in), unless it wrote to the
-// inbox within -idle (72h) or has parked messages (-drop-parked deletes
-// them); see inbox.RetireConsumer.
+// consumers lists every consumer with rows in the inbox; retire deletes
+// what the inbox keeps for one that no longer runs (renamed or removed: no
+// sweep retires its rows, and they hold every partition they are in),
+// unless it wrote to the inbox within -idle (72h) or has parked messages
+// (-drop-parked deletes them); see inbox.RetireConsumer.
 package main
 
 import (
@@ -41,6 +56,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxref/outbox-inbox/cmd/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
@@ -54,11 +71,15 @@ var tool = opctl.Tool{
 func main() { tool.Main(run) }
 
 const usage = `usage:
-  inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-resolved]
+  inboxctl list [-consumer NAME] [-kind dead_letter|payload_conflict|invalid] [-group ID] [-resolved]
+  inboxctl groups [-consumer NAME] [-kind KIND]
   inboxctl show ID
   inboxctl redrive [-by WHO] ID
-  inboxctl redrive [-by WHO] -all [-consumer NAME]
+  inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
   inboxctl discard -by WHO -why WHY ID
+  inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
+  inboxctl actions [-consumer NAME] [-limit N]
+  inboxctl resume ID
   inboxctl held [-consumer NAME]
   inboxctl breaches [-consumer NAME] [-limit N]
   inboxctl consumers
@@ -70,23 +91,26 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	consumer := fs.String("consumer", "", "only this consumer; retire: the consumer to retire")
 	kind := fs.String("kind", "", "only this kind: dead_letter, payload_conflict or invalid")
 	resolved := fs.Bool("resolved", false, "list: also rows already redriven or discarded")
-	all := fs.Bool("all", false, "redrive: every open dead letter (of -consumer)")
+	group := fs.String("group", "", "list: only this failure group (inboxctl groups); redrive, discard: its open messages")
+	all := fs.Bool("all", false, "redrive, discard: every open message of -consumer (redrive: of -kind dead_letter)")
+	expect := fs.Int64("expect", -1, "redrive, discard of many: the count the dry run printed; without it, only count")
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
-	limit := fs.Int("limit", 50, "breaches: how many, newest first")
+	limit := fs.Int("limit", 50, "breaches, actions: how many, newest first")
 	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
-	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "redrive", "discard", "held", "breaches", "consumers", "retire")
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "resume", "held", "breaches", "consumers", "retire")
 	if err != nil || help {
 		return err
 	}
-	id, err := idArg(cmd, rest, *all)
+	bulk := (cmd == "redrive" || cmd == "discard") && (*all || *group != "" || *kind != "")
+	id, err := idArg(cmd, rest, bulk)
 	if err != nil {
 		return err
 	}
 
 	timeout := time.Minute
-	if cmd == "retire" || cmd == "consumers" {
+	if cmd == "retire" || cmd == "consumers" || bulk || cmd == "resume" {
 		timeout = 0 // a retire of millions of rows takes what it takes; ^C stops it
 	}
 	ctx, pool, closeDB, err := tool.Connect(ctx, getenv, timeout)
@@ -97,7 +121,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 
 	switch cmd {
 	case "list":
-		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Resolved: *resolved})
+		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Group: *group, Resolved: *resolved})
 		if err != nil {
 			return err
 		}
@@ -120,32 +144,52 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		printOne(out, q)
-	case "redrive":
-		ids := []int64{id}
-		if *all {
-			list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: inbox.KindDeadLetter})
+	case "groups":
+		list, err := inbox.ListGroups(ctx, pool, inbox.GroupFilter{Consumer: *consumer, Kind: *kind})
+		if err != nil {
+			return err
+		}
+		printGroups(out, list)
+	case "redrive", "discard":
+		if cmd == "discard" && strings.TrimSpace(*why) == "" {
+			return errors.New("discard needs -why: it is kept as the audit record")
+		}
+		if bulk {
+			action := inbox.ActionRetry
+			if cmd == "discard" {
+				action = inbox.ActionDrop
+			}
+			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind}, *expect, *by, *why)
+		}
+		if cmd == "discard" {
+			q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)
 			if err != nil {
 				return err
 			}
-			ids = ids[:0]
-			for _, q := range list {
-				ids = append(ids, q.ID)
-			}
-			if len(ids) == 0 {
-				fmt.Fprintln(out, "no open dead letters")
-			}
+			fmt.Fprintf(out, "%d discarded by %s at %s: %s\n", q.ID, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339), q.ResolutionNote)
+			return nil
 		}
-		for _, id := range ids {
-			res, err := inbox.RetryQuarantined(ctx, pool, id, *by)
-			if err != nil {
-				return fmt.Errorf("redriving %d: %w", id, err)
-			}
-			verb := "redriven"
-			if !res.Redriven {
-				verb = "not redriven"
-			}
-			fmt.Fprintf(out, "%d %s: %s\n", id, verb, res.Note)
+		res, err := inbox.RetryQuarantined(ctx, pool, id, *by)
+		if err != nil {
+			return fmt.Errorf("redriving %d: %w", id, err)
 		}
+		verb := "redriven"
+		if !res.Redriven {
+			verb = "not redriven"
+		}
+		fmt.Fprintf(out, "%d %s: %s\n", id, verb, res.Note)
+	case "actions":
+		list, err := inbox.ListActions(ctx, pool, inbox.ActionFilter{Consumer: *consumer, Limit: *limit})
+		if err != nil {
+			return err
+		}
+		printActions(out, list)
+	case "resume":
+		a, err := inbox.RunBulk(ctx, pool, id, inbox.BulkOptions{Progress: progress(out)})
+		if err != nil {
+			return err
+		}
+		printDone(out, a)
 	case "consumers":
 		list, err := inbox.ListConsumers(ctx, pool)
 		if err != nil {
@@ -166,31 +210,116 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		if r.OpenQuarantined > 0 {
 			fmt.Fprintf(out, "%d quarantined messages of %s are still open: inboxctl list -consumer %s\n", r.OpenQuarantined, *consumer, *consumer)
 		}
-	case "discard":
-		if strings.TrimSpace(*why) == "" {
-			return errors.New("discard needs -why: it is kept as the audit record")
-		}
-		q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "%d discarded by %s at %s: %s\n", q.ID, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339), q.ResolutionNote)
 	}
 	return nil
 }
 
-// idArg reads the one ID argument show, redrive and discard need.
-func idArg(cmd string, rest []string, all bool) (int64, error) {
+// idArg reads the one ID argument show, redrive, discard and resume need.
+func idArg(cmd string, rest []string, bulk bool) (int64, error) {
 	switch {
-	case cmd == "list" || cmd == "held" || cmd == "breaches" || cmd == "consumers" || cmd == "retire":
+	case cmd == "list" || cmd == "groups" || cmd == "actions" || cmd == "held" || cmd == "breaches" || cmd == "consumers" || cmd == "retire":
 		return 0, tool.NoArgs(cmd, rest)
-	case cmd == "redrive" && all:
+	case bulk:
 		if len(rest) > 0 {
-			return 0, fmt.Errorf("redrive: give an ID or -all, not both\n%s", usage)
+			return 0, fmt.Errorf("%s: give an ID, or -group, -kind or -all, not both\n%s", cmd, usage)
 		}
 		return 0, nil
 	}
 	return tool.ID(cmd, rest)
+}
+
+// runBulk counts what sel chooses and, when expect is that count, retries
+// or drops it (action), printing progress.
+func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action string, sel inbox.Selection, expect int64, by, why string) error {
+	if sel.Consumer == "" {
+		return errors.New("a bulk action is for one consumer: -consumer NAME (inboxctl consumers lists them)")
+	}
+	verb := map[string]string{inbox.ActionRetry: "redrive", inbox.ActionDrop: "discard"}[action]
+	if action == inbox.ActionRetry && sel.Kind == "" && sel.Group == "" {
+		sel.Kind = inbox.KindDeadLetter // only dead letters can be redriven
+	}
+	plan, err := inbox.DryRun(ctx, pool, sel)
+	if err != nil {
+		return err
+	}
+	switch {
+	case plan.Count == 0:
+		fmt.Fprintln(out, "no open message chosen: nothing to do")
+		return nil
+	case expect < 0:
+		fmt.Fprintf(out, "dry run: %d open messages of %s chosen; nothing done. To %s them: the same command with -expect %d\n",
+			plan.Count, sel.Consumer, verb, plan.Count)
+		return nil
+	case expect != plan.Count:
+		return fmt.Errorf("%d open messages chosen now, not the %d expected: nothing done; look again (the same command without -expect)", plan.Count, expect)
+	}
+	a, err := inbox.StartBulk(ctx, pool, action, plan, by, why)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "action %d: %s of %d messages by %s started (inboxctl resume %d goes on with it if stopped)\n", a.ID, verb, a.Selected, by, a.ID)
+	if a, err = inbox.RunBulk(ctx, pool, a.ID, inbox.BulkOptions{Progress: progress(out)}); err != nil {
+		return fmt.Errorf("%w (inboxctl resume %d goes on with it)", err, a.ID)
+	}
+	printDone(out, a)
+	return nil
+}
+
+// progress prints an action's progress after each batch, at most once a second.
+func progress(out io.Writer) func(inbox.Action) {
+	var last time.Time
+	return func(a inbox.Action) {
+		if a.State == inbox.ActionFinished || time.Since(last) < time.Second {
+			return
+		}
+		last = time.Now()
+		fmt.Fprintf(out, "action %d: %d of %d done, %d skipped, %d refused\n", a.ID, a.Done, a.Selected, a.Skipped, a.Refused)
+	}
+}
+
+func printDone(out io.Writer, a inbox.Action) {
+	fmt.Fprintf(out, "action %d finished: %d of %d done, %d skipped (resolved meanwhile, or applied), %d refused\n",
+		a.ID, a.Done, a.Selected, a.Skipped, a.Refused)
+	if a.Refused > 0 {
+		fmt.Fprintf(out, "the refused cannot be redriven (inbox.ListActionItems says why): discard them\n")
+	}
+}
+
+func printGroups(out io.Writer, list []inbox.Group) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "nothing quarantined")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "GROUP\tCONSUMER\tKIND\tCOUNT\tFIRST\tLAST\tEVENT TYPE\tPRODUCER\tREASON")
+	for _, g := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Consumer, g.Kind, g.Count,
+			time.Since(g.FirstSeen).Round(time.Second), time.Since(g.LastSeen).Round(time.Second),
+			orDash(g.EventType), orDash(g.Producer), opctl.Clip(g.ReasonPattern, 100))
+	}
+	w.Flush()
+}
+
+func printActions(out io.Writer, list []inbox.Action) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "no action recorded")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tWHEN\tCONSUMER\tACTION\tBY\tSELECTION\tCHOSEN\tDONE\tSKIPPED\tREFUSED\tSTATE\tWHY")
+	for _, a := range list {
+		sel, _ := json.Marshal(a.Selection)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", a.ID, a.StartedAt.Format(time.RFC3339), a.Consumer,
+			a.Action, a.Actor, opctl.Clip(string(sel), 80), a.Selected, a.Done, a.Skipped, a.Refused, a.State, opctl.Clip(a.Why, 60))
+	}
+	w.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func printList(out io.Writer, list []inbox.Quarantined) {

@@ -178,13 +178,63 @@ func TestInboxctl(t *testing.T) {
 	out, err = b.ctl("list")
 	require.NoError(t, err)
 	require.Equal(t, "nothing quarantined\n", out)
-	out, err = b.ctl("redrive", "-all")
+	out, err = b.ctl("redrive", "-all", "-consumer", "billing")
 	require.NoError(t, err)
-	require.Equal(t, "no open dead letters\n", out)
+	require.Equal(t, "no open message chosen: nothing to do\n", out)
 	out, err = b.ctl("list", "-resolved")
 	require.NoError(t, err)
 	require.Contains(t, out, "redriven by alice")
 	require.Contains(t, out, "discarded by carol")
+}
+
+// TestInboxctlBulk: dead letters that failed alike are one group; a redrive
+// of the group counts it first, does nothing with a count other than the
+// dry run's, and with it redrives each message once; the history shows it.
+func TestInboxctlBulk(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var ids []string
+	for _, p := range []string{"bad: one", "bad: two", "bad: three"} {
+		_, id := b.deadLetter(t, p)
+		ids = append(ids, id)
+	}
+	out, err := b.ctl("groups")
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, "a header and one group:\n%s", out)
+	fields := strings.Fields(lines[1])
+	group := fields[0]
+	require.Equal(t, []string{"billing", "dead_letter", "3"}, fields[1:4])
+
+	out, err = b.ctl("list", "-group", group)
+	require.NoError(t, err)
+	require.Equal(t, 4, strings.Count(out, "\n"), "a header and three rows:\n%s", out)
+
+	out, err = b.ctl("redrive", "-group", group)
+	require.ErrorContains(t, err, "-consumer NAME")
+	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group)
+	require.NoError(t, err)
+	require.Equal(t, "dry run: 3 open messages of billing chosen; nothing done. To redrive them: the same command with -expect 3\n", out)
+	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "2")
+	require.ErrorContains(t, err, "3 open messages chosen now, not the 2 expected")
+	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3")
+	require.NoError(t, err)
+	require.Contains(t, out, "finished: 3 of 3 done, 0 skipped")
+	for _, id := range ids {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND message_id = $2`, b.topic, id).Scan(&n))
+		require.Equal(t, 1, n, "message %s written back", id)
+	}
+	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3")
+	require.NoError(t, err)
+	require.Equal(t, "no open message chosen: nothing to do\n", out)
+
+	out, err = b.ctl("actions")
+	require.NoError(t, err)
+	require.Contains(t, out, "retry")
+	require.Contains(t, out, "alice")
+	require.Contains(t, out, group)
+	require.Equal(t, 2, strings.Count(out, "\n"), "a header and one action:\n%s", out)
 }
 
 // TestInboxctlHeld: held lists a held key with its dead letter and what is
@@ -290,6 +340,9 @@ func TestInboxctlUsage(t *testing.T) {
 		{[]string{"show"}, "show needs one ID"},
 		{[]string{"show", "x"}, "is not a number"},
 		{[]string{"redrive", "-all", "7"}, "not both"},
+		{[]string{"discard", "-group", "ab12", "-why", "x", "7"}, "not both"},
+		{[]string{"groups", "7"}, "groups takes no arguments"},
+		{[]string{"resume"}, "resume needs one ID"},
 		{[]string{"list", "7"}, "list takes no arguments"},
 		{[]string{"held", "7"}, "held takes no arguments"},
 		{[]string{"retire", "shipping"}, "retire takes no arguments"},

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -460,6 +461,38 @@ func TestBulkRetryResumesAfterAKill(t *testing.T) {
 	resumed, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{BatchSize: 10})
 	require.NoError(t, err)
 	require.EqualValues(t, [4]int64{35, 0, 0, 0}, [4]int64{resumed.Done, resumed.Skipped, resumed.Refused, resumed.Remaining()})
+	require.Equal(t, once(ids), redriven(t, b))
+	require.Equal(t, once(ids), applyRedriven(t, b, in))
+}
+
+// TestBulkRetryOfTenThousand: a bad deploy's 10,000 dead letters, retried
+// as one group, with progress after each batch: each written back once and,
+// delivered twice, applied once.
+func TestBulkRetryOfTenThousand(t *testing.T) {
+	t.Parallel()
+	in, b := setup(t, inbox.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b.ctx = ctx
+	ids := deadLetters(t, ctx, b, 10000, badDeploy, nil)
+	groups, err := inbox.ListGroups(ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	plan, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Group: groups[0].ID})
+	require.NoError(t, err)
+	require.EqualValues(t, 10000, plan.Count)
+	a, err := inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "fixed in v1.4.3")
+	require.NoError(t, err)
+	var progress []int64
+	a, err = inbox.RunBulk(ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: 500, Progress: func(a inbox.Action) {
+		progress = append(progress, a.Done)
+	}})
+	require.NoError(t, err)
+	require.Len(t, progress, 21, "twenty batches, and the end")
+	for i, done := range progress[:20] {
+		require.EqualValues(t, 500*(i+1), done)
+	}
+	require.EqualValues(t, [3]int64{10000, 0, 0}, [3]int64{a.Done, a.Skipped, a.Refused})
 	require.Equal(t, once(ids), redriven(t, b))
 	require.Equal(t, once(ids), applyRedriven(t, b, in))
 }
