@@ -22,7 +22,7 @@ import (
 //
 // Reported: ms per read.
 //
-//	go test ./inbox -run '^$' -bench BenchmarkFailureGroups -benchtime 5x -timeout 30m
+//	go test ./pkg/inbox -run '^$' -bench BenchmarkFailureGroups -benchtime 5x -timeout 30m
 func BenchmarkFailureGroups(b *testing.B) {
 	const rows = 1_000_000
 	ctx := context.Background()
