@@ -404,7 +404,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	settled := judge.Settled(len(res.Paid))
 	var moved string
 	lastMove := time.Now()
-	final, waitErr := judge.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, res.Client(),
+	client := res.Client()
+	client.Injected = hostile.injected()
+	final, waitErr := judge.Wait(drainCtx, sys.Pools["orders"], sys.Pools["inventory"], stock, client,
 		func(r judge.Report) bool {
 			if now := fmt.Sprint(r.Reserved, r.Rejected, r.Ended, r.OutboxPending, r.CapturesPending); now != moved {
 				moved, lastMove = now, time.Now()
@@ -428,7 +430,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("reading the payments: %w", err)
 	}
 	final.Invariants = append(final.Invariants, h.payments.Invariant)
-	h.audit = h.measureAudit(ctx, sys)
+	h.audit = h.measureAudit(ctx, sys, client.Injected)
 	// Settled says nothing of copies still in Kafka (a relay's last
 	// republish): wait until no delivery has been traced for 3 s, so the
 	// attribution judges copies that were handed out.
@@ -719,7 +721,7 @@ func (h *harness) diagnoseStall(ctx context.Context) {
 // measureAudit waits until the auditor beside the run has caught up with
 // it and judges what it found (judge.AuditAlarms): late work resolved in
 // time is no alarm, a breach is.
-func (h *harness) measureAudit(ctx context.Context, sys *system.System) AuditRow {
+func (h *harness) measureAudit(ctx context.Context, sys *system.System, injected []string) AuditRow {
 	if sys.Auditor == nil {
 		return AuditRow{Detail: "no auditor", Verdict: judge.Invariant{Name: judge.AuditAlarms, OK: true, Detail: "not judged: no auditor ran"}}
 	}
@@ -731,7 +733,7 @@ func (h *harness) measureAudit(ctx context.Context, sys *system.System) AuditRow
 		return AuditRow{Detail: err.Error(), Verdict: judge.Invariant{Name: judge.AuditAlarms, Detail: "the auditor did not catch up with the run: " + err.Error()}}
 	}
 	row := AuditRow{Findings: len(findings), Kinds: map[string]int{}, Detail: judge.AuditVerdict(findings).Detail,
-		Verdict: judge.AuditAlarmsVerdict(findings, sys.AuditGrace)}
+		Verdict: judge.AuditAlarmsVerdict(findings, sys.AuditGrace, setOf(injected))}
 	for _, f := range findings {
 		row.Kinds[f.Check+"/"+f.Kind]++
 		if f.Open() {
@@ -740,4 +742,13 @@ func (h *harness) measureAudit(ctx context.Context, sys *system.System) AuditRow
 	}
 	h.say("auditor: %s", row.Verdict.Detail)
 	return row
+}
+
+// setOf is the set of ids.
+func setOf(ids []string) map[string]bool {
+	set := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	return set
 }

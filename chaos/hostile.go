@@ -51,6 +51,9 @@ type hostileMsg struct {
 	// must record on it (Kind, Expected, Got), when it breaks the history.
 	seq    string
 	breaks *judge.BreachInjected
+	// order is the order a wrong answer concerns (hostileWrongAnswer): one
+	// the harness paid itself, for a SKU inventory does not stock.
+	order string
 }
 
 // The forgeries: no signature, a key no consumer trusts, and the
@@ -139,6 +142,15 @@ const (
 	hostileSeqRewindFirst  = "sequence_rewound_first"  // numbered 1
 	hostileSeqRewindSecond = "sequence_rewound_second" // numbered 2
 	hostileSeqRewind       = "sequence_rewound"        // numbered 2 again under a fresh id (a rewind)
+
+	// A producer with a bug, signing a wrong but well-formed answer (#44):
+	// an InventoryReserved, signed as inventory signs, for an order the
+	// harness has just paid for a SKU inventory does not stock, published
+	// at once. Orders' guard refuses it if inventory's rejection came
+	// first; else orders applies it and captures the payment, and the
+	// auditor must find the disagreement and have the capture refunded
+	// (judge.KindRefusedOrRepaired).
+	hostileWrongAnswer = "wrong_answer_signed"
 )
 
 // nearLimitBytes is the near_broker_limit record's size, as Sarama counts
@@ -197,6 +209,20 @@ func (h *hostile) build(ctx context.Context) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+	var wrong []hostileMsg
+	if h.sys.Auditor != nil {
+		lines := []events.Line{{SKU: "unstocked-" + newID()[24:], Quantity: 1}}
+		o, err := h.sys.Client.CreateOrder(ctx, lines)
+		if err == nil {
+			_, err = h.sys.Client.Pay(ctx, o.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("paying the order a wrong answer concerns: %w", err)
+		}
+		wrong = append(wrong, hostileMsg{class: hostileWrongAnswer, consumer: "orders", topic: events.TopicInventory, id: newID(), order: o.ID,
+			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"%s","quantity":1}]}`, o.ID, lines[0].SKU),
+			times:   1, kind: judge.KindRefusedOrRepaired})
+	}
 	conflicting := strings.Replace(string(realPayload), `"quantity":`, `"quantity":9`, 1)
 	paid := func(lines string) []byte {
 		return fmt.Appendf(nil, `{"schema_version":1,"type":"OrderPaid","order_id":"%s","lines":%s,"paid_at":"2026-01-02T03:04:05Z"}`, newID(), lines)
@@ -208,7 +234,9 @@ func (h *hostile) build(ctx context.Context) error {
 		conflictKind = judge.KindRefused
 	}
 
-	h.msgs = []hostileMsg{
+	// The wrong answer first: sent before inventory's own answer, as often
+	// as not.
+	h.msgs = append(wrong, []hostileMsg{
 		{class: hostileMalformed, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: []byte(`{"schema_version":1,"type":"OrderPaid","order_id":`), times: 1, kind: "dead_letter"},
 		{class: hostileSchema, consumer: "inventory", topic: events.TopicOrders, id: newID(),
@@ -293,7 +321,7 @@ func (h *hostile) build(ctx context.Context) error {
 		{class: hostileEnvTopic, consumer: "inventory", topic: events.TopicOrders, id: newID(),
 			payload: fmt.Appendf(nil, `{"schema_version":1,"type":"InventoryReserved","order_id":"%s","lines":[{"sku":"sku-01","quantity":1}]}`, newID()),
 			times:   1, kind: "invalid", reason: "travels on"},
-	}
+	}...)
 	var stream string // inventory's outbox's: the harness numbers as inventory would
 	if err := h.sys.Pools["inventory"].QueryRow(ctx, `SELECT id::text FROM outbox_stream`).Scan(&stream); err != nil {
 		return fmt.Errorf("reading inventory's outbox stream: %w", err)
@@ -488,7 +516,7 @@ func (h *hostile) summary() string {
 // expect is what the judge holds m to.
 func (m hostileMsg) expect() judge.HostileMessage {
 	return judge.HostileMessage{Class: m.class, Consumer: m.consumer, Topic: m.topic, ID: m.id, RecordedAs: m.quarantinedAs(),
-		Kind: m.kind, Reason: m.reason, Payload: m.payload, Times: m.times, As: m.as}
+		Kind: m.kind, Reason: m.reason, Payload: m.payload, Times: m.times, As: m.as, Order: m.order}
 }
 
 // results asks the judge what became of each hostile class.
@@ -503,12 +531,15 @@ func (h *hostile) results(ctx context.Context) (map[string]judge.HostileResult, 
 		pool := h.sys.Pools[m.consumer]
 		var r judge.HostileResult
 		var err error
-		if m.kind == judge.KindBrokerRefused {
+		switch m.kind {
+		case judge.KindRefusedOrRepaired:
+			r, err = judge.WrongAnswerOutcome(ctx, pool, h.sys.Pools["audit"], m.expect())
+		case judge.KindBrokerRefused:
 			h.kafka.mu.Lock()
 			refusal, sent := h.kafka.out[m.class] // hostile_broker.go
 			h.kafka.mu.Unlock()
 			r, err = judge.BrokerRefusedOutcome(ctx, pool, m.expect(), sent, refusal)
-		} else {
+		default:
 			r, err = judge.HostileOutcome(ctx, pool, m.expect())
 		}
 		if err != nil {
@@ -520,7 +551,10 @@ func (h *hostile) results(ctx context.Context) (map[string]judge.HostileResult, 
 }
 
 // refusedOthers counts the refusals, in both services, of messages that are
-// not hostile: the system's own events the domain guard refused.
+// not hostile: the system's own events the domain guard refused. The
+// injected orders' are left out: a wrong answer applied makes the guards
+// refuse the system's own events about its order (inventory's real
+// answer, the OrderCaptured of a capture inventory never reserved).
 func (h *hostile) refusedOthers(ctx context.Context) (int, error) {
 	var ids []string
 	for _, m := range h.msgs {
@@ -529,12 +563,29 @@ func (h *hostile) refusedOthers(ctx context.Context) (int, error) {
 	total := 0
 	for _, name := range []string{"orders", "inventory"} {
 		var n int
-		if err := h.sys.Pools[name].QueryRow(ctx, `SELECT count(*) FROM refusals WHERE NOT message_id = ANY($1)`, ids).Scan(&n); err != nil {
+		if err := h.sys.Pools[name].QueryRow(ctx, `SELECT count(*) FROM refusals WHERE NOT message_id = ANY($1) AND NOT order_id::text = ANY($2)`,
+			ids, h.injected()).Scan(&n); err != nil {
 			return 0, fmt.Errorf("counting %s refusals: %w", name, err)
 		}
 		total += n
 	}
 	return total, nil
+}
+
+// injected returns the orders the harness paid to inject a breach.
+// None until the messages are sent (sent orders the reads after build's
+// writes).
+func (h *hostile) injected() []string {
+	out := []string{}
+	if !h.sent.Load() {
+		return out
+	}
+	for _, m := range h.msgs {
+		if m.order != "" {
+			out = append(out, m.order)
+		}
+	}
+	return out
 }
 
 // ids returns the hostile message ids (the real id the conflict class

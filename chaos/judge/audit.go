@@ -107,15 +107,20 @@ const AlarmLateness = audit.GraceDefault + time.Minute
 
 // AuditAlarmsVerdict judges a run's findings, raised by an auditor whose
 // grace period was grace: a lateness finding is as late as grace plus the
-// time it stayed open.
-func AuditAlarmsVerdict(findings []audit.Record, grace time.Duration) Invariant {
+// time it stayed open. The findings about injected entities (a breach the
+// harness injected on purpose) are no alarm of the run's: their own
+// outcome judges them (WrongAnswerOutcome).
+func AuditAlarmsVerdict(findings []audit.Record, grace time.Duration, injected map[string]bool) Invariant {
 	var alarms []string
 	late := map[string]int{}
 	var latest time.Duration
 	paged := 0
+	expected := 0
 	for _, f := range findings {
 		name := fmt.Sprintf("%s %s %s", f.Check, f.Kind, f.Entity)
 		switch {
+		case injected[f.Entity]:
+			expected++
 		case !slices.Contains(LatenessKinds, f.Kind):
 			alarms = append(alarms, fmt.Sprintf("%s (a breach): %s", name, f.Detail))
 		case f.Open():
@@ -135,6 +140,6 @@ func AuditAlarmsVerdict(findings []audit.Record, grace time.Duration) Invariant 
 	if len(findings) == 0 {
 		return Invariant{AuditAlarms, true, "the auditor raised nothing"}
 	}
-	return Invariant{AuditAlarms, true, fmt.Sprintf("no alarm: %d findings of late work, each resolved (by kind %v), no breach; the latest %s late, %d later than production pages at (%s)",
-		len(findings), late, latest.Round(time.Second), paged, AlarmLateness)}
+	return Invariant{AuditAlarms, true, fmt.Sprintf("no alarm: %d findings of late work, each resolved (by kind %v), no breach but the %d about injected breaches; the latest %s late, %d later than production pages at (%s)",
+		len(findings)-expected, late, expected, latest.Round(time.Second), paged, AlarmLateness)}
 }

@@ -39,15 +39,19 @@ func TestAuditAlarmsVerdict(t *testing.T) {
 		return r
 	}
 	grace := 10 * time.Second
-	require.True(t, AuditAlarmsVerdict(nil, grace).OK)
+	require.True(t, AuditAlarmsVerdict(nil, grace, nil).OK)
+	injected := rec("answers-disagree", time.Second, true)
+	v := AuditAlarmsVerdict([]audit.Record{injected}, grace, map[string]bool{injected.Entity: true})
+	require.True(t, v.OK, "a finding about an injected breach is its class's to judge: %s", v.Detail)
+	require.Contains(t, v.Detail, "but the 1 about injected breaches")
 	var late []audit.Record
 	for _, k := range LatenessKinds {
 		late = append(late, rec(k, AlarmLateness-grace, true))
 	}
-	v := AuditAlarmsVerdict(late, grace)
+	v = AuditAlarmsVerdict(late, grace, nil)
 	require.True(t, v.OK, v.Detail)
 	require.Contains(t, v.Detail, "the latest 3m0s late, 0 later than production pages at")
-	v = AuditAlarmsVerdict(append(late, rec("unanswered", AlarmLateness, true)), grace)
+	v = AuditAlarmsVerdict(append(late, rec("unanswered", AlarmLateness, true)), grace, nil)
 	require.True(t, v.OK, v.Detail)
 	require.Contains(t, v.Detail, "the latest 3m10s late, 1 later than production pages at")
 
@@ -56,7 +60,7 @@ func TestAuditAlarmsVerdict(t *testing.T) {
 		"a breach, open":       rec("wrong-quantities", 0, false),
 		"late work still open": rec("unanswered", 0, false),
 	} {
-		v := AuditAlarmsVerdict(append(append([]audit.Record{}, late...), bad), grace)
+		v := AuditAlarmsVerdict(append(append([]audit.Record{}, late...), bad), grace, map[string]bool{"o-other": true})
 		require.False(t, v.OK, name)
 		require.Contains(t, v.Detail, bad.Entity, name)
 		require.Contains(t, v.Detail, "1 alarms", name)

@@ -32,7 +32,9 @@ import (
 // come from a decision taken between the two reads, so an answer that
 // inventory's view cannot explain is looked up in inventory again before it
 // counts as a phantom.
-func effectsHaveCauses(ctx context.Context, inventory *pgxpool.Pool, ord ordersView, inv inventoryView) (Invariant, error) {
+// injected are orders a harness paid to inject a wrong answer: the answer
+// orders applied to them is the breach injected, judged by its outcome.
+func effectsHaveCauses(ctx context.Context, inventory *pgxpool.Pool, ord ordersView, inv inventoryView, injected map[string]bool) (Invariant, error) {
 	problems := map[string]string{} // order id → what is wrong
 	effects := inv.effectOrders()
 	for _, id := range effects {
@@ -57,7 +59,7 @@ func effectsHaveCauses(ctx context.Context, inventory *pgxpool.Pool, ord ordersV
 
 	var suspects []string
 	for _, id := range ord.ids() {
-		if answerProblem(ord.orders[id], inv.reservationRows(id), inv.rejections[id]) != "" {
+		if !injected[id] && answerProblem(ord.orders[id], inv.reservationRows(id), inv.rejections[id]) != "" {
 			suspects = append(suspects, id)
 		}
 	}

@@ -138,7 +138,14 @@ func Run(ctx context.Context, orders, inventory *pgxpool.Pool, seeded map[string
 	}
 
 	r.Invariants = append(r.Invariants, exactlyOnce(&r, ord, inv))
-	causes, err := effectsHaveCauses(ctx, inventory, ord, inv)
+	var injected map[string]bool
+	if client != nil {
+		injected = map[string]bool{}
+		for _, id := range client.Injected {
+			injected[id] = true
+		}
+	}
+	causes, err := effectsHaveCauses(ctx, inventory, ord, inv, injected)
 	if err != nil {
 		return r, err
 	}

@@ -25,6 +25,11 @@ type Client struct {
 	// Unknown are orders whose payment was sent without an answer. Each
 	// must exist, paid or not.
 	Unknown []string
+	// Injected are orders the harness paid to inject a breach (a wrong
+	// answer signed as inventory's): each must be paid; what inventory and
+	// orders did about them is judged by their hostile class's outcome,
+	// not by effects-have-causes.
+	Injected []string
 }
 
 // clientAgrees compares the orders with the client's account of them.
@@ -50,6 +55,12 @@ func clientAgrees(ord ordersView, c *Client) Invariant {
 			problems[id] = "the client created it, the database has no such order"
 		case o.paid():
 			problems[id] = fmt.Sprintf("the client never paid it, the database has it %s", o.status)
+		}
+	}
+	for _, id := range c.Injected {
+		known[id] = true
+		if o := ord.orders[id]; o == nil || !o.paid() {
+			problems[id] = "the harness paid it to inject a breach, the database has " + describe(o)
 		}
 	}
 	unknownPaid := 0

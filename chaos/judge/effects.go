@@ -32,43 +32,34 @@ import (
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
-// effectFacts returns the facts of the effect windows' subjects.
+// effectFacts returns the facts of the effect windows' subjects: a
+// capture's key (capture-<order id>) or a refund's (refund-<order id>).
 func effectFacts(ctx context.Context, ledger *pgxpool.Pool, providerLog string, l Log) (map[string]subjectFacts, error) {
 	facts := map[string]subjectFacts{}
-	var orderIDs []string
+	orderIDs := map[string][]string{} // ledger table → orders
 	for _, k := range l.Kills {
 		if EffectWindow(k.Window) {
 			facts[k.Subject] = subjectFacts{producer: "orders", consumer: "provider"}
-			orderIDs = append(orderIDs, events.CaptureOrder(k.Subject))
+			if id, ok := strings.CutPrefix(k.Subject, events.RefundKeyPrefix); ok {
+				orderIDs["refunds"] = append(orderIDs["refunds"], id)
+			} else {
+				orderIDs["captures"] = append(orderIDs["captures"], events.CaptureOrder(k.Subject))
+			}
 		}
 	}
-	if len(orderIDs) == 0 {
+	if len(facts) == 0 {
 		return facts, nil
 	}
 	// The attempts under each key (the harness never retries a declined
-	// capture, so a key is an order's one capture).
-	rows, err := ledger.Query(ctx,
-		`SELECT idempotency_key, count(*)::int FROM captures WHERE reference = ANY($1) AND idempotency_key IS NOT NULL GROUP BY 1
-		 UNION ALL
-		 SELECT $2 || reference, count(*)::int FROM captures WHERE reference = ANY($1) AND idempotency_key IS NULL GROUP BY reference`,
-		orderIDs, events.CaptureKeyPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("reading the provider's ledger: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var key string
-		var n int
-		if err := rows.Scan(&key, &n); err != nil {
+	// capture, so a key is an order's one capture; an order is refunded
+	// once, whole).
+	for table, prefix := range map[string]string{"captures": events.CaptureKeyPrefix, "refunds": events.RefundKeyPrefix} {
+		if len(orderIDs[table]) == 0 {
+			continue
+		}
+		if err := countAttempts(ctx, ledger, table, prefix, orderIDs[table], facts); err != nil {
 			return nil, err
 		}
-		if f, ok := facts[key]; ok {
-			f.applied += n
-			facts[key] = f
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	replays, err := provider.ReadReplays(providerLog)
 	if err != nil {
@@ -79,6 +70,33 @@ func effectFacts(ctx context.Context, ledger *pgxpool.Pool, providerLog string, 
 		facts[key] = f
 	}
 	return facts, nil
+}
+
+// countAttempts adds to facts the rows of the ledger's table (captures or
+// refunds) per key for orders: a row without a key counts under the key
+// its order's would have been (prefix and the order id).
+func countAttempts(ctx context.Context, ledger *pgxpool.Pool, table, prefix string, orders []string, facts map[string]subjectFacts) error {
+	rows, err := ledger.Query(ctx,
+		`SELECT idempotency_key, count(*)::int FROM `+table+` WHERE reference = ANY($1) AND idempotency_key IS NOT NULL GROUP BY 1
+		 UNION ALL
+		 SELECT $2 || reference, count(*)::int FROM `+table+` WHERE reference = ANY($1) AND idempotency_key IS NULL GROUP BY reference`,
+		orders, prefix)
+	if err != nil {
+		return fmt.Errorf("reading the provider's %s: %w", table, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			return err
+		}
+		if f, ok := facts[key]; ok {
+			f.applied += n
+			facts[key] = f
+		}
+	}
+	return rows.Err()
 }
 
 // EffectVerdict judges the effect windows' rows. keys says whether the

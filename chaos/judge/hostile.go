@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -16,7 +17,12 @@ import (
 const (
 	KindRefused       = "refused"           // the consumer's domain guard refused it, with a reason (its refusals table)
 	KindBrokerRefused = "refused_by_broker" // the broker refused the write: its principal may not write the topic
-	KindHTTP          = "4xx"               // a hostile HTTP request: answered 4xx with a JSON reason
+	// KindRefusedOrRepaired: a wrong answer signed as its producer (a
+	// producer's bug) for a paid order: refused by the consumer's domain
+	// guard when the producer's real answer came first, or else applied,
+	// found by the auditor and repaired (WrongAnswerOutcome).
+	KindRefusedOrRepaired = "refused_or_repaired"
+	KindHTTP              = "4xx" // a hostile HTTP request: answered 4xx with a JSON reason
 )
 
 // HostileMessage is one hostile class a driver put on a topic itself,
@@ -34,6 +40,7 @@ type HostileMessage struct {
 	Payload    []byte
 	Times      int    // deliveries
 	As         string // the principal that wrote it (KindBrokerRefused)
+	Order      string // the order it concerns (KindRefusedOrRepaired)
 }
 
 // HostileResult is one hostile class's outcome. For the HTTP classes
@@ -94,6 +101,47 @@ func HostileOutcome(ctx context.Context, pool *pgxpool.Pool, m HostileMessage) (
 		r.QuarantinedOrDead = min(m.Times, rows+dups)
 	}
 	r.Handled = rows >= 1 && r.QuarantinedOrDead == m.Times && r.Reason != "" && strings.Contains(r.Reason, m.Reason)
+	return r, nil
+}
+
+// WrongAnswerOutcome judges a wrong answer orders received for m.Order, a
+// paid order inventory rejects (KindRefusedOrRepaired): handled when
+// orders' guard refused it (inventory's answer came first), or when the
+// auditor (its database: audit) found the disagreement and the order ended
+// as its repair makes it: rejected, its capture refunded.
+func WrongAnswerOutcome(ctx context.Context, orders, audit *pgxpool.Pool, m HostileMessage) (HostileResult, error) {
+	r := HostileResult{Sent: m.Times, ExpectedKind: m.Kind}
+	var refused int
+	var reason *string
+	if err := orders.QueryRow(ctx, `SELECT count(*), min(reason) FROM refusals WHERE message_id = $1`, m.ID).Scan(&refused, &reason); err != nil {
+		return r, err
+	}
+	if refused > 0 && reason != nil {
+		r.QuarantinedOrDead, r.Reason, r.Handled = refused, "refused: "+*reason, true
+		return r, nil
+	}
+	var status, payment string
+	if err := orders.QueryRow(ctx, `SELECT status, coalesce(payment, '') FROM orders WHERE id::text = $1`, m.Order).Scan(&status, &payment); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			r.Reason = "no such order"
+			return r, nil
+		}
+		return r, err
+	}
+	var found int
+	var repair *string
+	if err := audit.QueryRow(ctx, `SELECT count(*), max(repair) FROM audit_findings WHERE check_name = 'orders' AND entity = $1 AND kind = 'answers-disagree'`,
+		m.Order).Scan(&found, &repair); err != nil {
+		return r, err
+	}
+	r.Reason = fmt.Sprintf("order %s, payment %s; the auditor's answers-disagree findings: %d", status, payment, found)
+	if repair != nil {
+		r.Reason += ", repaired: " + *repair
+	}
+	r.Handled = found > 0 && repair != nil && status == "rejected" && payment == "refunded"
+	if r.Handled {
+		r.QuarantinedOrDead = 1
+	}
 	return r, nil
 }
 
