@@ -67,6 +67,11 @@ const (
 type hostile struct {
 	sys   *system.System
 	inbox bool // the consumers run their inbox
+	// keys: effects carry their idempotency key. Without (the effect
+	// control run) no wrong answer is sent: its refund, repeated without
+	// its key, would be refused by the provider as already made, and the
+	// control's effect windows must each show a double capture.
+	keys  bool
 	rng   *rand.Rand
 	msgs  []hostileMsg
 	http  httpResults  // hostile_http.go
@@ -210,7 +215,7 @@ func (h *hostile) build(ctx context.Context) error {
 		}
 	}
 	var wrong []hostileMsg
-	if h.sys.Auditor != nil {
+	if h.sys.Auditor != nil && h.keys {
 		lines := []events.Line{{SKU: "unstocked-" + newID()[24:], Quantity: 1}}
 		o, err := h.sys.Client.CreateOrder(ctx, lines)
 		if err == nil {
