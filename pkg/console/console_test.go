@@ -1,0 +1,317 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/outbox-inbox/pkg/console"
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/pgtest"
+)
+
+var pg *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.TestMain(m, &pg) }
+
+const consumer = "billing"
+
+type testBundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	con  *console.Console
+	srv  *httptest.Server
+}
+
+// setup returns a console with users on a fresh database with the inbox's
+// tables, served on loopback.
+func setup(t *testing.T, users ...console.User) *testBundle {
+	t.Helper()
+	b := &testBundle{ctx: t.Context(), pool: pg.TestDatabase(t)}
+	require.NoError(t, inbox.Migrate(b.ctx, b.pool))
+	var err error
+	b.con, err = console.New(console.Config{Pool: b.pool, Title: "billing", Users: users, PageSize: 20})
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(b.con)
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// quarantine writes n open dead letters of poison's shape: reason(i), the
+// message id id(i), payload and headers as given.
+func (b *testBundle) quarantine(t *testing.T, n int, reason func(int) string, id func(int) string, payload []byte, md map[string]string) {
+	t.Helper()
+	if md == nil {
+		md = map[string]string{}
+	}
+	for i := range n {
+		mid := id(i)
+		_, err := b.pool.Exec(b.ctx, `WITH i AS (INSERT INTO inbox_messages (consumer, message_id, payload_sha256, status, topic)
+				VALUES ($1, $2, '\x00', 'dead_lettered', 'payments'))
+			INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, payload, metadata)
+			VALUES ($1, $2, 'dead_letter', $3, 5, 'payments', '\x00', $4, $5)`, consumer, mid, reason(i), payload, md)
+		require.NoError(t, err)
+	}
+}
+
+func uuids(int) string { return uuid.NewString() }
+
+// client is a browser of user (none: anonymous), following redirects.
+type client struct {
+	t      *testing.T
+	b      *testBundle
+	user   *console.User
+	http   *http.Client
+	lastCT string
+}
+
+func (b *testBundle) as(t *testing.T, u *console.User) *client {
+	jar, _ := cookiejar.New(nil)
+	return &client{t: t, b: b, user: u, http: &http.Client{Jar: jar}}
+}
+
+func (c *client) do(method, path string, form url.Values) (int, string) {
+	c.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequestWithContext(c.b.ctx, method, c.b.srv.URL+path, body)
+	require.NoError(c.t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", c.b.srv.URL)
+	}
+	if c.user != nil {
+		req.SetBasicAuth(c.user.Name, c.user.Secret)
+	}
+	resp, err := c.http.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	c.lastCT = resp.Header.Get("Content-Type")
+	return resp.StatusCode, string(page)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// csrf reads the form token of the page at path.
+func (c *client) csrf(path string) string {
+	c.t.Helper()
+	status, page := c.do(http.MethodGet, path, nil)
+	require.Equal(c.t, http.StatusOK, status, page)
+	m := csrfField.FindStringSubmatch(page)
+	require.NotNil(c.t, m, "no form on %s:\n%s", path, page)
+	return m[1]
+}
+
+var (
+	alice = console.User{Name: "alice", Role: console.Operator, Secret: "alice-secret-0123456789"}
+	vic   = console.User{Name: "vic", Role: console.Viewer, Secret: "vic-secret-0123456789ab"}
+)
+
+// groupPath is the path of the console's only group.
+func (b *testBundle) groupPath(t *testing.T) string {
+	t.Helper()
+	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	return "/groups/" + consumer + "/" + groups[0].ID
+}
+
+// TestClosedByDefault: without logins the console answers loopback clients
+// only; with logins, every request needs one, and the wrong secret is
+// refused like none.
+func TestClosedByDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	remote := httptest.NewRequest(http.MethodGet, "/groups", nil) // from 192.0.2.1
+	w := httptest.NewRecorder()
+	b.con.ServeHTTP(w, remote)
+	require.Equal(t, http.StatusForbidden, w.Code)
+	require.Contains(t, w.Body.String(), "loopback clients only")
+	status, _ := b.as(t, nil).do(http.MethodGet, "/groups", nil)
+	require.Equal(t, http.StatusOK, status, "a loopback client")
+
+	b = setup(t, alice, vic)
+	status, page := b.as(t, nil).do(http.MethodGet, "/groups", nil)
+	require.Equal(t, http.StatusUnauthorized, status)
+	require.Contains(t, page, "needs a login")
+	wrong := alice
+	wrong.Secret = "not-alice-secret-at-all"
+	status, _ = b.as(t, &wrong).do(http.MethodGet, "/groups", nil)
+	require.Equal(t, http.StatusUnauthorized, status)
+	status, _ = b.as(t, &vic).do(http.MethodGet, "/groups", nil)
+	require.Equal(t, http.StatusOK, status)
+
+	req, err := http.NewRequestWithContext(b.ctx, http.MethodGet, b.srv.URL+"/groups", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+vic.Secret)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a bearer token")
+}
+
+// TestViewersReadOperatorsAct: a viewer sees the pages without their forms
+// and is refused any action; an operator's action needs the form's token,
+// its own: a token of another user, or none, is refused.
+func TestViewersReadOperatorsAct(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice, vic, console.User{Name: "olga", Role: console.Operator, Secret: "olga-secret-0123456789"})
+	b.quarantine(t, 1, func(int) string { return "bad amount" }, uuids, []byte(`{}`), nil)
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	require.NoError(t, err)
+	msg := fmt.Sprintf("/messages/%d", open[0].ID)
+
+	viewer := b.as(t, &vic)
+	status, page := viewer.do(http.MethodGet, msg, nil)
+	require.Equal(t, http.StatusOK, status)
+	require.NotContains(t, page, `id="retry"`, "a viewer sees no action")
+	require.NotContains(t, page, `name="csrf"`)
+	token := b.as(t, &alice).csrf(msg)
+	status, page = viewer.do(http.MethodPost, msg+"/retry", url.Values{"csrf": {token}})
+	require.Equal(t, http.StatusForbidden, status)
+	require.Contains(t, page, "vic is a viewer")
+
+	operator := b.as(t, &alice)
+	status, page = operator.do(http.MethodPost, msg+"/retry", url.Values{})
+	require.Equal(t, http.StatusForbidden, status)
+	require.Contains(t, page, "reload the page")
+	status, _ = operator.do(http.MethodPost, msg+"/retry", url.Values{"csrf": {b.as(t, &console.User{Name: "olga", Role: console.Operator, Secret: "olga-secret-0123456789"}).csrf(msg)}})
+	require.Equal(t, http.StatusForbidden, status, "another operator's token")
+	q, err := inbox.GetQuarantined(b.ctx, b.pool, open[0].ID)
+	require.NoError(t, err)
+	require.Nil(t, q.ResolvedAt, "nothing done by the refused")
+
+	status, page = operator.do(http.MethodPost, msg+"/retry", url.Values{"csrf": {token}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, "redriven by alice")
+	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{})
+	require.NoError(t, err)
+	require.Len(t, history, 1)
+	require.Equal(t, "alice", history[0].Actor)
+}
+
+// TestHostileStringsAreText: markup in a reason, a message id, a header, a
+// payload and a producer key is shown as text on every page, never run.
+func TestHostileStringsAreText(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const xss = `<script>alert(1)</script><img src=x onerror=alert(2)>"'&`
+	b.quarantine(t, 3, func(int) string { return "handler: sku " + xss + " unknown" },
+		func(i int) string { return fmt.Sprintf(`%s-%d`, xss, i) },
+		[]byte(`{"sku":"`+xss+`"}`), map[string]string{xss: xss, "signature_key_id": xss, "event_type": xss})
+	b.quarantine(t, 1, func(int) string { return "binary" }, uuids, []byte{0xff, 0x00, '<', 'b', '>'}, nil)
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	require.NoError(t, err)
+	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{})
+	require.NoError(t, err)
+	c := b.as(t, nil)
+	paths := []string{"/groups", "/actions", "/held", "/parked", fmt.Sprintf("/messages/%d", open[3].ID)}
+	for _, g := range groups {
+		paths = append(paths, "/groups/"+consumer+"/"+g.ID)
+	}
+	for _, q := range open[:3] {
+		paths = append(paths, fmt.Sprintf("/messages/%d", q.ID))
+	}
+	for _, path := range paths {
+		status, page := c.do(http.MethodGet, path, nil)
+		require.Equal(t, http.StatusOK, status, path)
+		require.Equal(t, "text/html; charset=utf-8", c.lastCT)
+		require.NotContains(t, page, "<script", "%s runs a script", path)
+		require.NotContains(t, page, "<img", "%s shows markup from a message", path)
+	}
+	_, page := c.do(http.MethodGet, fmt.Sprintf("/messages/%d", open[0].ID), nil)
+	require.Contains(t, page, "&lt;script&gt;alert(1)&lt;/script&gt;", "the markup shown as text")
+	_, page = c.do(http.MethodGet, fmt.Sprintf("/messages/%d", open[3].ID), nil)
+	require.Contains(t, page, "ff 00 3c 62 3e", "a binary payload as hex")
+
+	// The security headers every page carries.
+	resp, err := http.Get(b.srv.URL + "/groups")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'")
+	require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
+}
+
+// TestBulkRetryFromTheConsole: an operator opens a group, asks to retry it
+// all, is shown the count, confirms it, and the action runs in Run: each
+// message written back once; a confirmation of a count that is no longer
+// the selection's is refused; the history names the operator.
+func TestBulkRetryFromTheConsole(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice)
+	b.quarantine(t, 30, func(i int) string { return fmt.Sprintf("handler: amount %d above the limit", i) }, uuids, []byte(`{}`), nil)
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.con.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	c := b.as(t, &alice)
+	group := b.groupPath(t)
+	token := c.csrf(group)
+	status, page := c.do(http.MethodPost, "/bulk/preview", url.Values{"csrf": {token}, "consumer": {consumer}, "group": {group[len(group)-16:]}, "action": {"retry"}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, `<b id="count">30</b>`)
+	form := url.Values{"csrf": {token}}
+	for _, f := range regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`).FindAllStringSubmatch(page, -1) {
+		form.Set(f[1], f[2])
+	}
+	require.Equal(t, "30", form.Get("expect"))
+
+	wrong := url.Values{}
+	for k, v := range form {
+		wrong[k] = v
+	}
+	wrong.Set("expect", "29")
+	status, page = c.do(http.MethodPost, "/bulk/start", wrong)
+	require.Equal(t, http.StatusConflict, status)
+	require.Contains(t, page, "changed since its dry run")
+
+	status, page = c.do(http.MethodPost, "/bulk/start", form)
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, "Action ")
+	id := regexp.MustCompile(`<h1>Action (\d+):`).FindStringSubmatch(page)
+	require.NotNil(t, id, page)
+	// The browser reloads the page every second; the test reads it until
+	// it says finished, failing only if nothing moves for a minute.
+	last, moved := int64(-1), time.Now()
+	for !strings.Contains(page, "finished: 30 of 30 done") {
+		a, err := inbox.GetAction(b.ctx, b.pool, mustInt(t, id[1]))
+		require.NoError(t, err)
+		if a.Done != last {
+			last, moved = a.Done, time.Now()
+		}
+		require.Less(t, time.Since(moved), time.Minute, "the action stopped moving:\n%s", page)
+		time.Sleep(20 * time.Millisecond) // polling what the page shows
+		_, page = c.do(http.MethodGet, "/actions/"+id[1], nil)
+	}
+	var written, twice int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT message_id), count(*) - count(DISTINCT message_id) FROM outbox_messages WHERE topic = 'payments'`).Scan(&written, &twice))
+	require.Equal(t, [2]int{30, 0}, [2]int{written, twice})
+	_, page = c.do(http.MethodGet, "/actions", nil)
+	require.Contains(t, page, `<td class="by">alice</td>`)
+	require.Equal(t, 1, strings.Count(page, `<td class="what">retry</td>`))
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err)
+	return n
+}

@@ -1,0 +1,374 @@
+package console
+
+import (
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+//go:embed pages.html
+var pagesFS embed.FS
+
+var pages = template.Must(template.New("").Funcs(template.FuncMap{
+	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+	"at":  func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+	"clip": func(s string, n int) string {
+		if utf8.RuneCountInString(s) <= n {
+			return s
+		}
+		return string([]rune(s)[:n]) + "…"
+	},
+	"json": func(v any) string { b, _ := json.Marshal(v); return string(b) },
+	"seg":  url.PathEscape,
+}).ParseFS(pagesFS, "pages.html"))
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "groups", http.StatusSeeOther) })
+	m.HandleFunc("GET /groups", c.groups)
+	m.HandleFunc("GET /groups/{consumer}/{group}", c.group)
+	m.HandleFunc("GET /messages/{id}", c.message)
+	m.HandleFunc("POST /messages/{id}/retry", c.retryOne)
+	m.HandleFunc("POST /messages/{id}/drop", c.dropOne)
+	m.HandleFunc("POST /bulk/preview", c.preview)
+	m.HandleFunc("POST /bulk/start", c.start)
+	m.HandleFunc("GET /actions", c.actions)
+	m.HandleFunc("GET /actions/{id}", c.action)
+	m.HandleFunc("GET /held", c.held)
+	m.HandleFunc("GET /parked", c.parked)
+	c.mux = m
+}
+
+// view is what every page gets.
+type view struct {
+	Title string
+	User  User
+	CSRF  string
+	Base  string // the path back to the console's root from this page
+	Page  string
+	Data  any
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data any) {
+	u := userOf(r)
+	depth := strings.Count(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	v := view{Title: c.cfg.Title, User: u, CSRF: c.csrf(u), Base: strings.Repeat("../", depth), Page: page, Data: data}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	if err := pages.ExecuteTemplate(w, "page", v); err != nil {
+		c.cfg.Logger.Error("console: rendering", "page", page, "error", err)
+	}
+}
+
+func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, reason string) {
+	c.render(w, r, status, "refused", reason)
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, inbox.ErrNotFound), errors.Is(err, inbox.ErrNoAction):
+		status = http.StatusNotFound
+	case errors.Is(err, inbox.ErrResolved), errors.Is(err, inbox.ErrNotRedrivable), errors.Is(err, inbox.ErrSelectionChanged),
+		errors.Is(err, inbox.ErrNothingSelected):
+		status = http.StatusConflict
+	case errors.Is(err, errBadRequest):
+		status = http.StatusBadRequest
+	}
+	if status == http.StatusInternalServerError {
+		c.cfg.Logger.Error("console: request failed", "path", r.URL.Path, "error", err)
+	}
+	c.refuse(w, r, status, err.Error())
+}
+
+var errBadRequest = errors.New("bad request")
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
+}
+
+func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
+	f := inbox.GroupFilter{Consumer: r.URL.Query().Get("consumer"), Kind: r.URL.Query().Get("kind")}
+	list, err := inbox.ListGroups(r.Context(), c.cfg.Pool, f)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "groups", struct {
+		Filter inbox.GroupFilter
+		Groups []inbox.Group
+	}{f, list})
+}
+
+func (c *Console) group(w http.ResponseWriter, r *http.Request) {
+	after, err := int64Param(r.URL.Query().Get("after"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	consumer, group := r.PathValue("consumer"), r.PathValue("group")
+	list, err := inbox.ListQuarantined(r.Context(), c.cfg.Pool, inbox.QuarantineFilter{Consumer: consumer, Group: group, After: after, Limit: c.cfg.PageSize + 1})
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var next int64
+	if len(list) > c.cfg.PageSize {
+		list = list[:c.cfg.PageSize]
+		next = list[len(list)-1].ID
+	}
+	var g *inbox.Group
+	groups, err := inbox.ListGroups(r.Context(), c.cfg.Pool, inbox.GroupFilter{Consumer: consumer})
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	if i := slices.IndexFunc(groups, func(x inbox.Group) bool { return x.ID == group }); i >= 0 {
+		g = &groups[i]
+	}
+	c.render(w, r, http.StatusOK, "group", struct {
+		Consumer, ID string
+		Group        *inbox.Group
+		Messages     []inbox.Quarantined
+		After, Next  int64
+	}{consumer, group, g, list, after, next})
+}
+
+// shown is a quarantined message as the page shows it: its payload as
+// text when it is UTF-8, else as hex.
+type shown struct {
+	inbox.Quarantined
+	Text    string
+	Binary  bool
+	Headers [][2]string
+	Raw     [][2]string
+}
+
+func (c *Console) message(w http.ResponseWriter, r *http.Request) {
+	id, err := int64Param(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	q, err := inbox.GetQuarantined(r.Context(), c.cfg.Pool, id)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	s := shown{Quarantined: q, Text: string(q.Payload)}
+	if !utf8.Valid(q.Payload) {
+		s.Text, s.Binary = fmt.Sprintf("% x", q.Payload), true
+	}
+	s.Headers, s.Raw = sorted(q.Metadata), sorted(q.RawMetadata)
+	c.render(w, r, http.StatusOK, "message", s)
+}
+
+func sorted(m map[string]string) [][2]string {
+	out := make([][2]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, [2]string{k, v})
+	}
+	slices.SortFunc(out, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+	return out
+}
+
+func (c *Console) retryOne(w http.ResponseWriter, r *http.Request) {
+	id, err := int64Param(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	u := userOf(r)
+	res, err := inbox.RetryQuarantined(r.Context(), c.cfg.Pool, id, u.Name)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.cfg.Logger.Info("console: retry", "by", u.Name, "quarantined", id, "redriven", res.Redriven, "note", res.Note)
+	http.Redirect(w, r, "../"+strconv.FormatInt(id, 10), http.StatusSeeOther)
+}
+
+func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
+	id, err := int64Param(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	why := strings.TrimSpace(r.PostFormValue("why"))
+	if why == "" {
+		c.fail(w, r, badRequest("a drop needs why: it is kept as its record"))
+		return
+	}
+	u := userOf(r)
+	if _, err := inbox.DropQuarantined(r.Context(), c.cfg.Pool, id, u.Name, why); err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.cfg.Logger.Info("console: drop", "by", u.Name, "quarantined", id, "why", why)
+	http.Redirect(w, r, "../"+strconv.FormatInt(id, 10), http.StatusSeeOther)
+}
+
+// selection reads a bulk form's selection and action.
+func selection(r *http.Request) (string, inbox.Selection, string, error) {
+	action, why := r.PostFormValue("action"), strings.TrimSpace(r.PostFormValue("why"))
+	s := inbox.Selection{Consumer: r.PostFormValue("consumer"), Group: r.PostFormValue("group"), Kind: r.PostFormValue("kind")}
+	upTo, err := int64Param(r.PostFormValue("up_to"))
+	if err != nil {
+		return "", s, "", err
+	}
+	s.UpTo = upTo
+	switch {
+	case action != inbox.ActionRetry && action != inbox.ActionDrop:
+		return "", s, "", badRequest("no action %q: %s or %s", clip(action), inbox.ActionRetry, inbox.ActionDrop)
+	case s.Consumer == "":
+		return "", s, "", badRequest("a bulk action is for one consumer")
+	case s.Group == "" && s.Kind == "":
+		return "", s, "", badRequest("a bulk action needs a group or a kind")
+	case action == inbox.ActionDrop && why == "":
+		return "", s, "", badRequest("a drop needs why: it is kept as its record")
+	}
+	return action, s, why, nil
+}
+
+// preview is the dry run: it counts what the form chose and asks for a
+// confirmation of that count.
+func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
+	action, s, why, err := selection(r)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	plan, err := inbox.DryRun(r.Context(), c.cfg.Pool, s)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "preview", struct {
+		Action, Why string
+		Plan        inbox.Plan
+	}{action, why, plan})
+}
+
+// start starts a confirmed bulk action, if the selection still holds the
+// count confirmed, and sends the browser to its progress.
+func (c *Console) start(w http.ResponseWriter, r *http.Request) {
+	action, s, why, err := selection(r)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	expect, err := int64Param(r.PostFormValue("expect"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	if s.UpTo == 0 {
+		c.fail(w, r, badRequest("a bulk action starts from its dry run's confirmation"))
+		return
+	}
+	u := userOf(r)
+	a, err := inbox.StartBulk(r.Context(), c.cfg.Pool, action, inbox.Plan{Selection: s, Count: expect}, u.Name, why)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.cfg.Logger.Info("console: bulk action started", "action", a.ID, "what", action, "by", u.Name, "chosen", a.Selected, "selection", s)
+	c.started()
+	http.Redirect(w, r, "../actions/"+strconv.FormatInt(a.ID, 10), http.StatusSeeOther)
+}
+
+func (c *Console) actions(w http.ResponseWriter, r *http.Request) {
+	before, err := int64Param(r.URL.Query().Get("before"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	list, err := inbox.ListActions(r.Context(), c.cfg.Pool, inbox.ActionFilter{Consumer: r.URL.Query().Get("consumer"), Before: before, Limit: c.cfg.PageSize + 1})
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var next int64
+	if len(list) > c.cfg.PageSize {
+		list = list[:c.cfg.PageSize]
+		next = list[len(list)-1].ID
+	}
+	c.render(w, r, http.StatusOK, "actions", struct {
+		Actions []inbox.Action
+		Next    int64
+	}{list, next})
+}
+
+func (c *Console) action(w http.ResponseWriter, r *http.Request) {
+	id, err := int64Param(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	a, err := inbox.GetAction(r.Context(), c.cfg.Pool, id)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	after, err := int64Param(r.URL.Query().Get("after"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	items, err := inbox.ListActionItems(r.Context(), c.cfg.Pool, id, after, c.cfg.PageSize+1)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var next int64
+	if len(items) > c.cfg.PageSize {
+		items = items[:c.cfg.PageSize]
+		next = items[len(items)-1].QuarantineID
+	}
+	c.render(w, r, http.StatusOK, "action", struct {
+		Action inbox.Action
+		Items  []inbox.ActionItem
+		Next   int64
+	}{a, items, next})
+}
+
+func (c *Console) held(w http.ResponseWriter, r *http.Request) {
+	list, err := inbox.ListHeld(r.Context(), c.cfg.Pool, r.URL.Query().Get("consumer"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "held", list)
+}
+
+func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
+	list, err := outbox.ListParked(r.Context(), c.cfg.Pool)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "parked", list)
+}
+
+func int64Param(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, badRequest("%q is not an id", clip(s))
+	}
+	return n, nil
+}
