@@ -61,8 +61,8 @@ type Config struct {
 
 // Console serves the pages (ServeHTTP) and runs the bulk actions (Run).
 type Console struct {
-	cfg  Config
-	key  []byte
+	cfg   Config
+	key   []byte
 	mux   *http.ServeMux
 	cross *http.CrossOriginProtection
 	wake  chan struct{}
