@@ -43,8 +43,15 @@ type Config struct {
 	// ("Authorization: Bearer <token>", 401 otherwise). A service whose
 	// HTTP_ADDR is beyond loopback refuses to start without it.
 	HTTPToken string `env:"HTTP_TOKEN"`
-	Instance  string `env:"INSTANCE"` // replica name in logs; defaults to host-pid
-	LogLevel  string `env:"LOG_LEVEL" default:"info"`
+	// ConsoleAddr, when set, serves the service's web console (pkg/console:
+	// failure groups, bulk retries and drops, the history) on this address.
+	// Beyond loopback it needs ConsoleUsers.
+	ConsoleAddr string `env:"CONSOLE_ADDR"`
+	// ConsoleUsers are the console's logins, "name:role:secret" comma
+	// separated (role viewer or operator). None: loopback clients only.
+	ConsoleUsers string `env:"CONSOLE_USERS"`
+	Instance     string `env:"INSTANCE"` // replica name in logs; defaults to host-pid
+	LogLevel     string `env:"LOG_LEVEL" default:"info"`
 	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.
 	DebugPprof bool `env:"DEBUG_PPROF" default:"false"`
 

@@ -145,7 +145,11 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, svc, pool, in, out, effects, primary, srv, ln, log)
+	con, err := newConsole(cfg, svc, pool, log) // console.go: CONSOLE_ADDR
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, svc, pool, in, out, effects, primary, srv, ln, con, log)
 }
 
 // checkStart refuses what the process must not do, and says what it will.
@@ -389,9 +393,12 @@ func newHTTP(cfg Config, svc Service, db DB, in incoming, out outgoing, effects 
 
 // serve runs every part until ctx ends, then stops them all, each
 // finishing what it started.
-func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects []Effects, primary *primaryWatch, srv *http.Server, ln net.Listener, log *slog.Logger) error {
+func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in incoming, out outgoing, effects []Effects, primary *primaryWatch, srv *http.Server, ln net.Listener, con *consoleServer, log *slog.Logger) error {
 	wlog := newWatermillLogger(log)
 	g, gctx := errgroup.WithContext(ctx)
+	if con != nil {
+		g.Go(func() error { return con.run(gctx) })
+	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)

@@ -72,6 +72,11 @@ type Options struct {
 	// Token, when set, is required of every state-changing request as
 	// "Authorization: Bearer <token>". Defaults to $HTTP_TOKEN.
 	Token string
+	// OwnLogins says the handler checks its own logins and its forms'
+	// tokens (the console, pkg/console): no Token is required, and HTML
+	// form bodies are taken beside JSON. Hosts and cross-site requests are
+	// checked as for every server.
+	OwnLogins bool
 }
 
 // CheckExposure refuses a server with state-changing routes that listens
@@ -107,7 +112,7 @@ func Server(addr string, h http.Handler, o Options) *http.Server {
 	if o.AllowedHosts == nil {
 		o.AllowedHosts = HostsFromEnv()
 	}
-	if o.Token == "" {
+	if o.Token == "" && !o.OwnLogins {
 		o.Token = strings.TrimSpace(os.Getenv(TokenEnv))
 	}
 	if o.Token != "" {
@@ -115,7 +120,7 @@ func Server(addr string, h http.Handler, o Options) *http.Server {
 	}
 	return &http.Server{
 		Addr:              addr,
-		Handler:           Guard(addr, o.AllowedHosts, h),
+		Handler:           guard(addr, o.AllowedHosts, h, o.OwnLogins),
 		ReadHeaderTimeout: cmp.Or(t.ReadHeader, 5*time.Second),
 		ReadTimeout:       cmp.Or(t.Read, 30*time.Second),
 		WriteTimeout:      cmp.Or(t.Write, 90*time.Second),
@@ -138,6 +143,11 @@ func HostsFromEnv() []string {
 // the package doc. listen is the server's listen address (its host is
 // allowed unless it is unspecified, like ":8081"); allowed are more hosts.
 func Guard(listen string, allowed []string, h http.Handler) http.Handler {
+	return guard(listen, allowed, h, false)
+}
+
+// guard is Guard; forms also takes HTML form bodies.
+func guard(listen string, allowed []string, h http.Handler, forms bool) http.Handler {
 	hosts := []string{"localhost", "127.0.0.1", "::1"}
 	if host, _, err := net.SplitHostPort(listen); err == nil && host != "" {
 		if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
@@ -154,7 +164,7 @@ func Guard(listen string, allowed []string, h http.Handler) http.Handler {
 	checked := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if unsafe(r.Method) && r.ContentLength != 0 {
 			mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-			if err != nil || mt != "application/json" {
+			if err != nil || (mt != "application/json" && !(forms && mt == "application/x-www-form-urlencoded")) {
 				Refuse(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q: this route takes application/json", clip(r.Header.Get("Content-Type"))))
 				return
 			}

@@ -207,3 +207,34 @@ func TestCheckExposure(t *testing.T) {
 		require.NoError(t, httpserve.CheckExposure("HTTP_ADDR", addr, "token"), addr)
 	}
 }
+
+// TestOwnLogins: a server whose handler checks its own logins (the console)
+// takes HTML form bodies and asks for no HTTP_TOKEN; every other server
+// refuses a form (415) and, with HTTP_TOKEN set, a post without it (401).
+// Hosts and cross-site posts are checked for both.
+func TestOwnLogins(t *testing.T) {
+	t.Setenv(httpserve.TokenEnv, "from-env")
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }) //nolint:errcheck
+	form := func(host string, headers map[string]string) *http.Request {
+		req := httptest.NewRequest("POST", "http://"+host+"/bulk/start", strings.NewReader("csrf=x&expect=3"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		return req
+	}
+	code := func(srv *http.Server, req *http.Request) int {
+		rec := httptest.NewRecorder()
+		srv.Handler.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	own := httpserve.Server("127.0.0.1:0", ok, httpserve.Options{OwnLogins: true})
+	api := httpserve.Server("127.0.0.1:0", ok, httpserve.Options{})
+	require.Equal(t, http.StatusOK, code(own, form("127.0.0.1", nil)), "a form, no HTTP_TOKEN asked")
+	require.Equal(t, http.StatusUnsupportedMediaType, code(api, form("127.0.0.1", map[string]string{"Authorization": "Bearer from-env"})), "a form")
+	require.Equal(t, http.StatusUnauthorized, code(api, form("127.0.0.1", map[string]string{"Content-Type": "application/json"})), "HTTP_TOKEN set: a post without it")
+	require.Equal(t, http.StatusMisdirectedRequest, code(own, form("evil.example", nil)), "an unknown host")
+	require.Equal(t, http.StatusForbidden, code(own, form("127.0.0.1", map[string]string{"Sec-Fetch-Site": "cross-site"})), "a cross-site post")
+	multipart := form("127.0.0.1", map[string]string{"Content-Type": "multipart/form-data; boundary=x"})
+	require.Equal(t, http.StatusUnsupportedMediaType, code(own, multipart), "forms are urlencoded")
+}
