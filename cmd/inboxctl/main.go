@@ -6,10 +6,11 @@
 //	inboxctl groups [-consumer NAME] [-kind KIND]
 //	inboxctl show ID
 //	inboxctl redrive [-by WHO] ID
-//	inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
+//	inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
 //	inboxctl discard -by WHO -why WHY ID
-//	inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
+//	inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
 //	inboxctl actions [-consumer NAME] [-limit N]
+//	inboxctl action [-limit N] ID
 //	inboxctl resume ID
 //	inboxctl held [-consumer NAME]
 //	inboxctl breaches [-consumer NAME] [-limit N]
@@ -25,10 +26,12 @@
 // discard closes a row without applying it and records who, why and when.
 // Given a group, a kind or -all instead of an ID, redrive and discard act on
 // many messages of one consumer: without -expect they only count them (a
-// dry run); with -expect N, the count the dry run printed, they record the
-// action and do it in batches, printing progress (inbox.StartBulk,
-// inbox.RunBulk). actions lists the history of what operators did, newest
-// first; resume goes on with an action that was stopped (killed, ^C): each
+// dry run); with -expect N -up-to ID, the count and the last id the dry run
+// printed, they record the action and do it in batches, printing progress
+// (inbox.StartBulk, inbox.RunBulk): rows quarantined after the dry run are
+// not part of it, and a count changed since refuses it. actions lists the
+// history of what operators did, newest first; action shows one, with what
+// it did to each message (why it refused one); resume goes on with an action that was stopped (killed, ^C): each
 // message is done once however often it runs.
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
@@ -75,10 +78,11 @@ const usage = `usage:
   inboxctl groups [-consumer NAME] [-kind KIND]
   inboxctl show ID
   inboxctl redrive [-by WHO] ID
-  inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
+  inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
   inboxctl discard -by WHO -why WHY ID
-  inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N]
+  inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
   inboxctl actions [-consumer NAME] [-limit N]
+  inboxctl action [-limit N] ID
   inboxctl resume ID
   inboxctl held [-consumer NAME]
   inboxctl breaches [-consumer NAME] [-limit N]
@@ -94,12 +98,13 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	group := fs.String("group", "", "list: only this failure group (inboxctl groups); redrive, discard: its open messages")
 	all := fs.Bool("all", false, "redrive, discard: every open message of -consumer (redrive: of -kind dead_letter)")
 	expect := fs.Int64("expect", -1, "redrive, discard of many: the count the dry run printed; without it, only count")
+	upTo := fs.Int64("up-to", 0, "redrive, discard of many: the last id the dry run counted (it printed it), with -expect")
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
 	limit := fs.Int("limit", 50, "breaches, actions: how many, newest first")
 	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
-	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "resume", "held", "breaches", "consumers", "retire")
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "action", "resume", "held", "breaches", "consumers", "retire")
 	if err != nil || help {
 		return err
 	}
@@ -159,7 +164,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			if cmd == "discard" {
 				action = inbox.ActionDrop
 			}
-			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind}, *expect, *by, *why)
+			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind, UpTo: *upTo}, *expect, *by, *why)
 		}
 		if cmd == "discard" {
 			q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)
@@ -184,6 +189,17 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		printActions(out, list)
+	case "action":
+		a, err := inbox.GetAction(ctx, pool, id)
+		if err != nil {
+			return err
+		}
+		printActions(out, []inbox.Action{a})
+		items, err := inbox.ListActionItems(ctx, pool, id, 0, *limit)
+		if err != nil {
+			return err
+		}
+		printItems(out, items)
 	case "resume":
 		a, err := inbox.RunBulk(ctx, pool, id, inbox.BulkOptions{Progress: progress(out)})
 		if err != nil {
@@ -238,6 +254,9 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 	if action == inbox.ActionRetry && sel.Kind == "" && sel.Group == "" {
 		sel.Kind = inbox.KindDeadLetter // only dead letters can be redriven
 	}
+	if expect >= 0 && sel.UpTo <= 0 {
+		return errors.New("-expect goes with the -up-to the dry run printed: the messages it counted, not those quarantined since")
+	}
 	plan, err := inbox.DryRun(ctx, pool, sel)
 	if err != nil {
 		return err
@@ -247,19 +266,20 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 		fmt.Fprintln(out, "no open message chosen: nothing to do")
 		return nil
 	case expect < 0:
-		fmt.Fprintf(out, "dry run: %d open messages of %s chosen; nothing done. To %s them: the same command with -expect %d\n",
-			plan.Count, sel.Consumer, verb, plan.Count)
+		fmt.Fprintf(out, "dry run: %d open messages of %s chosen; nothing done. To %s them: the same command with -expect %d -up-to %d\n",
+			plan.Count, sel.Consumer, verb, plan.Count, plan.Selection.UpTo)
 		return nil
 	case expect != plan.Count:
 		return fmt.Errorf("%d open messages chosen now, not the %d expected: nothing done; look again (the same command without -expect)", plan.Count, expect)
 	}
-	a, err := inbox.StartBulk(ctx, pool, action, plan, by, why)
+	started, err := inbox.StartBulk(ctx, pool, action, plan, by, why)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "action %d: %s of %d messages by %s started (inboxctl resume %d goes on with it if stopped)\n", a.ID, verb, a.Selected, by, a.ID)
-	if a, err = inbox.RunBulk(ctx, pool, a.ID, inbox.BulkOptions{Progress: progress(out)}); err != nil {
-		return fmt.Errorf("%w (inboxctl resume %d goes on with it)", err, a.ID)
+	fmt.Fprintf(out, "action %d: %s of %d messages by %s started (inboxctl resume %d goes on with it if stopped)\n", started.ID, verb, started.Selected, by, started.ID)
+	a, err := inbox.RunBulk(ctx, pool, started.ID, inbox.BulkOptions{Progress: progress(out)})
+	if err != nil {
+		return fmt.Errorf("%w (inboxctl resume %d goes on with it)", err, started.ID)
 	}
 	printDone(out, a)
 	return nil
@@ -281,7 +301,7 @@ func printDone(out io.Writer, a inbox.Action) {
 	fmt.Fprintf(out, "action %d finished: %d of %d done, %d skipped (resolved meanwhile, or applied), %d refused\n",
 		a.ID, a.Done, a.Selected, a.Skipped, a.Refused)
 	if a.Refused > 0 {
-		fmt.Fprintf(out, "the refused cannot be redriven (inbox.ListActionItems says why): discard them\n")
+		fmt.Fprintf(out, "the refused cannot be redriven (inboxctl action %d says why): discard them\n", a.ID)
 	}
 }
 
@@ -311,6 +331,15 @@ func printActions(out io.Writer, list []inbox.Action) {
 		sel, _ := json.Marshal(a.Selection)
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", a.ID, a.StartedAt.Format(time.RFC3339), a.Consumer,
 			a.Action, a.Actor, opctl.Clip(string(sel), 80), a.Selected, a.Done, a.Skipped, a.Refused, a.State, opctl.Clip(a.Why, 60))
+	}
+	w.Flush()
+}
+
+func printItems(out io.Writer, items []inbox.ActionItem) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "\nMESSAGE\tOUTCOME\tNOTE")
+	for _, it := range items {
+		fmt.Fprintf(w, "%d\t%s\t%s\n", it.QuarantineID, orDash(it.Outcome), opctl.Clip(it.Note, 160))
 	}
 	w.Flush()
 }

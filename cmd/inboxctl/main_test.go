@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -206,7 +207,9 @@ func TestInboxctlBulk(t *testing.T) {
 	group := fields[0]
 	require.Equal(t, []string{"billing", "dead_letter", "3"}, fields[1:4])
 
-	out, err = b.ctl("list", "-group", group)
+	_, err = b.ctl("list", "-group", group)
+	require.ErrorContains(t, err, "needs its Consumer")
+	out, err = b.ctl("list", "-consumer", "billing", "-group", group)
 	require.NoError(t, err)
 	require.Equal(t, 4, strings.Count(out, "\n"), "a header and three rows:\n%s", out)
 
@@ -214,10 +217,14 @@ func TestInboxctlBulk(t *testing.T) {
 	require.ErrorContains(t, err, "-consumer NAME")
 	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group)
 	require.NoError(t, err)
-	require.Equal(t, "dry run: 3 open messages of billing chosen; nothing done. To redrive them: the same command with -expect 3\n", out)
-	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "2")
+	dry := regexp.MustCompile(`^dry run: 3 open messages of billing chosen; nothing done. To redrive them: the same command with -expect 3 -up-to (\d+)\n$`).FindStringSubmatch(out)
+	require.NotNil(t, dry, out)
+	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3")
+	require.ErrorContains(t, err, "-expect goes with the -up-to")
+	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "2", "-up-to", dry[1])
 	require.ErrorContains(t, err, "3 open messages chosen now, not the 2 expected")
-	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3")
+	_, late := b.deadLetter(t, "bad: four") // after the dry run: not part of it
+	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3", "-up-to", dry[1])
 	require.NoError(t, err)
 	require.Contains(t, out, "finished: 3 of 3 done, 0 skipped")
 	for _, id := range ids {
@@ -225,9 +232,13 @@ func TestInboxctlBulk(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox_messages WHERE topic = $1 AND message_id = $2`, b.topic, id).Scan(&n))
 		require.Equal(t, 1, n, "message %s written back", id)
 	}
-	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3")
+	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3", "-up-to", dry[1])
 	require.NoError(t, err)
 	require.Equal(t, "no open message chosen: nothing to do\n", out)
+	out, err = b.ctl("list", "-consumer", "billing", "-group", group)
+	require.NoError(t, err)
+	require.Contains(t, out, late, "the message quarantined after the dry run is open")
+	require.Equal(t, 2, strings.Count(out, "\n"), "a header and one row:\n%s", out)
 
 	out, err = b.ctl("actions")
 	require.NoError(t, err)
@@ -235,6 +246,10 @@ func TestInboxctlBulk(t *testing.T) {
 	require.Contains(t, out, "alice")
 	require.Contains(t, out, group)
 	require.Equal(t, 2, strings.Count(out, "\n"), "a header and one action:\n%s", out)
+	action := strings.Fields(strings.Split(out, "\n")[1])[0]
+	out, err = b.ctl("action", action)
+	require.NoError(t, err)
+	require.Equal(t, 3, strings.Count(out, "\tdone\t")+strings.Count(out, "  done  "), "each message done:\n%s", out)
 }
 
 // TestInboxctlHeld: held lists a held key with its dead letter and what is

@@ -85,7 +85,7 @@ type Quarantined struct {
 type QuarantineFilter struct {
 	Consumer string // empty: every consumer
 	Kind     string // empty: every kind
-	Group    string // empty: every failure group (Group.ID, groups.go)
+	Group    string // empty: every failure group (Group.ID, groups.go); needs Consumer
 	// Resolved also lists rows that were redriven or discarded.
 	Resolved bool
 	// After lists the rows after this id: the next page after a page whose
@@ -126,6 +126,9 @@ func scanQuarantined(row pgx.Row) (Quarantined, error) {
 func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter) ([]Quarantined, error) {
 	if f.Limit <= 0 {
 		f.Limit = 1000
+	}
+	if f.Group != "" && f.Consumer == "" {
+		return nil, errors.New("inbox: QuarantineFilter.Group needs its Consumer")
 	}
 	rows, err := pool.Query(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine
 		WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR kind = $2) AND ($3 OR resolved_at IS NULL)

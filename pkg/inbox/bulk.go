@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
 // Bulk actions. An operator retries or drops many quarantined messages at
@@ -30,7 +33,7 @@ import (
 //     outcome, and reports progress after each batch.
 //
 // So an action is resumable and idempotent: killed half-way, RunBulk again
-// (RunningActions lists what is left) goes on with the messages not yet
+// (ListActions with ActionFilter.Running lists what is left) goes on with the messages not yet
 // marked, and none is done twice, because a message is marked in the
 // transaction that does it. Two actions choosing the same message do it
 // once: the second finds it resolved (skipped). The single-message
@@ -218,13 +221,16 @@ type BulkOptions struct {
 // resumes an action that was stopped (killed, its context cancelled, a
 // database error): each message is done once however often it runs, and
 // two RunBulk of one action take turns. A message that cannot be redriven
-// is refused, with the reason on its item, and the action goes on.
+// or written back is refused, with the reason on its item, and the action
+// goes on. A batch undone by a deadlock (another action or a delivery
+// locking the same keys in another order) is done again.
 func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions) (Action, error) {
 	if opt.BatchSize <= 0 {
 		opt.BatchSize = 100
 	}
+	conflicts := 0
 	for {
-		var a Action
+		a := Action{ID: id}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
 			a, err = scanAction(tx.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE id = $1 FOR UPDATE`, id))
@@ -236,9 +242,17 @@ func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions)
 			}
 			return a.batch(ctx, tx, opt.BatchSize)
 		})
-		if err != nil {
-			return a, fmt.Errorf("inbox: action %d: %w", id, err)
+		if retryable(err) && conflicts < maxBatchConflicts {
+			// Another transaction took the same keys' locks in another
+			// order (two actions at once, a delivery): the batch, undone
+			// whole, is done again.
+			conflicts++
+			continue
 		}
+		if err != nil {
+			return Action{ID: id}, fmt.Errorf("inbox: action %d: %w", id, err)
+		}
+		conflicts = 0
 		if opt.Progress != nil {
 			opt.Progress(a)
 		}
@@ -246,6 +260,17 @@ func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions)
 			return a, nil
 		}
 	}
+}
+
+// maxBatchConflicts is how many times in a row RunBulk does a batch again
+// that a deadlock or a serialization failure undid.
+const maxBatchConflicts = 10
+
+// retryable reports whether err undid a transaction that may simply be run
+// again: a deadlock (40P01) or a serialization failure (40001).
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // batch does up to n of a's messages in tx, marks each with its outcome and
@@ -286,10 +311,30 @@ func (a *Action) batch(ctx context.Context, tx pgx.Tx, n int) error {
 		WHERE id = $1 RETURNING updated_at`, a.ID, a.Done, a.Skipped, a.Refused).Scan(&a.UpdatedAt)
 }
 
-// do retries or drops quarantined message qid in tx. Only a database error
-// is returned as an error: it ends the batch, whose transaction then
-// changes nothing. A refusal is found before the message's first write.
+// do retries or drops quarantined message qid in tx, under a savepoint: a
+// message that cannot be redriven (ErrNotRedrivable) or written back (its
+// record over the outbox's limit, outbox.ErrMessageTooLarge) is refused,
+// whatever it wrote undone, and the batch goes on. Any other error ends the
+// batch, whose transaction then changes nothing.
 func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note string, err error) {
+	sp, err := tx.Begin(ctx) // a savepoint
+	if err != nil {
+		return "", "", err
+	}
+	outcome, note, err = a.doIn(ctx, sp, qid)
+	if errors.Is(err, ErrNotRedrivable) || errors.Is(err, outbox.ErrMessageTooLarge) {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return "", "", rerr
+		}
+		return OutcomeRefused, err.Error(), nil
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return outcome, note, sp.Commit(ctx)
+}
+
+func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note string, err error) {
 	if a.Action == ActionDrop {
 		switch q, err := dropTx(ctx, tx, qid, a.Actor, a.Why); {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -301,8 +346,6 @@ func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note st
 		}
 	}
 	switch res, err := retryTx(ctx, tx, qid, a.Actor); {
-	case errors.Is(err, ErrNotRedrivable):
-		return OutcomeRefused, err.Error(), nil
 	case errors.Is(err, ErrNotFound):
 		return OutcomeSkipped, "gone", nil
 	case err != nil:

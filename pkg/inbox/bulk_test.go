@@ -31,6 +31,13 @@ const poisonTopic = "payments"
 // returns their message ids in quarantine id order.
 func deadLetters(t testing.TB, ctx context.Context, b *testBundle, n int, reason func(i int) string, md map[string]string) []string {
 	t.Helper()
+	return keyedDeadLetters(t, ctx, b, n, 0, reason, md)
+}
+
+// keyedDeadLetters is deadLetters with the messages spread over keys
+// partition keys (none when 0), key-0, key-1, … in turn.
+func keyedDeadLetters(t testing.TB, ctx context.Context, b *testBundle, n, keys int, reason func(i int) string, md map[string]string) []string {
+	t.Helper()
 	ids, reasons := make([]string, n), make([]string, n)
 	for i := range n {
 		ids[i], reasons[i] = newID(), reason(i)
@@ -43,8 +50,9 @@ func deadLetters(t testing.TB, ctx context.Context, b *testBundle, n int, reason
 		i AS (INSERT INTO inbox_messages (consumer, message_id, payload_sha256, status, topic)
 			SELECT $1, id, sha256(convert_to(id, 'UTF8')), 'dead_lettered', $4 FROM m)
 		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, payload, metadata)
-		SELECT $1, id, 'dead_letter', reason, 5, $4, sha256(convert_to(id, 'UTF8')), convert_to('{"id":"' || id || '"}', 'UTF8'), $5
-		FROM m ORDER BY ord`, consumer, ids, reasons, poisonTopic, md)
+		SELECT $1, id, 'dead_letter', reason, 5, $4, sha256(convert_to(id, 'UTF8')), convert_to('{"id":"' || id || '"}', 'UTF8'),
+			$5::jsonb || CASE WHEN $6 > 0 THEN jsonb_build_object('partition_key', 'key-' || (ord % $6)) ELSE '{}' END
+		FROM m ORDER BY ord`, consumer, ids, reasons, poisonTopic, md, keys)
 	require.NoError(t, err)
 	return ids
 }
@@ -187,9 +195,11 @@ func TestFailureGroups(t *testing.T) {
 	require.Equal(t, 50, seen)
 	require.Equal(t, 3, pages)
 
-	masked, err := inbox.ReasonPattern(b.ctx, b.pool, `key "a\"b" at 0x1f id 0197b0f2-7a1c-7c3e-9d2a-5b7e0c1d2e3f`)
+	masked, err := inbox.ReasonPattern(b.ctx, b.pool, `key "a\"b" at 0x1f id 0197b0f2-7a1c-7c3e-9d2a-5b7e0c1d2e3f or 01HZY3K9QW7MV2X4N6B8C0D1E2`)
 	require.NoError(t, err)
-	require.Equal(t, `key "…" at <hex> id <id>`, masked)
+	require.Equal(t, `key "…" at <hex> id <id> or <id>`, masked)
+	_, err = inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Group: groups[0].ID})
+	require.ErrorContains(t, err, "needs its Consumer", "a group is its consumer's")
 }
 
 // TestBulkRetry: a bad deploy's dead letters, fixed, are retried as a group:
@@ -281,7 +291,7 @@ func TestBulkRetry(t *testing.T) {
 func TestBulkActionsOverlap(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
-	ids := deadLetters(t, b.ctx, b, 300, badDeploy, nil)
+	ids := keyedDeadLetters(t, b.ctx, b, 300, 13, badDeploy, nil)
 	sel := inbox.Selection{Consumer: consumer}
 	plan, err := inbox.DryRun(b.ctx, b.pool, sel)
 	require.NoError(t, err)
@@ -295,18 +305,7 @@ func TestBulkActionsOverlap(t *testing.T) {
 	require.NoError(t, err)
 	actions = append(actions, drop)
 
-	results := make([]inbox.Action, len(actions))
-	var wg sync.WaitGroup
-	for i, a := range actions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var err error
-			results[i], err = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: 7})
-			require.NoError(t, err)
-		}()
-	}
-	wg.Wait()
+	results := runAll(t, b, actions, 7)
 	var done int64
 	for _, r := range results {
 		require.EqualValues(t, 300, r.Done+r.Skipped, "action %d", r.ID)
@@ -320,6 +319,87 @@ func TestBulkActionsOverlap(t *testing.T) {
 	require.EqualValues(t, results[0].Done+results[1].Done, len(retried))
 	require.EqualValues(t, results[2].Done, 300-len(retried))
 	require.Len(t, ids, 300)
+}
+
+// runAll runs actions at once, batch messages a transaction, and fails the
+// test on any error.
+func runAll(t *testing.T, b *testBundle, actions []inbox.Action, batch int) []inbox.Action {
+	t.Helper()
+	results := make([]inbox.Action, len(actions))
+	errs := make([]error, len(actions))
+	var wg sync.WaitGroup
+	for i, a := range actions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: batch})
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	return results
+}
+
+// TestBulkRetriesOfTwoGroupsAtOnce: two groups whose messages share their
+// partition keys, retried at once: each batch locks its keys (the outbox
+// numbers each key's messages) in its own order, so the two deadlock now
+// and then; the batch Postgres undoes is done again, and both finish,
+// each message written back once.
+func TestBulkRetriesOfTwoGroupsAtOnce(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	ids := keyedDeadLetters(t, b.ctx, b, 600, 17, func(i int) string {
+		if i%2 == 0 {
+			return badDeploy(i)
+		}
+		return fmt.Sprintf("timeout after %dms", i)
+	}, nil)
+	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, groups, 2)
+	var actions []inbox.Action
+	for _, g := range groups {
+		plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: g.ID})
+		require.NoError(t, err)
+		a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+		require.NoError(t, err)
+		actions = append(actions, a)
+	}
+	for _, r := range runAll(t, b, actions, 50) {
+		require.EqualValues(t, [2]int64{300, 0}, [2]int64{r.Done, r.Skipped + r.Refused})
+	}
+	require.Equal(t, once(ids), redriven(t, b))
+}
+
+// TestBulkRetryRefusesWhatCannotBeWrittenBack: a dead letter whose record,
+// with the redrive's headers, is over the outbox's limit is refused with
+// the reason, whatever the redrive wrote of it undone, and the action goes
+// on with the others.
+func TestBulkRetryRefusesWhatCannotBeWrittenBack(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	ids := deadLetters(t, b.ctx, b, 3, badDeploy, nil)
+	_, err := b.pool.Exec(b.ctx, `UPDATE inbox_quarantine SET payload = convert_to(repeat('x', $2), 'UTF8') WHERE message_id = $1`,
+		ids[1], outbox.DefaultMaxMessageBytes-50)
+	require.NoError(t, err)
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.NoError(t, err)
+	a, err = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.EqualValues(t, [3]int64{2, 0, 1}, [3]int64{a.Done, a.Skipped, a.Refused})
+	items, err := inbox.ListActionItems(b.ctx, b.pool, a.ID, 0, 0)
+	require.NoError(t, err)
+	require.Contains(t, items[1].Note, "too large")
+	require.Equal(t, once([]string{ids[0], ids[2]}), redriven(t, b))
+	require.Equal(t, "dead_lettered", scalar[string](t, b, `SELECT status FROM inbox_messages WHERE message_id = $1`, ids[1]),
+		"the refused redrive's writes undone")
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, open, 1, "still open, to be dropped")
 }
 
 // TestBulkRetryRefusesWhatCannotBeRetried: a group of payload conflicts
@@ -495,4 +575,29 @@ func TestBulkRetryOfTenThousand(t *testing.T) {
 	require.EqualValues(t, [3]int64{10000, 0, 0}, [3]int64{a.Done, a.Skipped, a.Refused})
 	require.Equal(t, once(ids), redriven(t, b))
 	require.Equal(t, once(ids), applyRedriven(t, b, in))
+}
+
+// TestBulkRefusesAChangedSelection: between the dry run and the start,
+// another operator dropped one of the messages counted: the start is
+// refused, and records nothing; a new dry run counts what is left.
+func TestBulkRefusesAChangedSelection(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	deadLetters(t, b.ctx, b, 5, badDeploy, nil)
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	require.NoError(t, err)
+	_, err = inbox.DropQuarantined(b.ctx, b.pool, open[2].ID, "bob", "a test order")
+	require.NoError(t, err)
+
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.ErrorIs(t, err, inbox.ErrSelectionChanged)
+	require.ErrorContains(t, err, "it holds 4 open messages, 5 when counted")
+	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, history, 1, "bob's drop only")
+	again, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, again.Count)
 }

@@ -17,8 +17,8 @@ import (
 //
 //   - kind (KindDeadLetter, KindPayloadConflict, KindInvalid),
 //   - reason pattern: the reason with its variable parts masked (quoted
-//     values become "…", UUIDs <id>, runs of hex with a digit <hex>,
-//     numbers <n>),
+//     values become "…", UUIDs and ULIDs <id>, 0x… and runs of eight or
+//     more hex digits with a digit and a letter <hex>, numbers <n>),
 //   - event type (the outbox's event_type header), and
 //   - producer key (pkg/signature's signature_key_id header),
 //
@@ -27,7 +27,7 @@ import (
 
 // Group is one failure group.
 type Group struct {
-	ID            string // 16 hex digits; what QuarantineFilter.Group and Selection.Group take
+	ID            string // 16 hex digits, its consumer's own; what QuarantineFilter.Group and Selection.Group take
 	Consumer      string
 	Kind          string
 	ReasonPattern string // the reason with its variable parts masked
