@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -55,6 +56,12 @@ type Options struct {
 	// (KAFKA_SASL_*, principals someone else made, as docker-compose.yml's
 	// kafka-init does); Start creates none.
 	OwnLogins bool
+	// RedriveGrants also grants each service Write on the topics it
+	// consumes: a redrive (inbox.RetryQuarantined) writes a message back,
+	// through the consumer's outbox, to the topic it came from, which the
+	// reference ACLs (Grants) let only its producer write. Off: a redrive
+	// here stays unpublished in the consumer's outbox (docs/operate.md).
+	RedriveGrants bool
 	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
 	Kafka stack.KafkaOptions
 	// Prepare, when set, runs once the databases exist and before anything
@@ -192,7 +199,11 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		if opts.OwnLogins {
 			break
 		}
-		if s.Logins[name], err = s.Kafka.AddPrincipal(ctx, name, Grants(name)...); err != nil {
+		grants := Grants(name)
+		if opts.RedriveGrants {
+			grants = append(grants, redriveGrants(name)...)
+		}
+		if s.Logins[name], err = s.Kafka.AddPrincipal(ctx, name, grants...); err != nil {
 			return nil, err
 		}
 	}
@@ -385,6 +396,19 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 
 // Producers names the service whose relay publishes each events topic.
 var Producers = map[string]string{events.TopicOrders: "orders", events.TopicInventory: "inventory"}
+
+// redriveGrants lets service write the topics it consumes, for its
+// redrives (Options.RedriveGrants).
+func redriveGrants(service string) []stack.Grant {
+	var grants []stack.Grant
+	for _, t := range slices.Sorted(maps.Keys(Producers)) {
+		if Producers[t] != service {
+			grants = append(grants, stack.Grant{Resource: sarama.AclResourceTopic, Name: t,
+				Ops: []sarama.AclOperation{sarama.AclOperationWrite}})
+		}
+	}
+	return grants
+}
 
 // Grants are what service's Kafka principal may do, and all it may do
 // (kafkaconf.ServiceGrants): write the topics named "<service>.", read the

@@ -114,6 +114,11 @@ type Config struct {
 	// control run sets it, with the inbox off too, to prove that duplicates
 	// reaching the domain would be applied twice.
 	DomainGuardDisabled bool `env:"DOMAIN_GUARD_DISABLED" default:"false"`
+	// BadDeploy makes the consumer's handler refuse every message for good,
+	// as a bad deploy would: each is dead-lettered. Only the console's
+	// browser test sets it (a failpoint build's), to make a failure group
+	// of a thousand messages; restarted without it, the service is "fixed".
+	BadDeploy bool `env:"BAD_DEPLOY" default:"false"`
 
 	// RelayDriver picks the relay: "batch" (pkg/outbox's Relay with the
 	// batching outboxkafka.Publisher), "watermill" (pkg/outbox's Relay with

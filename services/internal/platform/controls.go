@@ -34,6 +34,9 @@ func checkControls(cfg Config) error {
 // withControls returns c as it is: a default build applies no control.
 func withControls(_ Config, c inbox.Config) inbox.Config { return c }
 
+// withBadDeploy returns fn as it is: a default build has no bad deploy.
+func withBadDeploy(_ Config, fn inbox.BatchFunc) inbox.BatchFunc { return fn }
+
 // runTextbook is not in a default build.
 func runTextbook(context.Context, *pgxpool.Pool, message.Publisher, watermill.LoggerAdapter) error {
 	return errors.New("RELAY_DRIVER=textbook: the benchmark's relay is in failpoint builds only")

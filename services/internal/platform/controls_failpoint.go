@@ -4,12 +4,15 @@ package platform
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/internal/platform/textbook"
 )
 
@@ -24,6 +27,19 @@ func withControls(cfg Config, c inbox.Config) inbox.Config {
 		return inbox.WithoutDedupe(c)
 	}
 	return c
+}
+
+// withBadDeploy makes fn refuse every message for good when BAD_DEPLOY is
+// set, as a bad deploy's handler would: the inbox dead-letters each, its id
+// in the reason (a batch refused whole is split down to each message).
+func withBadDeploy(cfg Config, fn inbox.BatchFunc) inbox.BatchFunc {
+	if !cfg.BadDeploy {
+		return fn
+	}
+	return func(_ context.Context, _ pgx.Tx, msgs []*message.Message) error {
+		return inbox.Permanent(fmt.Errorf("bad deploy (BAD_DEPLOY): this build cannot apply %s %s",
+			msgs[0].Metadata.Get(outbox.TypeMetadata), msgs[0].UUID))
+	}
 }
 
 // runTextbook runs the benchmark's textbook relay (RELAY_DRIVER=textbook).

@@ -19,6 +19,7 @@ func TestControlsOnlyInFailpointBuilds(t *testing.T) {
 	for name, set := range map[string]func(*Config){
 		"INBOX_DISABLED":         func(c *Config) { c.InboxDisabled = true },
 		"DOMAIN_GUARD_DISABLED":  func(c *Config) { c.DomainGuardDisabled = true },
+		"BAD_DEPLOY":             func(c *Config) { c.BadDeploy = true },
 		"EFFECT_KEYS_DISABLED":   func(c *Config) { c.EffectKeysDisabled = true },
 		"RELAY_PARALLEL":         func(c *Config) { c.RelayParallel = true },
 		"RELAY_DRIVER=textbook":  func(c *Config) { c.RelayDriver = "textbook" },

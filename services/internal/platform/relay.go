@@ -55,6 +55,7 @@ func controlsSet(cfg Config) []string {
 	}{
 		{cfg.InboxDisabled, "INBOX_DISABLED"},
 		{cfg.DomainGuardDisabled, "DOMAIN_GUARD_DISABLED"},
+		{cfg.BadDeploy, "BAD_DEPLOY"},
 		{cfg.EffectKeysDisabled, "EFFECT_KEYS_DISABLED"},
 		{cfg.RelayParallel, "RELAY_PARALLEL"},
 		{cfg.RelayDriver != "" && cfg.RelayDriver != "batch", "RELAY_DRIVER=" + cfg.RelayDriver},

@@ -324,11 +324,14 @@ func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *in
 	if cfg.DomainGuardDisabled {
 		log.Warn("DOMAIN GUARD DISABLED: an event for an order already decided is applied again")
 	}
+	if cfg.BadDeploy {
+		log.Warn("BAD DEPLOY: every message is dead-lettered, as a broken handler would")
+	}
 	consumer, err := newConsumer(cfg, svc, mtr, log) // consumer.go
 	if err != nil {
 		return incoming{}, err
 	}
-	apply := ibx.Handler(svc.Apply(cfg))
+	apply := ibx.Handler(withBadDeploy(cfg, svc.Apply(cfg)))
 	consumer.router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, consumer.subscriber, func(msg *message.Message) error {
 		mtr.handling(msg) // for commit-to-apply latency
 		return apply(msg)
