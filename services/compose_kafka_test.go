@@ -62,6 +62,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -645,6 +646,10 @@ func TestComposeKafka(t *testing.T) {
 		for key, v := range service(t, p, name).Environment {
 			switch key {
 			case "DATABASE_URL", "HTTP_ADDR", "PROVIDER_URL":
+			case "CONSOLE_ADDR": // each in a container of its own there; here, one host
+				addr, err := procs.FreeAddr()
+				require.NoError(t, err)
+				envFor[name] = append(envFor[name], key+"="+addr)
 			case "KAFKA_BROKERS":
 				require.Equal(t, strings.Join(ki.Brokers, ","), *v, "%s and kafka-init reach Kafka differently", name)
 				t.Setenv("KAFKA_BROKERS", h.addr(t, *v)) // system.Start hands it to the services

@@ -71,6 +71,7 @@ var secrets = types.Mapping{
 	"INVENTORY_KAFKA_PASSWORD": "kafka-inventory-0123456789abcdef",
 	"DEMO_KAFKA_PASSWORD":      "kafka-demo-0123456789abcdef",
 	"DASHBOARD_KAFKA_PASSWORD": "kafka-dashboard-0123456789abcdef",
+	"CONSOLE_PASSWORD":         "console-0123456789abcdef",
 	"ORDERS_SIGNING_KEY":       signature.FormatKey(signature.Key{ID: "orders-1", Secret: []byte(strings.Repeat("o", signature.MinSecretBytes))}),
 	"INVENTORY_SIGNING_KEY":    signature.FormatKey(signature.Key{ID: "inventory-1", Secret: []byte(strings.Repeat("i", signature.MinSecretBytes))}),
 }
@@ -318,8 +319,12 @@ func TestComposeWiring(t *testing.T) {
 		if s.HealthCheck == nil || !slices.Contains(s.HealthCheck.Test, "http://127.0.0.1:"+port+"/readyz") {
 			t.Errorf("%s: healthcheck %v does not GET /readyz on port %s", name, s.HealthCheck, port)
 		}
-		if len(s.Ports) != 1 || fmt.Sprint(s.Ports[0].Target) != port {
-			t.Errorf("%s: ports %+v do not publish container port %s", name, s.Ports, port)
+		_, console, err := net.SplitHostPort(*s.Environment["CONSOLE_ADDR"])
+		if err != nil {
+			t.Fatalf("%s: CONSOLE_ADDR: %v", name, err)
+		}
+		if len(s.Ports) != 2 || fmt.Sprint(s.Ports[0].Target) != port || fmt.Sprint(s.Ports[1].Target) != console {
+			t.Errorf("%s: ports %+v do not publish container ports %s (its API) and %s (its console)", name, s.Ports, port, console)
 		}
 		for dep, cond := range map[string]string{"postgres": "service_healthy", "kafka-init": "service_completed_successfully"} {
 			if got := s.DependsOn[dep].Condition; got != cond {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/loadgen"
+	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/dashboard"
 	"github.com/outboxref/outbox-inbox/dashboard/crashnow"
@@ -85,8 +86,22 @@ func run(ctx context.Context) error {
 	// below is done.
 	fpLog := filepath.Join(work, "failpoints.log")
 	sopts := system.Options{Work: work, Log: say}
+	consoles := map[string]string{} // service → its console's address
 	if o.keep {
 		crashnow.Prepare(&sopts, fpLog)
+		// Each service's console (pkg/console), on loopback, without
+		// logins: this machine's browser only.
+		for _, name := range []string{"orders", "inventory"} {
+			addr, err := procs.FreeAddr()
+			if err != nil {
+				return err
+			}
+			consoles[name] = addr
+			if sopts.EnvFor == nil {
+				sopts.EnvFor = map[string][]string{}
+			}
+			sopts.EnvFor[name] = append(sopts.EnvFor[name], "CONSOLE_ADDR="+addr)
+		}
 	}
 	sys, err := system.Start(ctx, sopts)
 	if err != nil {
@@ -176,6 +191,7 @@ func run(ctx context.Context) error {
 		}
 		say("stack kept running: orders http://%s, inventory http://%s; Ctrl-C to stop", sys.Procs["orders"][0].Addr, sys.Procs["inventory"][0].Addr)
 		say("live page: %s : follow an order, or pick a crash window and press \"crash it now\"", dash)
+		say("consoles (dead letters by failure group, retry and drop, the history): orders http://%s, inventory http://%s", consoles["orders"], consoles["inventory"])
 		if o.trickle > 0 {
 			go trickle(ctx, sys, lab, o.trickle)
 		}

@@ -6,7 +6,8 @@
 // a signing key for each service (orders signs what it publishes with
 // ORDERS_SIGNING_KEY and inventory trusts it, and the other way round); and
 // Kafka's passwords (KAFKA_ADMIN_PASSWORD, the broker's superuser; one per
-// client principal kafka-init makes). No secret is in a committed file;
+// client principal kafka-init makes); and CONSOLE_PASSWORD, the services'
+// consoles' operator login. No secret is in a committed file;
 // each machine makes its own.
 //
 //	go run ./deploy/composeenv            # writes .env; an existing one is kept,
@@ -32,7 +33,8 @@ import (
 
 // Variables are the variables an env file from Write holds, in order.
 var Variables = []string{"POSTGRES_PASSWORD", "API_TOKEN", "PROVIDER_TOKEN", "ORDERS_SIGNING_KEY", "INVENTORY_SIGNING_KEY",
-	"KAFKA_ADMIN_PASSWORD", "ORDERS_KAFKA_PASSWORD", "INVENTORY_KAFKA_PASSWORD", "DEMO_KAFKA_PASSWORD", "DASHBOARD_KAFKA_PASSWORD"}
+	"KAFKA_ADMIN_PASSWORD", "ORDERS_KAFKA_PASSWORD", "INVENTORY_KAFKA_PASSWORD", "DEMO_KAFKA_PASSWORD", "DASHBOARD_KAFKA_PASSWORD",
+	"CONSOLE_PASSWORD"}
 
 func main() {
 	out := flag.String("o", ".env", "the env file to write")
