@@ -11,6 +11,7 @@
 //	inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
 //	inboxctl actions [-consumer NAME] [-limit N]
 //	inboxctl action [-limit N] ID
+//	inboxctl stop [-by WHO] ID
 //	inboxctl resume ID
 //	inboxctl held [-consumer NAME]
 //	inboxctl breaches [-consumer NAME] [-limit N]
@@ -31,7 +32,8 @@
 // (inbox.StartBulk, inbox.RunBulk): rows quarantined after the dry run are
 // not part of it, and a count changed since refuses it. actions lists the
 // history of what operators did, newest first; action shows one, with what
-// it did to each message (why it refused one); resume goes on with an action that was stopped (killed, ^C): each
+// it did to each message (why it refused one); stop stops one for good (its
+// messages not done stay open); resume goes on with an action that was cut off (killed, ^C; a console running beside resumes it too): each
 // message is done once however often it runs.
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
@@ -83,6 +85,7 @@ const usage = `usage:
   inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
   inboxctl actions [-consumer NAME] [-limit N]
   inboxctl action [-limit N] ID
+  inboxctl stop [-by WHO] ID
   inboxctl resume ID
   inboxctl held [-consumer NAME]
   inboxctl breaches [-consumer NAME] [-limit N]
@@ -104,7 +107,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
 	limit := fs.Int("limit", 50, "breaches, actions: how many, newest first")
 	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
-	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "action", "resume", "held", "breaches", "consumers", "retire")
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "action", "stop", "resume", "held", "breaches", "consumers", "retire")
 	if err != nil || help {
 		return err
 	}
@@ -200,6 +203,12 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		printItems(out, items)
+	case "stop":
+		a, err := inbox.StopBulk(ctx, pool, id, *by)
+		if err != nil {
+			return err
+		}
+		printActions(out, []inbox.Action{a})
 	case "resume":
 		a, err := inbox.RunBulk(ctx, pool, id, inbox.BulkOptions{Progress: progress(out)})
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // Role is what a user may do.
@@ -37,7 +38,6 @@ const MinSecretBytes = 16
 // MinSecretBytes long.
 func ParseUsers(s string) ([]User, error) {
 	var users []User
-	seen := map[string]bool{}
 	for _, entry := range strings.Split(s, ",") {
 		entry = strings.TrimSpace(entry)
 		if entry == "" {
@@ -45,23 +45,35 @@ func ParseUsers(s string) ([]User, error) {
 		}
 		name, rest, ok1 := strings.Cut(entry, ":")
 		role, secret, ok2 := strings.Cut(rest, ":")
-		u := User{Name: name, Role: Role(role), Secret: secret}
-		switch {
-		case !ok1 || !ok2:
-			return nil, fmt.Errorf("console: a login %q is not name:role:secret", clip(name))
-		case u.Name == "" || strings.IndexFunc(u.Name, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
-			return nil, fmt.Errorf("console: login name %q: printable ASCII without spaces", clip(name))
-		case u.Role != Viewer && u.Role != Operator:
-			return nil, fmt.Errorf("console: login %s: role %q is neither %s nor %s", u.Name, clip(role), Viewer, Operator)
-		case len(u.Secret) < MinSecretBytes:
-			return nil, fmt.Errorf("console: login %s: a secret of %d bytes; at least %d", u.Name, len(u.Secret), MinSecretBytes)
-		case seen[u.Name]:
-			return nil, fmt.Errorf("console: login %s given twice", u.Name)
+		if !ok1 || !ok2 {
+			return nil, errors.New("console: a login is not name:role:secret")
 		}
-		seen[u.Name] = true
-		users = append(users, u)
+		users = append(users, User{Name: name, Role: Role(role), Secret: secret})
 	}
-	return users, nil
+	return users, checkUsers(users)
+}
+
+// checkUsers refuses logins that say nothing sure: a name that is not
+// printable ASCII, a role that is neither, a short secret, a name or a
+// secret given twice (a bearer secret names its user alone).
+func checkUsers(users []User) error {
+	names, secrets := map[string]bool{}, map[string]bool{}
+	for _, u := range users {
+		switch {
+		case u.Name == "" || strings.IndexFunc(u.Name, func(r rune) bool { return r <= ' ' || r > '~' || r == ':' }) >= 0:
+			return fmt.Errorf("console: login name %q: printable ASCII without spaces or colons", clip(u.Name))
+		case u.Role != Viewer && u.Role != Operator:
+			return fmt.Errorf("console: login %s: role %q is neither %s nor %s", u.Name, clip(string(u.Role)), Viewer, Operator)
+		case len(u.Secret) < MinSecretBytes:
+			return fmt.Errorf("console: login %s: a secret of %d bytes; at least %d", u.Name, len(u.Secret), MinSecretBytes)
+		case names[u.Name]:
+			return fmt.Errorf("console: login %s given twice", u.Name)
+		case secrets[u.Secret]:
+			return fmt.Errorf("console: login %s has another login's secret", u.Name)
+		}
+		names[u.Name], secrets[u.Secret] = true, true
+	}
+	return nil
 }
 
 // LoopbackActor is who acts when the console has no logins and answers
@@ -72,11 +84,7 @@ const LoopbackActor = "loopback"
 // none, the loopback client's (an operator). ok is false for anyone else.
 func (c *Console) who(r *http.Request) (User, bool) {
 	if len(c.cfg.Users) == 0 {
-		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
-			return User{Name: LoopbackActor, Role: Operator}, true
-		}
-		return User{}, false
+		return User{Name: LoopbackActor, Role: Operator}, loopbackClient(r)
 	}
 	name, secret, basic := r.BasicAuth()
 	if !basic {
@@ -102,25 +110,60 @@ func (c *Console) who(r *http.Request) (User, bool) {
 	return found, match == 1
 }
 
-// csrf is the token a form of user carries: an HMAC of the user's name
-// under the console's key. A page of another site cannot read it, so it
-// cannot make the user's browser post a form that carries it.
-func (c *Console) csrf(u User) string {
+// loopbackClient reports whether r comes from this machine, and from no
+// client behind it: its peer is a loopback address, it names a loopback
+// host (a name an attacker's DNS points at 127.0.0.1 is refused: DNS
+// rebinding), and no proxy header says it was forwarded (a reverse proxy or
+// tunnel on this machine would make every client "loopback").
+func loopbackClient(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return false
+	}
+	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-Ip"} {
+		if r.Header.Get(h) != "" {
+			return false
+		}
+	}
+	name := r.Host
+	if n, _, err := net.SplitHostPort(r.Host); err == nil {
+		name = n
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if name == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
+}
+
+// csrfWindow is how long a form's token stays good: a form older than one
+// to two windows must be reloaded.
+const csrfWindow = 12 * time.Hour
+
+// csrf is the token a form of user carries: an HMAC, under the console's
+// key, of the user's name, a hash of their secret (a new secret voids the
+// old tokens) and the time window. A page of another site cannot read
+// it, so it cannot make the user's browser post a form that carries it.
+func (c *Console) csrf(u User, at time.Time) string {
+	secret := sha256.Sum256([]byte(u.Secret))
 	m := hmac.New(sha256.New, c.key)
-	m.Write([]byte("console form\x00" + u.Name))
+	fmt.Fprintf(m, "console form\x00%s\x00%x\x00%d", u.Name, secret, at.Unix()/int64(csrfWindow/time.Second))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-var errForged = errors.New("the form's token is not this user's: reload the page and try again")
+var errForged = errors.New("the form's token is not this user's, or is too old: reload the page and try again")
 
-// checkForm refuses a state-changing request whose form does not carry
-// u's csrf token.
+// checkForm refuses a state-changing request whose form does not carry a
+// csrf token of u's, of this window or the one before.
 func (c *Console) checkForm(r *http.Request, u User) error {
-	got := r.PostFormValue("csrf")
-	if subtle.ConstantTimeCompare([]byte(got), []byte(c.csrf(u))) != 1 {
-		return errForged
+	got := []byte(r.PostFormValue("csrf"))
+	now := time.Now()
+	if subtle.ConstantTimeCompare(got, []byte(c.csrf(u, now))) == 1 ||
+		subtle.ConstantTimeCompare(got, []byte(c.csrf(u, now.Add(-csrfWindow)))) == 1 {
+		return nil
 	}
-	return nil
+	return errForged
 }
 
 func clip(s string) string {

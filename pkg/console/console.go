@@ -17,9 +17,15 @@
 // script-src 'none').
 //
 // A bulk action runs in [Console.Run], not in the request that started it:
-// the page shows its progress; a console killed half-way resumes its
-// running actions when it runs again, and each message is done once
+// the page shows its progress and a Stop button (inbox.StopBulk); a
+// console killed half-way resumes its running actions when it runs again
+// (and those inboxctl left cut off), and each message is done once
 // (inbox.RunBulk).
+//
+// Mounted in a server of your own, give it what the services' server
+// gives it (services/runtime/httpserve): timeouts, and a check of the Host
+// header against the names it is served under. Loopback mode checks its
+// own.
 package console
 
 import (
@@ -29,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,7 +55,7 @@ type Config struct {
 	Users []User
 	// Key signs the forms' CSRF tokens. Defaults to 32 random bytes: the
 	// forms of a restarted console must be reloaded, and replicas behind
-	// one address need one Key.
+	// one address need one Key (the services' CONSOLE_KEY).
 	Key []byte
 	// PageSize is how many messages a page shows. Defaults to 50.
 	PageSize int
@@ -69,12 +76,16 @@ type Console struct {
 
 	mu      sync.Mutex
 	running bool
+	retryAt map[int64]time.Time // Run's: when an action that failed is tried again
 }
 
 // New returns a Console for cfg.
 func New(cfg Config) (*Console, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("console: Config.Pool is required")
+	}
+	if err := checkUsers(cfg.Users); err != nil {
+		return nil, err
 	}
 	if cfg.Title == "" {
 		cfg.Title = "inbox"
@@ -88,7 +99,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{cfg: cfg, key: cfg.Key, cross: http.NewCrossOriginProtection(), wake: make(chan struct{}, 1)}
+	c := &Console{cfg: cfg, key: cfg.Key, cross: http.NewCrossOriginProtection(), wake: make(chan struct{}, 1), retryAt: map[int64]time.Time{}}
 	if len(c.key) == 0 {
 		c.key = make([]byte, 32)
 		if _, err := rand.Read(c.key); err != nil {
@@ -107,18 +118,21 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
+	h.Set("X-Frame-Options", "DENY")
 	u, ok := c.who(r)
 	if !ok {
 		if len(c.cfg.Users) == 0 {
-			c.refuse(w, r, http.StatusForbidden, "this console has no logins (CONSOLE_USERS) and answers loopback clients only")
+			c.refuse(w, r, http.StatusForbidden, "this console has no logins (CONSOLE_USERS) and answers loopback clients only, by a loopback name, not forwarded by a proxy")
 			return
 		}
-		h.Set("WWW-Authenticate", `Basic realm="`+c.cfg.Title+` console", charset="UTF-8"`)
+		h.Set("WWW-Authenticate", `Basic realm="console", charset="UTF-8"`)
 		c.refuse(w, r, http.StatusUnauthorized, "log in: this console needs a login")
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), userKey{}, u))
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodPost:
 		if err := c.cross.Check(r); err != nil {
 			c.refuse(w, r, http.StatusForbidden, "cross-site request refused: an action must come from the console's own pages")
 			return
@@ -128,10 +142,18 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if err := r.ParseForm(); err != nil {
+			c.refuse(w, r, http.StatusBadRequest, "the form could not be read: "+err.Error())
+			return
+		}
 		if err := c.checkForm(r, u); err != nil {
 			c.refuse(w, r, http.StatusForbidden, err.Error())
 			return
 		}
+	default:
+		h.Set("Allow", "GET, HEAD, POST")
+		c.refuse(w, r, http.StatusMethodNotAllowed, "the console takes GET and POST only")
+		return
 	}
 	c.mux.ServeHTTP(w, r)
 }
@@ -163,27 +185,35 @@ func (c *Console) Run(ctx context.Context) error {
 	}
 }
 
-// runActions runs every running action to its end.
+// runActions runs the running actions, oldest first, each to its end or to
+// an error; one that failed is tried again a minute later, the others not
+// held up behind it.
 func (c *Console) runActions(ctx context.Context) {
-	for ctx.Err() == nil {
-		list, err := inbox.ListActions(ctx, c.cfg.Pool, inbox.ActionFilter{Running: true, Limit: 10})
-		if err != nil || len(list) == 0 {
-			if err != nil && ctx.Err() == nil {
-				c.cfg.Logger.Error("console: listing running actions", "error", err)
-			}
+	list, err := inbox.ListActions(ctx, c.cfg.Pool, inbox.ActionFilter{Running: true, Limit: 100})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cfg.Logger.Error("console: listing running actions", "error", err)
+		}
+		return
+	}
+	for _, a := range slices.Backward(list) {
+		if ctx.Err() != nil {
 			return
 		}
-		for _, a := range list {
-			done, err := inbox.RunBulk(ctx, c.cfg.Pool, a.ID, inbox.BulkOptions{BatchSize: c.cfg.BatchSize})
-			if err != nil {
-				if ctx.Err() == nil {
-					c.cfg.Logger.Error("console: action stopped; it resumes at the next round", "action", a.ID, "error", err)
-				}
-				return
-			}
-			c.cfg.Logger.Info("console: action finished", "action", done.ID, "what", done.Action, "by", done.Actor,
-				"chosen", done.Selected, "done", done.Done, "skipped", done.Skipped, "refused", done.Refused)
+		if time.Now().Before(c.retryAt[a.ID]) {
+			continue
 		}
+		done, err := inbox.RunBulk(ctx, c.cfg.Pool, a.ID, inbox.BulkOptions{BatchSize: c.cfg.BatchSize})
+		if err != nil {
+			if ctx.Err() == nil {
+				c.retryAt[a.ID] = time.Now().Add(time.Minute)
+				c.cfg.Logger.Error("console: action failed; tried again in a minute (stop it from its page)", "action", a.ID, "error", err)
+			}
+			continue
+		}
+		delete(c.retryAt, a.ID)
+		c.cfg.Logger.Info("console: action ended", "action", done.ID, "state", done.State, "what", done.Action, "by", done.Actor,
+			"chosen", done.Selected, "done", done.Done, "skipped", done.Skipped, "refused", done.Refused)
 	}
 }
 

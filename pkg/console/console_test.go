@@ -217,9 +217,12 @@ func TestHostileStringsAreText(t *testing.T) {
 		func(i int) string { return fmt.Sprintf(`%s-%d`, xss, i) },
 		[]byte(`{"sku":"`+xss+`"}`), map[string]string{xss: xss, "signature_key_id": xss, "event_type": xss})
 	b.quarantine(t, 1, func(int) string { return "binary" }, uuids, []byte{0xff, 0x00, '<', 'b', '>'}, nil)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, payload_sha256, payload)
+		VALUES ($1, 'm-1', 'invalid', 'hostile consumer', '\x00', '\x00')`, `x"><b>consumer</b>`)
 	require.NoError(t, err)
-	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{})
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	require.NoError(t, err)
+	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	c := b.as(t, nil)
 	paths := []string{"/groups", "/actions", "/held", "/parked", fmt.Sprintf("/messages/%d", open[3].ID)}
@@ -235,6 +238,7 @@ func TestHostileStringsAreText(t *testing.T) {
 		require.Equal(t, "text/html; charset=utf-8", c.lastCT)
 		require.NotContains(t, page, "<script", "%s runs a script", path)
 		require.NotContains(t, page, "<img", "%s shows markup from a message", path)
+		require.NotContains(t, page, "<b>consumer</b>", "%s shows markup from a consumer's name", path)
 	}
 	_, page := c.do(http.MethodGet, fmt.Sprintf("/messages/%d", open[0].ID), nil)
 	require.Contains(t, page, "&lt;script&gt;alert(1)&lt;/script&gt;", "the markup shown as text")
@@ -245,8 +249,16 @@ func TestHostileStringsAreText(t *testing.T) {
 	resp, err := http.Get(b.srv.URL + "/groups")
 	require.NoError(t, err)
 	resp.Body.Close()
-	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'")
+	csp := resp.Header.Get("Content-Security-Policy")
+	for _, want := range []string{"default-src 'none'", "frame-ancestors 'none'", "form-action 'self'"} {
+		require.Contains(t, csp, want)
+	}
 	require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
+	require.Equal(t, "no-referrer", resp.Header.Get("Referrer-Policy"))
+	require.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+	status, page := c.do(http.MethodGet, "/groups", nil)
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, `href="groups/x%22%3E%3Cb%3Econsumer%3C%2Fb%3E/`, "a hostile consumer's name escaped in a link")
 }
 
 // TestBulkRetryFromTheConsole: an operator opens a group, asks to retry it
@@ -314,4 +326,108 @@ func mustInt(t *testing.T, s string) int64 {
 	n, err := strconv.ParseInt(s, 10, 64)
 	require.NoError(t, err)
 	return n
+}
+
+// TestLoginsAreChecked: a login is its name and its secret together; a
+// loopback client forwarded by a proxy, or naming another host, is no
+// loopback client; logins that say nothing sure are refused at New.
+func TestLoginsAreChecked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice, vic)
+	impostor := console.User{Name: "mallory", Role: console.Operator, Secret: alice.Secret}
+	status, _ := b.as(t, &impostor).do(http.MethodGet, "/groups", nil)
+	require.Equal(t, http.StatusUnauthorized, status, "alice's secret under another name")
+
+	b = setup(t)
+	for _, h := range []map[string]string{{"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}} {
+		req := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/groups", nil)
+		req.RemoteAddr = "127.0.0.1:4242"
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		b.con.ServeHTTP(w, req)
+		require.Equal(t, http.StatusForbidden, w.Code, "forwarded: %v", h)
+	}
+	rebound := httptest.NewRequest(http.MethodGet, "http://attacker.example/groups", nil)
+	rebound.RemoteAddr = "127.0.0.1:4242"
+	w := httptest.NewRecorder()
+	b.con.ServeHTTP(w, rebound)
+	require.Equal(t, http.StatusForbidden, w.Code, "a name an attacker's DNS points at 127.0.0.1")
+	put := httptest.NewRequest(http.MethodPut, "http://127.0.0.1/groups", nil)
+	put.RemoteAddr = "127.0.0.1:4242"
+	w = httptest.NewRecorder()
+	b.con.ServeHTTP(w, put)
+	require.Equal(t, http.StatusMethodNotAllowed, w.Code)
+
+	for _, users := range [][]console.User{
+		{{Name: "alice", Role: console.Operator, Secret: ""}},
+		{alice, {Name: "eve", Role: console.Viewer, Secret: alice.Secret}},
+		{alice, {Name: "alice", Role: console.Viewer, Secret: "another-secret-0123456789"}},
+		{{Name: "bob", Role: "admin", Secret: "bob-secret-0123456789ab"}},
+	} {
+		_, err := console.New(console.Config{Pool: b.pool, Users: users})
+		require.Error(t, err, "%+v", users)
+	}
+}
+
+// TestActionsAreSameOrigin: an action posted from another site's page is
+// refused by the console itself, whatever server it is mounted in.
+func TestActionsAreSameOrigin(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice)
+	b.quarantine(t, 1, func(int) string { return "bad amount" }, uuids, []byte(`{}`), nil)
+	c := b.as(t, &alice)
+	token := c.csrf(b.groupPath(t))
+	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, b.srv.URL+"/bulk/preview",
+		strings.NewReader(url.Values{"csrf": {token}, "consumer": {consumer}, "kind": {"dead_letter"}, "action": {"retry"}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	req.SetBasicAuth(alice.Name, alice.Secret)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+}
+
+// TestMountedUnderAPrefix: mounted under /console/, every link and every
+// redirect stays under it; an operator stops a running action from its
+// page.
+func TestMountedUnderAPrefix(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice)
+	mux := http.NewServeMux()
+	mux.Handle("/console/", http.StripPrefix("/console", b.con))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	b.srv = srv
+	b.quarantine(t, 2, func(int) string { return "bad amount" }, uuids, []byte(`{}`), nil)
+	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	require.NoError(t, err)
+	c := b.as(t, &alice)
+	msg := fmt.Sprintf("/console/messages/%d", open[0].ID)
+	status, page := c.do(http.MethodPost, msg+"/retry", url.Values{"csrf": {c.csrf(msg)}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, "redriven by alice", "the redirect came back to the message, under the prefix")
+
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", "test")
+	require.NoError(t, err)
+	action := fmt.Sprintf("/console/actions/%d", a.ID)
+	status, page = c.do(http.MethodGet, action, nil)
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, `id="stop"`)
+	status, page = c.do(http.MethodPost, action+"/stop", url.Values{"csrf": {c.csrf(action)}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, "stopped by alice: 0 of 1 done")
+	require.NotContains(t, page, `id="stop"`)
+	for _, href := range regexp.MustCompile(`(?:href|action)="([^"]*)"`).FindAllStringSubmatch(page, -1) {
+		u, err := url.Parse(srv.URL + action)
+		require.NoError(t, err)
+		ref, err := u.Parse(href[1])
+		require.NoError(t, err)
+		require.True(t, strings.HasPrefix(ref.Path, "/console/"), "%s leads out of /console/: %s", href[1], ref.Path)
+	}
 }

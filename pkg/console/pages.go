@@ -36,7 +36,7 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 
 func (c *Console) routes() {
 	m := http.NewServeMux()
-	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "groups", http.StatusSeeOther) })
+	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { seeOther(w, "groups") })
 	m.HandleFunc("GET /groups", c.groups)
 	m.HandleFunc("GET /groups/{consumer}/{group}", c.group)
 	m.HandleFunc("GET /messages/{id}", c.message)
@@ -46,6 +46,7 @@ func (c *Console) routes() {
 	m.HandleFunc("POST /bulk/start", c.start)
 	m.HandleFunc("GET /actions", c.actions)
 	m.HandleFunc("GET /actions/{id}", c.action)
+	m.HandleFunc("POST /actions/{id}/stop", c.stop)
 	m.HandleFunc("GET /held", c.held)
 	m.HandleFunc("GET /parked", c.parked)
 	c.mux = m
@@ -63,13 +64,21 @@ type view struct {
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data any) {
 	u := userOf(r)
-	depth := strings.Count(strings.TrimPrefix(r.URL.Path, "/"), "/")
-	v := view{Title: c.cfg.Title, User: u, CSRF: c.csrf(u), Base: strings.Repeat("../", depth), Page: page, Data: data}
+	depth := strings.Count(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
+	v := view{Title: c.cfg.Title, User: u, CSRF: c.csrf(u, time.Now()), Base: strings.Repeat("../", depth), Page: page, Data: data}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
 	if err := pages.ExecuteTemplate(w, "page", v); err != nil {
 		c.cfg.Logger.Error("console: rendering", "page", page, "error", err)
 	}
+}
+
+// seeOther sends the browser to rel, a path relative to the request's: so
+// the console works mounted under any prefix (http.Redirect would make it
+// absolute from the path it saw).
+func seeOther(w http.ResponseWriter, rel string) {
+	w.Header().Set("Location", rel)
+	w.WriteHeader(http.StatusSeeOther)
 }
 
 func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, reason string) {
@@ -130,13 +139,13 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		next = list[len(list)-1].ID
 	}
 	var g *inbox.Group
-	groups, err := inbox.ListGroups(r.Context(), c.cfg.Pool, inbox.GroupFilter{Consumer: consumer})
+	found, ok, err := inbox.GetGroup(r.Context(), c.cfg.Pool, consumer, group)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	if i := slices.IndexFunc(groups, func(x inbox.Group) bool { return x.ID == group }); i >= 0 {
-		g = &groups[i]
+	if ok {
+		g = &found
 	}
 	c.render(w, r, http.StatusOK, "group", struct {
 		Consumer, ID string
@@ -197,7 +206,7 @@ func (c *Console) retryOne(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.cfg.Logger.Info("console: retry", "by", u.Name, "quarantined", id, "redriven", res.Redriven, "note", res.Note)
-	http.Redirect(w, r, "../"+strconv.FormatInt(id, 10), http.StatusSeeOther)
+	seeOther(w, "../"+strconv.FormatInt(id, 10))
 }
 
 func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
@@ -217,7 +226,7 @@ func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.cfg.Logger.Info("console: drop", "by", u.Name, "quarantined", id, "why", why)
-	http.Redirect(w, r, "../"+strconv.FormatInt(id, 10), http.StatusSeeOther)
+	seeOther(w, "../"+strconv.FormatInt(id, 10))
 }
 
 // selection reads a bulk form's selection and action.
@@ -286,7 +295,7 @@ func (c *Console) start(w http.ResponseWriter, r *http.Request) {
 	}
 	c.cfg.Logger.Info("console: bulk action started", "action", a.ID, "what", action, "by", u.Name, "chosen", a.Selected, "selection", s)
 	c.started()
-	http.Redirect(w, r, "../actions/"+strconv.FormatInt(a.ID, 10), http.StatusSeeOther)
+	seeOther(w, "../actions/"+strconv.FormatInt(a.ID, 10))
 }
 
 func (c *Console) actions(w http.ResponseWriter, r *http.Request) {
@@ -354,12 +363,42 @@ func (c *Console) held(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
-	list, err := outbox.ListParked(r.Context(), c.cfg.Pool)
+	after, err := int64Param(r.URL.Query().Get("after"))
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "parked", list)
+	list, err := outbox.ListParkedPage(r.Context(), c.cfg.Pool, after, c.cfg.PageSize+1)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var next int64
+	if len(list) > c.cfg.PageSize {
+		list = list[:c.cfg.PageSize]
+		next = list[len(list)-1].ID
+	}
+	c.render(w, r, http.StatusOK, "parked", struct {
+		Rows []outbox.ParkedRow
+		Next int64
+	}{list, next})
+}
+
+// stop stops a running action (inbox.StopBulk).
+func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
+	id, err := int64Param(r.PathValue("id"))
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	u := userOf(r)
+	a, err := inbox.StopBulk(r.Context(), c.cfg.Pool, id, u.Name)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.cfg.Logger.Info("console: action stopped", "action", id, "by", u.Name, "state", a.State, "done", a.Done, "chosen", a.Selected)
+	seeOther(w, "../"+strconv.FormatInt(id, 10))
 }
 
 func int64Param(s string) (int64, error) {

@@ -48,8 +48,9 @@ const (
 
 // An action's states.
 const (
-	ActionRunning  = "running"
-	ActionFinished = "finished"
+	ActionRunning  = "running"  // RunBulk does it, or resumes it
+	ActionStopped  = "stopped"  // StopBulk stopped it: its other messages stay as they are
+	ActionFinished = "finished" // every message it chose has its outcome
 )
 
 // An item's outcomes.
@@ -141,21 +142,23 @@ type Action struct {
 	Skipped   int64 // resolved meanwhile, or applied: nothing to do
 	Refused   int64 // could not be redriven
 	State     string
+	StoppedBy string // who stopped it (ActionStopped)
 	StartedAt time.Time
 	UpdatedAt time.Time
-	// FinishedAt is set once every message it chose has its outcome.
+	// FinishedAt is set once every message it chose has its outcome, or
+	// once it was stopped.
 	FinishedAt *time.Time
 }
 
 // Remaining is how many of its messages are still to do.
 func (a Action) Remaining() int64 { return a.Selected - a.Done - a.Skipped - a.Refused }
 
-const actionColumns = `id, consumer, action, actor, why, selection, selected, done, skipped, refused, state, started_at, updated_at, finished_at`
+const actionColumns = `id, consumer, action, actor, why, selection, selected, done, skipped, refused, state, coalesce(stopped_by, ''), started_at, updated_at, finished_at`
 
 func scanAction(row pgx.Row) (Action, error) {
 	var a Action
 	err := row.Scan(&a.ID, &a.Consumer, &a.Action, &a.Actor, &a.Why, &a.Selection, &a.Selected, &a.Done,
-		&a.Skipped, &a.Refused, &a.State, &a.StartedAt, &a.UpdatedAt, &a.FinishedAt)
+		&a.Skipped, &a.Refused, &a.State, &a.StoppedBy, &a.StartedAt, &a.UpdatedAt, &a.FinishedAt)
 	return a, err
 }
 
@@ -237,7 +240,7 @@ func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("%w: %d", ErrNoAction, id)
 			}
-			if err != nil || a.State == ActionFinished {
+			if err != nil || a.State != ActionRunning {
 				return err
 			}
 			return a.batch(ctx, tx, opt.BatchSize)
@@ -256,7 +259,7 @@ func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions)
 		if opt.Progress != nil {
 			opt.Progress(a)
 		}
-		if a.State == ActionFinished {
+		if a.State != ActionRunning {
 			return a, nil
 		}
 	}
@@ -355,6 +358,25 @@ func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note 
 	default:
 		return OutcomeDone, res.Note, nil
 	}
+}
+
+// StopBulk stops action id, by by: RunBulk leaves it (and returns it as it
+// stands), and its messages not done yet stay as they are (a new action's
+// dry run counts them). It waits for a batch running now to commit. An
+// action already finished or stopped is returned as it is.
+func StopBulk(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Action, error) {
+	if strings.TrimSpace(by) == "" {
+		return Action{}, errors.New("inbox: StopBulk needs who stops it")
+	}
+	a, err := scanAction(pool.QueryRow(ctx, `UPDATE inbox_actions SET state = 'stopped', stopped_by = $2, finished_at = now(), updated_at = now()
+		WHERE id = $1 AND state = 'running' RETURNING `+actionColumns, id, by))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return GetAction(ctx, pool, id)
+	}
+	if err != nil {
+		return a, fmt.Errorf("inbox: stopping action %d: %w", id, err)
+	}
+	return a, nil
 }
 
 // recordOne records, in tx, the single-message action of RetryQuarantined

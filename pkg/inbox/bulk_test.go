@@ -601,3 +601,39 @@ func TestBulkRefusesAChangedSelection(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 4, again.Count)
 }
+
+// TestStopBulk: an operator stops an action between its batches: RunBulk
+// returns it stopped, with what it did; run again, it does nothing more;
+// the messages it did not reach stay open, for a new dry run.
+func TestStopBulk(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	deadLetters(t, b.ctx, b, 250, badDeploy, nil)
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.NoError(t, err)
+	_, err = inbox.StopBulk(b.ctx, b.pool, a.ID, "")
+	require.Error(t, err, "who stops it")
+	stopped, err := inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: 50, Progress: func(a inbox.Action) {
+		if a.Done == 50 {
+			_, err := inbox.StopBulk(b.ctx, b.pool, a.ID, "bob")
+			require.NoError(t, err)
+		}
+	}})
+	require.NoError(t, err)
+	require.Equal(t, [3]any{inbox.ActionStopped, "bob", int64(50)}, [3]any{stopped.State, stopped.StoppedBy, stopped.Done})
+	require.NotNil(t, stopped.FinishedAt)
+	again, err := inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.EqualValues(t, 50, again.Done, "a stopped action does nothing more")
+	left, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	require.EqualValues(t, 200, left.Count)
+	running, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Running: true})
+	require.NoError(t, err)
+	require.Empty(t, running)
+	finished, err := inbox.StopBulk(b.ctx, b.pool, a.ID, "carol")
+	require.NoError(t, err)
+	require.Equal(t, "bob", finished.StoppedBy, "stopped once")
+}

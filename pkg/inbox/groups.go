@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -74,6 +75,27 @@ func ListGroups(ctx context.Context, pool *pgxpool.Pool, f GroupFilter) ([]Group
 		return nil, fmt.Errorf("inbox: listing failure groups: %w", err)
 	}
 	return list, nil
+}
+
+// GetGroup returns failure group id of consumer, read from that group's
+// rows only; ok is false when it holds no open message.
+func GetGroup(ctx context.Context, pool *pgxpool.Pool, consumer, id string) (g Group, ok bool, err error) {
+	err = pool.QueryRow(ctx, `
+		WITH g AS (
+			SELECT count(*) AS n, min(created_at) AS first, max(created_at) AS last, min(id) AS sample
+			FROM inbox_quarantine WHERE consumer = $1 AND failure_group = $2 AND resolved_at IS NULL)
+		SELECT q.kind, inbox_reason_pattern(q.reason), coalesce(q.metadata->>'event_type', ''),
+			coalesce(q.metadata->>'signature_key_id', ''), q.topic, q.reason, g.n, g.first, g.last
+		FROM g JOIN inbox_quarantine q ON q.id = g.sample`, consumer, id).Scan(&g.Kind, &g.ReasonPattern, &g.EventType,
+		&g.Producer, &g.Topic, &g.Example, &g.Count, &g.FirstSeen, &g.LastSeen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Group{}, false, nil
+	}
+	if err != nil {
+		return Group{}, false, fmt.Errorf("inbox: reading failure group %s: %w", id, err)
+	}
+	g.ID, g.Consumer = id, consumer
+	return g, true, nil
 }
 
 // ReasonPattern returns reason with its variable parts masked, as the

@@ -62,6 +62,12 @@ var ErrNotParked = errors.New("outbox: no parked row with that id")
 
 // ListParked lists the parked rows, oldest first.
 func ListParked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedRow, error) {
+	return ListParkedPage(ctx, pool, 0, 0)
+}
+
+// ListParkedPage lists at most limit parked rows after id after, oldest
+// first (limit 0: all of them): a page of a long list.
+func ListParkedPage(ctx context.Context, pool *pgxpool.Pool, after int64, limit int) ([]ParkedRow, error) {
 	rows, err := pool.Query(ctx, `
 		SELECT p.id, p.message_id::text, p.topic, p.partition_key, p.payload, p.metadata,
 		       p.created_at, p.parked_at, p.park_reason,
@@ -70,8 +76,8 @@ func ListParked(ctx context.Context, pool *pgxpool.Pool) ([]ParkedRow, error) {
 		           WHERE w.published_at IS NULL AND w.parked_at IS NULL
 		             AND w.topic = p.topic AND w.partition_key = p.partition_key AND w.id > p.id) END
 		FROM outbox_messages p
-		WHERE p.parked_at IS NOT NULL
-		ORDER BY p.id`)
+		WHERE p.parked_at IS NOT NULL AND p.id > $1
+		ORDER BY p.id LIMIT nullif($2, 0)`, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing parked rows: %w", err)
 	}

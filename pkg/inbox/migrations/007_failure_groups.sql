@@ -63,11 +63,13 @@ CREATE TABLE inbox_actions (
     done        int         NOT NULL DEFAULT 0, -- redriven or discarded
     skipped     int         NOT NULL DEFAULT 0, -- resolved meanwhile, or applied
     refused     int         NOT NULL DEFAULT 0, -- cannot be redriven (the note says why)
-    state       text        NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'finished')),
+    state       text        NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'stopped', 'finished')),
+    stopped_by  text,
     started_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
-    CHECK ((state = 'finished') = (finished_at IS NOT NULL))
+    CHECK ((state = 'running') = (finished_at IS NULL)),
+    CHECK ((state = 'stopped') = (stopped_by IS NOT NULL))
 );
 CREATE INDEX inbox_actions_consumer ON inbox_actions (consumer, id);
 CREATE INDEX inbox_actions_running ON inbox_actions (id) WHERE state = 'running';

@@ -50,6 +50,10 @@ type Config struct {
 	// ConsoleUsers are the console's logins, "name:role:secret" comma
 	// separated (role viewer or operator). None: loopback clients only.
 	ConsoleUsers string `env:"CONSOLE_USERS"`
+	// ConsoleKey signs the console's forms: replicas behind one address
+	// need the same one, and with it a restart keeps open forms good (32
+	// bytes or more). Unset: random per process.
+	ConsoleKey string `env:"CONSOLE_KEY"`
 	Instance     string `env:"INSTANCE"` // replica name in logs; defaults to host-pid
 	LogLevel     string `env:"LOG_LEVEL" default:"info"`
 	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.

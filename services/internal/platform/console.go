@@ -38,7 +38,10 @@ func newConsole(cfg Config, svc Service, pool *pgxpool.Pool, log *slog.Logger) (
 		return nil, fmt.Errorf("CONSOLE_ADDR %q listens beyond loopback and the console would retry and drop messages for anyone who reaches it: "+
 			"set CONSOLE_USERS (name:role:secret, role viewer or operator) or listen on 127.0.0.1", cfg.ConsoleAddr)
 	}
-	con, err := console.New(console.Config{Pool: pool, Title: svc.Name, Users: users, Logger: log})
+	if cfg.ConsoleKey != "" && len(cfg.ConsoleKey) < 32 {
+		return nil, fmt.Errorf("CONSOLE_KEY: %d bytes; at least 32", len(cfg.ConsoleKey))
+	}
+	con, err := console.New(console.Config{Pool: pool, Title: svc.Name, Users: users, Key: []byte(cfg.ConsoleKey), Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +61,7 @@ func newConsole(cfg Config, svc Service, pool *pgxpool.Pool, log *slog.Logger) (
 // run serves the console and runs its bulk actions until ctx ends.
 func (c *consoleServer) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
+	c.srv.BaseContext = func(net.Listener) context.Context { return gctx } // a page's queries end with the service
 	g.Go(func() error {
 		if err := c.srv.Serve(c.ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("console: %w", err)
@@ -69,7 +73,10 @@ func (c *consoleServer) run(ctx context.Context) error {
 		<-gctx.Done()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return c.srv.Shutdown(shutdownCtx)
+		if err := c.srv.Shutdown(shutdownCtx); err != nil {
+			c.log.Warn("console: pages still open at shutdown were cut off", "error", err)
+		}
+		return nil
 	})
 	return g.Wait()
 }

@@ -26,6 +26,7 @@ func TestConsoleClosedByDefault(t *testing.T) {
 		{Config{ConsoleAddr: "127.0.0.1:0", ConsoleUsers: "alice:admin:0123456789abcdef"}, `role "admin"`},
 		{Config{ConsoleAddr: "127.0.0.1:0", ConsoleUsers: "alice:operator:short"}, "at least 16"},
 		{Config{ConsoleAddr: "127.0.0.1:0", ConsoleUsers: "alice:operator"}, "not name:role:secret"},
+		{Config{ConsoleAddr: "127.0.0.1:0", ConsoleKey: "short"}, "CONSOLE_KEY"},
 	} {
 		_, err := newConsole(c.cfg, svc, nil, log)
 		require.ErrorContains(t, err, c.says, "%+v", c.cfg)
