@@ -54,8 +54,8 @@ type Config struct {
 	// need the same one, and with it a restart keeps open forms good (32
 	// bytes or more). Unset: random per process.
 	ConsoleKey string `env:"CONSOLE_KEY"`
-	Instance     string `env:"INSTANCE"` // replica name in logs; defaults to host-pid
-	LogLevel     string `env:"LOG_LEVEL" default:"info"`
+	Instance   string `env:"INSTANCE"` // replica name in logs; defaults to host-pid
+	LogLevel   string `env:"LOG_LEVEL" default:"info"`
 	// DebugPprof serves Go's profiler at /debug/pprof/ on HTTP_ADDR.
 	DebugPprof bool `env:"DEBUG_PPROF" default:"false"`
 
