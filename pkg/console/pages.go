@@ -133,11 +133,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	var next int64
-	if len(list) > c.cfg.PageSize {
-		list = list[:c.cfg.PageSize]
-		next = list[len(list)-1].ID
-	}
+	list, next := page(list, c.cfg.PageSize, func(q inbox.Quarantined) int64 { return q.ID })
 	var g *inbox.Group
 	found, ok, err := inbox.GetGroup(r.Context(), c.cfg.Pool, consumer, group)
 	if err != nil {
@@ -309,11 +305,7 @@ func (c *Console) actions(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	var next int64
-	if len(list) > c.cfg.PageSize {
-		list = list[:c.cfg.PageSize]
-		next = list[len(list)-1].ID
-	}
+	list, next := page(list, c.cfg.PageSize, func(a inbox.Action) int64 { return a.ID })
 	c.render(w, r, http.StatusOK, "actions", struct {
 		Actions []inbox.Action
 		Next    int64
@@ -341,11 +333,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	var next int64
-	if len(items) > c.cfg.PageSize {
-		items = items[:c.cfg.PageSize]
-		next = items[len(items)-1].QuarantineID
-	}
+	items, next := page(items, c.cfg.PageSize, func(it inbox.ActionItem) int64 { return it.QuarantineID })
 	c.render(w, r, http.StatusOK, "action", struct {
 		Action inbox.Action
 		Items  []inbox.ActionItem
@@ -373,11 +361,7 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	var next int64
-	if len(list) > c.cfg.PageSize {
-		list = list[:c.cfg.PageSize]
-		next = list[len(list)-1].ID
-	}
+	list, next := page(list, c.cfg.PageSize, func(p outbox.ParkedRow) int64 { return p.ID })
 	c.render(w, r, http.StatusOK, "parked", struct {
 		Rows []outbox.ParkedRow
 		Next int64
@@ -399,6 +383,16 @@ func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
 	}
 	c.cfg.Logger.Info("console: action stopped", "action", id, "by", u.Name, "state", a.State, "done", a.Done, "chosen", a.Selected)
 	seeOther(w, "../"+strconv.FormatInt(id, 10))
+}
+
+// page cuts list, read with one row more than size, to size rows, and
+// returns the key of its last row when there is a next page (0 when not).
+func page[T any](list []T, size int, key func(T) int64) ([]T, int64) {
+	if len(list) <= size {
+		return list, 0
+	}
+	list = list[:size]
+	return list, key(list[len(list)-1])
 }
 
 func int64Param(s string) (int64, error) {
