@@ -330,7 +330,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 
 	var paid atomic.Int64
 	hostile := newHostile(sys, h.seed, h.inbox)
-	hostile.keys, hostile.asyncFailover = h.keys, h.p.Failover == "async"
+	hostile.keys = h.keys
 	pgAt := restartPoints(h.p.Orders, h.p.PGRestarts)
 	clusterAt := restartPoints(h.p.Orders, h.p.ClusterRestarts)
 	var failAt []int64
