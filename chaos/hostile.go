@@ -64,16 +64,6 @@ const (
 	forgeTampered = "tampered"
 )
 
-// sendWrongAnswer: no chaos run sends the wrong answer (hostileWrongAnswer)
-// for now. Two runs that sent one (failover-async -standbys 1, seed 7;
-// apache, seed 576740) ended with inventory's decision and its
-// OrderCaptured for that order both missing, their Kafka offsets
-// committed, so nothing disagreed for the auditor to repair; two others
-// (ci seed 11, failover seed 7) repaired it. Until that is understood (a
-// message lost, or a flaw of the class: issue #45's note) the class stays
-// proved by chaos/e2e TestWrongAnswerRefunded and judge TestWrongAnswerOutcome.
-const sendWrongAnswer = false
-
 type hostile struct {
 	sys   *system.System
 	inbox bool // the consumers run their inbox
@@ -225,7 +215,7 @@ func (h *hostile) build(ctx context.Context) error {
 		}
 	}
 	var wrong []hostileMsg
-	if sendWrongAnswer && h.sys.Auditor != nil && h.keys {
+	if h.sys.Auditor != nil && h.keys {
 		lines := []events.Line{{SKU: "unstocked-" + newID()[24:], Quantity: 1}}
 		o, err := h.sys.Client.CreateOrder(ctx, lines)
 		if err == nil {

@@ -144,12 +144,10 @@ type orderView struct {
 	decision   string // "", reserved, rejected
 	rejected   bool   // inventory recorded a rejection
 	unreadable string // why its row could not be read ("": it could)
-	// Each stage is held to the next once it is older than the grace
-	// period: the decision (inventory's decided_at; a decision read from
-	// its rows alone counts as old), the answer applied (orders'
-	// settled_at), the capture recorded (payment_at), the refund asked for
-	// (refund_at).
-	decidedOld, settledOld, paymentOld, refundOld bool
+	// An answer applied (orders' settled_at) longer ago than the grace
+	// period is held to inventory's decision; so is a refund asked for
+	// (refund_at) to its end.
+	settledOld, refundOld bool
 	// salesBefore: the capture was recorded before inventory learnt to
 	// sell (its migration 004): no OrderCaptured was ever published for it.
 	salesBefore bool
@@ -172,14 +170,13 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 			Scan(&salesSince); err != nil {
 			return fmt.Errorf("reading when inventory learnt to sell: %w", err)
 		}
-		rows, err := tx.Query(ctx, `SELECT order_id, decision, decided_at < now() - make_interval(secs => $2) FROM decisions WHERE order_id = ANY($1)`, ids, seconds(d.grace))
+		rows, err := tx.Query(ctx, `SELECT order_id, decision FROM decisions WHERE order_id = ANY($1)`, ids)
 		if err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
 		var id, s string
 		var n int
-		var old bool
-		if _, err := pgx.ForEachRow(rows, []any{&id, &s, &old}, func() error { views[id].decision, views[id].decidedOld = s, old; return nil }); err != nil {
+		if _, err := pgx.ForEachRow(rows, []any{&id, &s}, func() error { views[id].decision = s; return nil }); err != nil {
 			return fmt.Errorf("reading decisions: %w", err)
 		}
 		// decisions is the domain guard's record; what inventory did is in
@@ -214,9 +211,9 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 		switch {
 		case v.decision != "":
 		case len(v.reserved) > 0:
-			v.decision, v.decidedOld = "reserved", true
+			v.decision = "reserved"
 		case v.rejected:
-			v.decision, v.decidedOld = "rejected", true
+			v.decision = "rejected"
 		}
 	}
 	var uuids []string // an id that is no order id is no order of orders
@@ -227,7 +224,6 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 	}
 	rows, err := d.orders.Query(ctx, `SELECT id::text, status, coalesce(payment, ''), lines,
 			coalesce(settled_at < now() - make_interval(secs => $2), false),
-			coalesce(payment_at < now() - make_interval(secs => $2), false),
 			coalesce(payment_at < $3, false),
 			coalesce(refund_at < now() - make_interval(secs => $2), false)
 		FROM orders WHERE id = ANY($1::uuid[])`, uuids, seconds(d.grace), salesSince)
@@ -236,11 +232,11 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 	}
 	var id, status, payment string
 	var raw []byte
-	var settledOld, paymentOld, salesBefore, refundOld bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &status, &payment, &raw, &settledOld, &paymentOld, &salesBefore, &refundOld}, func() error {
+	var settledOld, salesBefore, refundOld bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &status, &payment, &raw, &settledOld, &salesBefore, &refundOld}, func() error {
 		v := views[id]
 		v.found, v.status, v.payment, v.lines = true, status, payment, map[string]int{}
-		v.settledOld, v.paymentOld, v.salesBefore, v.refundOld = settledOld, paymentOld, salesBefore, refundOld
+		v.settledOld, v.salesBefore, v.refundOld = settledOld, salesBefore, refundOld
 		var lines []events.Line
 		if err := json.Unmarshal(raw, &lines); err != nil {
 			v.unreadable = "its lines are not a list of lines: " + err.Error()
@@ -276,7 +272,14 @@ func (d domain) examine(rule func(v *orderView, add func(kind, format string, ar
 }
 
 // orderRule holds a paid order to what both services should have recorded
-// of it by now.
+// of it by now. An order the scan reaches (paid longer ago than the grace
+// period) and whose work is still under way is a finding of a lateness
+// kind (unanswered, answer-unapplied, capture-pending, sale-missing), never
+// nothing: only an open finding's order is examined again (its recheck),
+// so an order let go while in flight would never be looked at again,
+// whatever became of it. A wrong answer orders applied before inventory
+// decided was let go so: inventory's rejection, later, disagreed with it,
+// and nobody looked.
 func orderRule(v *orderView, add func(kind, format string, args ...any)) {
 	switch {
 	case !v.found:
@@ -286,16 +289,22 @@ func orderRule(v *orderView, add func(kind, format string, args ...any)) {
 		return
 	case v.status == "paid" && v.decision == "":
 		add(KindUnanswered, "paid, and inventory has not decided")
-	case v.status == "paid" && v.decidedOld:
+	case v.status == "paid":
 		add(KindAnswerUnapplied, "inventory decided %s; orders has not applied it", v.decision)
-	case v.status == "paid", v.status == "created":
-		return // the answer on its way; or paid_at on an unpaid order: nothing this check can read
+	case v.status == "created":
+		return // paid_at on an unpaid order: nothing this check can read
 	case v.decision == "" && v.settledOld:
 		// Inventory's decision commits before its answer is published:
 		// an answer applied longer ago than the grace period had its
 		// decision in inventory before inventory was read.
 		add(KindAnswerWithoutDecide, "orders says %s (payment %s); inventory never decided", v.status, orNone(v.payment))
-	case v.decision != "" && v.status != v.decision:
+	case v.decision == "":
+		// Applied within the grace period, and no decision read: the two
+		// reads raced an answer, or the answer was not inventory's. Watched
+		// until inventory's decision is read (the answers agree, or they
+		// disagree) or the grace period passes without one.
+		add(KindUnanswered, "orders says %s (payment %s); inventory has not decided", v.status, orNone(v.payment))
+	case v.status != v.decision:
 		add(KindAnswersDisagree, "orders says %s (payment %s); inventory decided %s", v.status, orNone(v.payment), v.decision)
 	}
 	want := map[string]int{}
@@ -310,12 +319,10 @@ func orderRule(v *orderView, add func(kind, format string, args ...any)) {
 	}
 	switch v.payment {
 	case "capturing":
-		if v.settledOld {
-			add(KindCapturePending, "reserved, and its capture has not ended")
-		}
+		add(KindCapturePending, "reserved, and its capture has not ended")
 	case "captured":
 		switch {
-		case len(v.sold) == 0 && v.paymentOld && !v.salesBefore:
+		case len(v.sold) == 0 && !v.salesBefore:
 			add(KindSaleMissing, "captured, and inventory has not sold its units (%s)", units(v.lines))
 		case len(v.sold) > 0 && !maps.Equal(v.sold, v.lines):
 			add(KindWrongSale, "captured; inventory sold %s, its lines are %s", units(v.sold), units(v.lines))

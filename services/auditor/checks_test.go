@@ -403,11 +403,14 @@ func TestHostileRowsDoNotStopACheck(t *testing.T) {
 	require.Equal(t, sorted(want...), w.ever())
 }
 
-// TestLateStagesAreNotFindings: an order late to be answered is a finding;
-// once the answer comes, each next stage (the answer applied, the capture
-// made, the units sold) is given the grace period from its own start, on
-// a recheck too, so a late order raises one finding, not one per stage.
-func TestLateStagesAreNotFindings(t *testing.T) {
+// TestLateOrdersStayWatched: an order the scan reaches while its work is
+// under way is a finding at each stage it is found at, a lateness kind
+// resolved once that stage ends, and examined again until its last stage
+// ends: an order let go in flight is never looked at again. So a wrong
+// answer orders applied before inventory decided (within the grace
+// period) is watched until inventory's rejection disagrees with it, and a
+// capture whose sale never comes stays a finding.
+func TestLateOrdersStayWatched(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	id := w.add(order{status: "paid", lines: c1})
@@ -415,17 +418,23 @@ func TestLateStagesAreNotFindings(t *testing.T) {
 	require.Equal(t, []string{"orders " + id + " " + KindUnanswered}, w.round(a))
 	w.decide(id, "reserved", "1 second")
 	w.rows("reservations", id, c1, "1 second")
-	require.Empty(t, w.round(a), "decided a second ago: orders has the grace period to apply it")
+	require.Equal(t, []string{"orders " + id + " " + KindAnswerUnapplied}, w.round(a), "decided, not applied yet")
 	w.exec(w.orders, `UPDATE orders SET status = 'reserved', payment = 'capturing', settled_at = now() WHERE id = $1`, id)
-	require.Empty(t, w.round(a), "answered a second ago: the capture has the grace period")
+	require.Equal(t, []string{"orders " + id + " " + KindCapturePending}, w.round(a), "answered, not captured yet")
 	w.exec(w.orders, `UPDATE orders SET payment = 'captured', payment_at = now() WHERE id = $1`, id)
-	require.Empty(t, w.round(a), "captured a second ago: the sale has the grace period")
-	require.Equal(t, []string{"orders " + id + " " + KindUnanswered}, w.ever(), "one finding in all, resolved")
-	// Older than the grace period, the missing sale is one.
-	w.exec(w.orders, `UPDATE orders SET payment_at = now() - interval '1 hour' WHERE id = $1`, id)
-	_, err := w.state.Exec(t.Context(), `UPDATE audit_findings SET resolved_at = NULL WHERE entity = $1`, id) // rechecked again
-	require.NoError(t, err)
-	require.Equal(t, []string{"orders " + id + " " + KindSaleMissing}, w.round(a))
+	require.Equal(t, []string{"orders " + id + " " + KindSaleMissing}, w.round(a), "captured, not sold yet")
+	w.rows("fulfilments", id, c1, "0 seconds")
+	require.Empty(t, w.round(a), "sold: its work has ended")
+	require.Equal(t, sorted("orders "+id+" "+KindUnanswered, "orders "+id+" "+KindAnswerUnapplied, "orders "+id+" "+KindCapturePending,
+		"orders "+id+" "+KindSaleMissing), w.ever(), "each stage it was late at, each resolved")
+
+	// A wrong answer, signed as inventory's, applied while inventory is
+	// behind: reserved and captured a moment ago, nothing decided.
+	wrong := w.add(order{status: "paid", lines: c1})
+	w.exec(w.orders, `UPDATE orders SET status = 'reserved', payment = 'captured', settled_at = now(), payment_at = now() WHERE id = $1`, wrong)
+	require.Contains(t, w.round(a), "orders "+wrong+" "+KindUnanswered, "applied an answer inventory has not given")
+	w.decide(wrong, "rejected", "0 seconds")
+	require.Equal(t, []string{"orders " + wrong + " " + KindAnswersDisagree}, w.round(a), "inventory, behind, rejects it")
 }
 
 // TestCapturesBeforeSalesExpectNoSale: an order captured before inventory
