@@ -42,11 +42,9 @@ import (
 // twice. A group of garbage is dropped, with why, and the history shows
 // both actions and who did them.
 //
-// A redrive writes each message back to the topic it came from, through
-// inventory's outbox: the system grants inventory's Kafka principal Write
-// on orders' topic for it (RedriveGrants), which the reference ACLs do not
-// (docs/operate.md, "Redrive and Kafka ACLs"). Without it, inventory's
-// relay cannot publish them and no order settles.
+// A redrive writes each message back through inventory's outbox to its
+// redrive topic (inventory.redrive), under the reference ACLs: inventory
+// may not write orders' topic.
 func TestConsoleInTheBrowser(t *testing.T) {
 	t.Parallel()
 	chrome := chromium(t)
@@ -54,7 +52,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	addr, err := procs.FreeAddr()
 	require.NoError(t, err)
 	alice, vic := "alice:operator:"+secret(t), "vic:viewer:"+secret(t)
-	b := setup(t, system.Options{RedriveGrants: true, EnvFor: map[string][]string{"inventory": {
+	b := setup(t, system.Options{EnvFor: map[string][]string{"inventory": {
 		"BAD_DEPLOY=1", "CONSOLE_ADDR=" + addr, "CONSOLE_USERS=" + alice + "," + vic}}})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

@@ -18,7 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -56,12 +55,6 @@ type Options struct {
 	// (KAFKA_SASL_*, principals someone else made, as docker-compose.yml's
 	// kafka-init does); Start creates none.
 	OwnLogins bool
-	// RedriveGrants also grants each service Write on the topics it
-	// consumes: a redrive (inbox.RetryQuarantined) writes a message back,
-	// through the consumer's outbox, to the topic it came from, which the
-	// reference ACLs (Grants) let only its producer write. Off: a redrive
-	// here stays unpublished in the consumer's outbox (docs/operate.md).
-	RedriveGrants bool
 	// Kafka configures the embedded broker (ignored with KAFKA_BROKERS).
 	Kafka stack.KafkaOptions
 	// Prepare, when set, runs once the databases exist and before anything
@@ -134,7 +127,7 @@ type System struct {
 }
 
 // Topics are the topics the system uses; the embedded broker seeds them.
-var Topics = []string{events.TopicOrders, events.TopicInventory, "orders.dlq", "inventory.dlq"}
+var Topics = []string{events.TopicOrders, events.TopicInventory, "orders.dlq", "inventory.dlq", kafkaconf.RedriveTopic("orders"), kafkaconf.RedriveTopic("inventory")}
 
 // Start builds the services, starts the infrastructure and every replica,
 // and waits until all are ready. On error it stops what it started.
@@ -199,11 +192,7 @@ func Start(ctx context.Context, opts Options) (_ *System, err error) {
 		if opts.OwnLogins {
 			break
 		}
-		grants := Grants(name)
-		if opts.RedriveGrants {
-			grants = append(grants, redriveGrants(name)...)
-		}
-		if s.Logins[name], err = s.Kafka.AddPrincipal(ctx, name, grants...); err != nil {
+		if s.Logins[name], err = s.Kafka.AddPrincipal(ctx, name, Grants(name)...); err != nil {
 			return nil, err
 		}
 	}
@@ -397,23 +386,10 @@ func (s *System) Supervise(ctx context.Context, delay func() time.Duration, onRe
 // Producers names the service whose relay publishes each events topic.
 var Producers = map[string]string{events.TopicOrders: "orders", events.TopicInventory: "inventory"}
 
-// redriveGrants lets service write the topics it consumes, for its
-// redrives (Options.RedriveGrants).
-func redriveGrants(service string) []stack.Grant {
-	var grants []stack.Grant
-	for _, t := range slices.Sorted(maps.Keys(Producers)) {
-		if Producers[t] != service {
-			grants = append(grants, stack.Grant{Resource: sarama.AclResourceTopic, Name: t,
-				Ops: []sarama.AclOperation{sarama.AclOperationWrite}})
-		}
-	}
-	return grants
-}
-
 // Grants are what service's Kafka principal may do, and all it may do
 // (kafkaconf.ServiceGrants): write the topics named "<service>.", read the
-// events topics the other services produce, its own group, the brokers'
-// settings. docker-compose.yml's kafka-init grants the same.
+// events topics the other services produce and its redrive topic, its own
+// groups, the brokers' settings. docker-compose.yml's kafka-init grants the same.
 func Grants(service string) []stack.Grant {
 	var consumes []string
 	for _, t := range slices.Sorted(maps.Keys(Producers)) {

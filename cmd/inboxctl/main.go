@@ -25,7 +25,7 @@
 // outbox, under its original id, in the transaction that marks it redriven
 // (see inbox.RetryQuarantined): fix the handler first, then redrive.
 // discard closes a row without applying it and records who, why and when.
-// Given a group, a kind or -all instead of an ID, redrive and discard act on
+// Given a group, a kind, -holding or -all instead of an ID, redrive and discard act on
 // many messages of one consumer: without -expect they only count them (a
 // dry run); with -expect N -up-to ID, the count and the last id the dry run
 // printed, they record the action and do it in batches, printing progress
@@ -37,7 +37,8 @@
 // message is done once however often it runs.
 // held lists the keys a consumer holds (inbox.Config.OnDeadLetter =
 // HoldKey): the dead letter each waits for and the messages parked behind
-// it; redriving or discarding that dead letter releases them in order.
+// it; redriving or discarding that dead letter releases them in order
+// (-holding: every such dead letter of -consumer at once).
 // breaches lists the breaks in producers' key histories the consumer saw
 // (gaps, rewinds and late messages, newest first; see docs/operate.md,
 // InboxGap and ProducerRewound).
@@ -100,6 +101,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	resolved := fs.Bool("resolved", false, "list: also rows already redriven or discarded")
 	group := fs.String("group", "", "list: only this failure group (inboxctl groups); redrive, discard: its open messages")
 	all := fs.Bool("all", false, "redrive, discard: every open message of -consumer (redrive: of -kind dead_letter)")
+	holding := fs.Bool("holding", false, "redrive, discard: the dead letters of -consumer that hold their keys (held): each releases its parked messages")
 	expect := fs.Int64("expect", -1, "redrive, discard of many: the count the dry run printed; without it, only count")
 	upTo := fs.Int64("up-to", 0, "redrive, discard of many: the last id the dry run counted (it printed it), with -expect")
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
@@ -111,7 +113,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	if err != nil || help {
 		return err
 	}
-	bulk := (cmd == "redrive" || cmd == "discard") && (*all || *group != "" || *kind != "")
+	bulk := (cmd == "redrive" || cmd == "discard") && (*all || *group != "" || *kind != "" || *holding)
 	id, err := idArg(cmd, rest, bulk)
 	if err != nil {
 		return err
@@ -167,7 +169,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			if cmd == "discard" {
 				action = inbox.ActionDrop
 			}
-			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind, UpTo: *upTo}, *expect, *by, *why)
+			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind, Holding: *holding, UpTo: *upTo}, *expect, *by, *why)
 		}
 		if cmd == "discard" {
 			q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)

@@ -439,3 +439,26 @@ func TestMountedUnderAPrefix(t *testing.T) {
 		require.True(t, strings.HasPrefix(ref.Path, "/console/"), "%s leads out of /console/: %s", href[1], ref.Path)
 	}
 }
+
+// TestHeldKeysInBulk: the held-keys page offers an operator one action on
+// every dead letter of a consumer that holds a key (inbox.Selection.Holding),
+// counted first: the dry run counts the holders and no other dead letter.
+func TestHeldKeysInBulk(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice)
+	var ids []string
+	b.quarantine(t, 3, func(int) string { return "handler: poison" }, func(int) string { id := uuid.NewString(); ids = append(ids, id); return id }, []byte(`{}`), nil)
+	for i, id := range ids[:2] { // two of the three hold a key
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO inbox_held_keys (consumer, topic, partition_key, holder) VALUES ($1, 'payments', $2, $3)`,
+			consumer, fmt.Sprintf("key-%d", i), id)
+		require.NoError(t, err)
+	}
+	c := b.as(t, &alice)
+	_, page := c.do(http.MethodGet, "/held", nil)
+	require.Contains(t, page, `name="holding" value="1"`)
+	token := c.csrf("/held")
+	status, page := c.do(http.MethodPost, "/bulk/preview", url.Values{"csrf": {token}, "consumer": {consumer}, "holding": {"1"}, "action": {"retry"}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, `<b id="count">2</b>`, "the holders alone")
+	require.Contains(t, page, `name="holding" value="1"`, "the confirmation keeps the selection")
+}

@@ -228,7 +228,8 @@ func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
 // selection reads a bulk form's selection and action.
 func selection(r *http.Request) (string, inbox.Selection, string, error) {
 	action, why := r.PostFormValue("action"), strings.TrimSpace(r.PostFormValue("why"))
-	s := inbox.Selection{Consumer: r.PostFormValue("consumer"), Group: r.PostFormValue("group"), Kind: r.PostFormValue("kind")}
+	s := inbox.Selection{Consumer: r.PostFormValue("consumer"), Group: r.PostFormValue("group"), Kind: r.PostFormValue("kind"),
+		Holding: r.PostFormValue("holding") == "1"}
 	upTo, err := int64Param(r.PostFormValue("up_to"))
 	if err != nil {
 		return "", s, "", err
@@ -239,8 +240,8 @@ func selection(r *http.Request) (string, inbox.Selection, string, error) {
 		return "", s, "", badRequest("no action %q: %s or %s", clip(action), inbox.ActionRetry, inbox.ActionDrop)
 	case s.Consumer == "":
 		return "", s, "", badRequest("a bulk action is for one consumer")
-	case s.Group == "" && s.Kind == "":
-		return "", s, "", badRequest("a bulk action needs a group or a kind")
+	case s.Group == "" && s.Kind == "" && !s.Holding:
+		return "", s, "", badRequest("a bulk action needs a group, a kind or the keys held")
 	case action == inbox.ActionDrop && why == "":
 		return "", s, "", badRequest("a drop needs why: it is kept as its record")
 	}
@@ -347,7 +348,16 @@ func (c *Console) held(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "held", list)
+	var consumers []string // each with a bulk action on its holders
+	for _, h := range list {
+		if !slices.Contains(consumers, h.Consumer) {
+			consumers = append(consumers, h.Consumer)
+		}
+	}
+	c.render(w, r, http.StatusOK, "held", struct {
+		Keys      []inbox.HeldKey
+		Consumers []string
+	}{list, consumers})
 }
 
 func (c *Console) parked(w http.ResponseWriter, r *http.Request) {

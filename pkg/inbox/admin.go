@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -34,6 +35,10 @@ const (
 const (
 	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
 	RedriveByMetadata = "inbox_redrive_by" // who redrove it
+	// RedriveTopicMetadata is the topic a redrive's copy came from, set
+	// when it is written to the consumer's RedriveTopic. Read only from
+	// that topic, which only the consumer writes.
+	RedriveTopicMetadata = "inbox_redrive_topic"
 	// ReleaseOfMetadata is set, instead, on the parked message a DropQuarantined
 	// writes back in the place of the dead letter that held its key: the
 	// inbox_quarantine id that was discarded.
@@ -163,9 +168,11 @@ type RedriveResult struct {
 	Note        string
 }
 
-// RetryQuarantined writes a dead-lettered message back to the topic it came from,
-// under its original message id, with its original payload, partition key
-// and metadata, so the consumer (its handler fixed meanwhile) applies it.
+// RetryQuarantined writes a dead-lettered message back, under its original
+// message id, with its original payload, partition key and metadata, so the
+// consumer (its handler fixed meanwhile) applies it: to the consumer's
+// Config.RedriveTopic, naming the topic it came from (RedriveTopicMetadata),
+// when its Inbox.Run recorded one, or else to the topic it came from.
 // What is written is what the outbox can carry: a record that had no value
 // goes back with an empty one, and headers that were not text go back as
 // Metadata holds them (RawMetadata keeps them as they arrived).
@@ -179,9 +186,10 @@ type RedriveResult struct {
 //
 // So a redrive happens exactly once or not at all: the message is published
 // if and only if the redrive commits, and, carrying its original id, it is
-// applied at most once per consumer even if published twice. Other consumers
-// of the topic see a redelivery of a message they already applied, which
-// their inboxes suppress.
+// applied at most once per consumer even if published twice. Written back
+// to the topic it came from, other consumers of that topic see a
+// redelivery of a message they already applied, which their inboxes
+// suppress; written to the consumer's redrive topic, nobody else sees it.
 //
 // Redriving a row that is already resolved, or a message the consumer
 // applied meanwhile (its inbox row is 'processed'), changes nothing: the
@@ -265,10 +273,20 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 		}
 		msg.Metadata.Set(RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
 		msg.Metadata.Set(RedriveByMetadata, by)
-		if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, q.Topic, msg); err != nil { // a copy: its producer numbered it
+		to, err := redriveTopic(ctx, tx, q)
+		if err != nil {
 			return err
 		}
-		res.Note = fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, q.Topic)
+		if to != q.Topic {
+			msg.Metadata.Set(RedriveTopicMetadata, q.Topic)
+		}
+		if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, to, msg); err != nil { // a copy: its producer numbered it
+			return err
+		}
+		res.Note = fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, to)
+		if to != q.Topic {
+			res.Note += fmt.Sprintf(" (the consumer's redrive topic; it came from %s)", q.Topic)
+		}
 		if held {
 			// The key stays held until the message, back, is applied; its
 			// parked messages follow it then, in order.
@@ -289,6 +307,18 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 		return RedriveResult{}, err
 	}
 	return res, nil
+}
+
+// redriveTopic is where q's consumer takes its redrives from: its
+// Config.RedriveTopic as its Inbox.Run recorded it, or else the topic q
+// came from.
+func redriveTopic(ctx context.Context, tx pgx.Tx, q Quarantined) (string, error) {
+	var to string
+	err := tx.QueryRow(ctx, `SELECT redrive_topic FROM inbox_consumers WHERE consumer = $1`, q.Consumer).Scan(&to)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("inbox: reading the redrive topic of %s: %w", q.Consumer, err)
+	}
+	return cmp.Or(to, q.Topic), nil
 }
 
 // DropQuarantined closes a quarantined message without applying it, and keeps the

@@ -78,6 +78,10 @@ type Selection struct {
 	Kind      string  `json:"kind,omitempty"`
 	EventType string  `json:"event_type,omitempty"`
 	IDs       []int64 `json:"ids,omitempty"` // only these rows
+	// Holding chooses only the dead letters that hold their key
+	// (Config.OnDeadLetter = HoldKey): retried, each releases its key's
+	// parked messages once applied; dropped, at once.
+	Holding bool `json:"holding,omitempty"`
 	// UpTo, set by DryRun, leaves out the rows quarantined after the dry
 	// run (ids above it).
 	UpTo int64 `json:"up_to,omitempty"`
@@ -92,7 +96,10 @@ func (s Selection) selected() (string, []any) {
 	}
 	return `consumer = $1 AND resolved_at IS NULL AND ($2 = '' OR failure_group = $2) AND ($3 = '' OR kind = $3)
 		AND ($4 = '' OR metadata->>'event_type' = $4) AND ($5::bigint[] IS NULL OR id = ANY($5))
-		AND ($6 = 0 OR id <= $6)`, []any{s.Consumer, s.Group, s.Kind, s.EventType, ids, s.UpTo}
+		AND ($6 = 0 OR id <= $6)
+		AND (NOT $7 OR EXISTS (SELECT 1 FROM inbox_held_keys h WHERE h.consumer = inbox_quarantine.consumer
+			AND h.topic = inbox_quarantine.topic AND h.holder = inbox_quarantine.message_id AND h.state = 'held'))`,
+		[]any{s.Consumer, s.Group, s.Kind, s.EventType, ids, s.UpTo, s.Holding}
 }
 
 func (s Selection) validate() error {
@@ -193,7 +200,7 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 		}
 		where, args := plan.Selection.selected()
 		tag, err := tx.Exec(ctx, `INSERT INTO inbox_action_items (action_id, quarantine_id)
-			SELECT $7, id FROM inbox_quarantine WHERE `+where, append(append([]any{planEachTime}, args...), a.ID)...)
+			SELECT $8, id FROM inbox_quarantine WHERE `+where, append(append([]any{planEachTime}, args...), a.ID)...)
 		if err != nil {
 			return fmt.Errorf("inbox: choosing the messages: %w", err)
 		}

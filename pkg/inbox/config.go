@@ -75,6 +75,20 @@ type Config struct {
 	// DeadLetterTopic is the topic dead letters are published to, through the
 	// outbox, in the transaction that records them. Defaults to Consumer+".dlq".
 	DeadLetterTopic string
+	// RedriveTopic, when set, is where a redrive (RetryQuarantined, a bulk
+	// retry) writes this consumer's dead letters back: a topic of the
+	// consumer's own, which its Kafka principal may write and read, instead
+	// of the producer's topic the message came from, which a consumer
+	// should not be allowed to write. Subscribe the same handler to it, in
+	// a consumer group of its own. A delivery read from it is taken as from
+	// the topic it came from (RedriveTopicMetadata, which the redrive sets)
+	// for everything but its Kafka position: its held key, its continuity,
+	// its envelope, its quarantine row. Verify sees the redrive topic: the
+	// copy goes out through the consumer's own relay, so trust the key that
+	// relay signs with for RedriveTopic. Run records it (inbox_consumers),
+	// where a redrive from any process reads it. Empty: a redrive writes to
+	// the topic the message came from.
+	RedriveTopic string
 
 	// Retention is how long a finished message's inbox row is kept; the sweep
 	// deletes older rows. A message redelivered after its row was swept would
@@ -256,6 +270,7 @@ func (c Config) Validate() error {
 	check.NotNegative(f, "TxTimeout", c.TxTimeout)
 	f.That(c.OnDeadLetter == SkipKey || c.OnDeadLetter == HoldKey, "OnDeadLetter %d is neither SkipKey nor HoldKey", c.OnDeadLetter)
 	f.That(c.OnDeadLetter != HoldKey || !c.disableDedupe, "OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
+	f.That(c.RedriveTopic == "" || c.RedriveTopic != c.DeadLetterTopic, "RedriveTopic %q is the DeadLetterTopic: a redrive would be read as a dead letter's copy", c.RedriveTopic)
 	f.That(c.LogStart == nil || c.Position != nil, "LogStart needs Config.Position: without positions every row goes by age alone")
 	if c.Partitions != nil {
 		f.Also(c.Partitions.withDefaults().validate())

@@ -7,6 +7,7 @@ package inbox
 // these.
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -23,7 +24,8 @@ import (
 // ("" when it can go on): an id the inbox cannot key on or that is not in
 // the issued format, or a payload over the limit.
 func (in *Inbox) read(msg *message.Message) (*delivery, string) {
-	d := &delivery{msg: msg, topic: message.SubscribeTopicFromCtx(msg.Context()), start: time.Now(), sum: sha256.Sum256(msg.Payload)}
+	topic := message.SubscribeTopicFromCtx(msg.Context())
+	d := &delivery{msg: msg, topic: topic, from: topic, start: time.Now(), sum: sha256.Sum256(msg.Payload)}
 	if in.cfg.Position != nil {
 		if p, o, ok := in.cfg.Position(msg); ok {
 			d.part, d.offset = &p, &o
@@ -52,6 +54,18 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 	if in.cfg.Verify != nil {
 		if err := in.cfg.Verify(msg); err != nil {
 			return d, fmt.Sprintf("not authenticated: %v", err)
+		}
+	}
+	if in.cfg.RedriveTopic != "" && d.from == in.cfg.RedriveTopic {
+		// A redrive's copy (admin.go), written by this consumer alone: it
+		// is the message of the topic it came from, read from here.
+		switch orig := msg.Metadata.Get(RedriveTopicMetadata); {
+		case orig == "":
+			return d, fmt.Sprintf("read from the redrive topic %q without the topic it came from (no %s header)", d.from, RedriveTopicMetadata)
+		case orig == d.from || orig == in.cfg.DeadLetterTopic || orig != pgText(orig):
+			return d, fmt.Sprintf("read from the redrive topic %q, it names %q as the topic it came from", d.from, pgText(orig))
+		default:
+			d.topic = orig
 		}
 	}
 	seq, err := readSequence(msg) // continuity.go; after Verify, which covers it
@@ -84,10 +98,14 @@ const maxIDBytes = 1024
 
 // delivery is one message on its way through the middleware.
 type delivery struct {
-	msg      *message.Message
-	id       string
-	topic    string
-	part     *int32 // where its log holds it (Config.Position), nil when unknown
+	msg   *message.Message
+	id    string
+	topic string // the topic it came from: its key's, its producer's
+	// from is the topic it was read from, where its log holds it: topic,
+	// or Config.RedriveTopic for a redrive's copy; "" for a parked message
+	// applied from the inbox's own table (hold.go).
+	from     string
+	part     *int32 // where from's log holds it (Config.Position), nil when unknown
 	offset   *int64
 	sum      [32]byte
 	attempts int // failed attempts recorded so far by this process
@@ -105,6 +123,9 @@ type delivery struct {
 	ticket standby.Ticket
 	marked bool
 }
+
+// logTopic is the topic whose log holds d at part and offset.
+func (d *delivery) logTopic() string { return cmp.Or(d.from, d.topic) }
 
 func (in *Inbox) txContext(d *delivery) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(d.msg.Context()), in.cfg.TxTimeout)

@@ -154,6 +154,9 @@
 // leaves it), and only a UUID id can go back through the outbox: a DropQuarantined
 // whose first parked message has another id releases the key at once, and
 // the key's next delivery applies the parked messages before itself.
+// With Config.RedriveTopic, a redriven message comes back on the
+// consumer's own topic, not its producer's, and releases its key as a
+// message of the topic it came from (RedriveTopicMetadata).
 //
 // Why this is race-free, and what it costs. Every transaction that reads or
 // changes a hold locks its row (inbox_held_keys, FOR UPDATE), then looks at

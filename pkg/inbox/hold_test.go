@@ -387,3 +387,33 @@ func TestHoldKeyParking(t *testing.T) {
 	send(k4, "K", "4")
 	require.Equal(t, []inbox.Outcome{inbox.Applied}, b.events.outcomes(k4), "the key flows again")
 }
+
+// TestBulkReleasesHeldKeys: a bulk action on the dead letters that hold
+// their keys (Selection.Holding) chooses them and no other: a dead letter
+// of an empty key holds nothing and is left; dropping them releases each
+// key, whose parked messages are then applied in order, each once.
+func TestBulkReleasesHeldKeys(t *testing.T) {
+	t.Parallel()
+	h := setupHold(t, inbox.HoldKey, false)
+	a1, b1 := h.publish(t, "A", "poison a"), h.publish(t, "B", "poison b")
+	loose := h.publish(t, "", "poison, no key")
+	h.await(t, "dead_lettered", a1, b1, loose)
+	a2, b2 := h.publish(t, "A", "a2"), h.publish(t, "B", "b2")
+	h.await(t, "parked", a2, b2)
+
+	plan, err := inbox.DryRun(h.ctx, h.pool, inbox.Selection{Consumer: consumer, Holding: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), plan.Count, "the two holders, not the dead letter of no key")
+	started, err := inbox.StartBulk(h.ctx, h.pool, inbox.ActionDrop, plan, "alice", "superseded")
+	require.NoError(t, err)
+	done, err := inbox.RunBulk(h.ctx, h.pool, started.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), done.Done)
+	h.await(t, "processed", a2, b2)
+	require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, a2))
+	require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, b2))
+	open, err := inbox.ListQuarantined(h.ctx, h.pool, inbox.QuarantineFilter{})
+	require.NoError(t, err)
+	require.Len(t, open, 1)
+	require.Equal(t, loose, open[0].MessageID, "the dead letter that held nothing is left")
+}

@@ -87,6 +87,9 @@ func (in *Inbox) Run(ctx context.Context) error {
 	if err := in.checkShapeOnce(ctx); err != nil { // partition.go
 		return err
 	}
+	if err := in.register(ctx); err != nil {
+		return err
+	}
 	if in.cfg.BatchSize > 1 {
 		stop := in.startBatches() // batch.go
 		defer stop()
@@ -96,6 +99,21 @@ func (in *Inbox) Run(ctx context.Context) error {
 	in.sweepEvery(ctx, in.cfg.RetentionInterval) // retention.go
 	return nil
 }
+
+// register records where the consumer takes its redrives from
+// (Config.RedriveTopic), for a redrive from any process to read.
+func (in *Inbox) register(ctx context.Context) error {
+	if _, err := in.cfg.Pool.Exec(ctx, `INSERT INTO inbox_consumers AS c (consumer, redrive_topic) VALUES ($1, $2)
+		ON CONFLICT (consumer) DO UPDATE SET redrive_topic = excluded.redrive_topic, updated_at = now()
+		WHERE c.redrive_topic <> excluded.redrive_topic`, in.cfg.Consumer, in.cfg.RedriveTopic); err != nil {
+		return fmt.Errorf("inbox: recording the redrive topic of %s: %w", in.cfg.Consumer, err)
+	}
+	return nil
+}
+
+// RedriveTopic returns Config.RedriveTopic: subscribe the inbox's handler
+// to it too when it is set.
+func (in *Inbox) RedriveTopic() string { return in.cfg.RedriveTopic }
 
 // Running reports whether Run is running and its batch workers take
 // deliveries: for a readiness check, or a test that must not deliver before.

@@ -111,6 +111,32 @@ func TestSweepKeepsWhatKafkaHolds(t *testing.T) {
 	}
 }
 
+// TestCopiesOnTwoTopicsGoByAge: a message whose copies came on two topics
+// (a redrive's copy on the consumer's redrive topic, the original on its
+// producer's) at the same partition number has no one position a log
+// start can pass: its row goes by age alone (partition -1), not by the
+// first topic's offset, which the other topic's log start says nothing of.
+func TestCopiesOnTwoTopicsGoByAge(t *testing.T) {
+	t.Parallel()
+	suffix := watermill.NewShortUUID()
+	first, second := "inbox-copies-a-"+suffix, "inbox-copies-b-"+suffix
+	require.NoError(t, kfk.CreateTopics(context.Background(), 1, first, second))
+	in, b := setup(t, inbox.Config{Position: inboxkafka.Position})
+	pub := consumeThroughKafka(t, b, in, first, first)
+	consumeThroughKafka(t, b, in, second, second)
+	m := outbox.NewMessage("k", []byte("m"))
+	require.NoError(t, pub.Publish(first, outbox.NewMessage("k", []byte("x")), outbox.NewMessage("k", []byte("y")), m)) // m at offset 2
+	eventually(t, func() bool { return scalar[int](t, b, `SELECT count(*) FROM inbox_messages`) == 3 }, 20*time.Second, "three applied", b.events.count)
+	copied := message.NewMessage(m.UUID, m.Payload)
+	copied.Metadata.Set(outbox.KeyMetadata, "k")
+	require.NoError(t, pub.Publish(second, copied)) // its copy at offset 0 of the other topic
+	eventually(t, func() bool {
+		return scalar[int](t, b, `SELECT duplicates FROM inbox_messages WHERE message_id = $1`, m.UUID) == 1
+	}, 20*time.Second, "the copy suppressed", b.events.count)
+	require.Equal(t, int32(-1), scalar[int32](t, b, `SELECT kafka_partition FROM inbox_messages WHERE message_id = $1`, m.UUID),
+		"copies on two topics: swept by age alone")
+}
+
 // consumeThroughKafka runs a Watermill router that consumes topic as group
 // through in's middleware into b's handler, until the test ends, and returns
 // a publisher onto Kafka.

@@ -257,7 +257,7 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 	parts := make([]*int32, len(ds))
 	offsets := make([]*int64, len(ds))
 	for j, i := range order {
-		ids[j], sums[j], topics[j] = ds[i].id, ds[i].sum[:], ds[i].topic
+		ids[j], sums[j], topics[j] = ds[i].id, ds[i].sum[:], ds[i].logTopic()
 		parts[j], offsets[j] = ds[i].part, ds[i].offset
 	}
 	var rows pgx.Rows
@@ -357,7 +357,8 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 // recordCopy notes another copy of d's message on its inbox row, adding dup
 // to its duplicates: the row stays while Kafka holds any copy this consumer
 // saw (Config.LogStart), so it keeps the highest offset, or -1 for the
-// partition when copies came on several partitions (swept by age alone).
+// partition when copies came on several partitions, of one topic or of two
+// (a redrive's copy on Config.RedriveTopic): swept by age alone.
 // The count stops at the int column's maximum: a counter that overflowed
 // would fail the statement and send the copy back forever.
 //
@@ -367,14 +368,14 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 func (in *Inbox) recordCopy(ctx context.Context, tx pgx.Tx, d *delivery, dup int) error {
 	update := `
 		UPDATE inbox_messages SET duplicates = least(duplicates::bigint + $5, 2147483647),
-			kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 THEN kafka_partition ELSE -1 END,
-			kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
-		WHERE consumer = $1 AND message_id = $2` + in.rowTime(d.id, 6)
+			kafka_partition = CASE WHEN $3::int IS NULL OR kafka_partition IS NULL OR kafka_partition = $3 AND topic = $6 THEN kafka_partition ELSE -1 END,
+			kafka_offset = CASE WHEN $3::int IS NOT NULL AND kafka_partition = $3 AND topic = $6 THEN greatest(kafka_offset, $4::bigint) ELSE kafka_offset END
+		WHERE consumer = $1 AND message_id = $2` + in.rowTime(d.id, 7)
 	if in.cfg.Partitions != nil {
 		update = `WITH u AS (` + update + ` RETURNING tableoid)
 			DELETE FROM inbox_partitions_cleared pc USING u, pg_class c WHERE c.oid = u.tableoid AND pc.partition = c.relname::text`
 	}
-	_, err := tx.Exec(ctx, update, in.rowArgs(d.id, in.cfg.Consumer, d.id, d.part, d.offset, dup)...)
+	_, err := tx.Exec(ctx, update, in.rowArgs(d.id, in.cfg.Consumer, d.id, d.part, d.offset, dup, d.logTopic())...)
 	return err
 }
 

@@ -18,51 +18,84 @@ import (
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
 
-// consumer is the Kafka consumer in front of the inbox: watermill-kafka's
-// subscriber in the service's consumer group, the router that hands its
-// messages to the inbox, and the watchdog that notices a partition it
-// holds and never delivers.
+// consumer is the Kafka consumer in front of the inbox: the router that
+// hands its messages to the inbox, and its feeds.
 type consumer struct {
+	router *message.Router
+	feeds  []feed
+}
+
+// feed is one topic the consumer reads, in a consumer group of its own:
+// watermill-kafka's subscriber, and the watchdog that notices a partition
+// it holds and never delivers.
+type feed struct {
+	topic      string
 	subscriber *kafka.Subscriber
-	router     *message.Router
 	watchdog   *inboxkafka.Watchdog
 }
 
+// newConsumer reads the service's topic in the service's consumer group,
+// and its redrive topic in a group of that name.
 func newConsumer(cfg Config, svc Service, mtr *metrics, log *slog.Logger) (consumer, error) {
+	wlog := newWatermillLogger(log)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return consumer{}, err
+	}
+	var c consumer
+	for _, f := range []struct{ group, topic, client string }{
+		{svc.Name, svc.Topic, svc.Name + "-consumer-" + cfg.Instance},
+		{kafkaconf.RedriveTopic(svc.Name), kafkaconf.RedriveTopic(svc.Name), svc.Name + "-redrive-" + cfg.Instance},
+	} {
+		fd, err := newFeed(cfg, f.group, f.topic, clientID(f.client), mtr, log)
+		if err != nil {
+			c.close()
+			return consumer{}, err
+		}
+		c.feeds = append(c.feeds, fd)
+	}
+	c.router = router
+	return c, nil
+}
+
+func newFeed(cfg Config, group, topic, client string, mtr *metrics, log *slog.Logger) (feed, error) {
 	conf := kafkaconf.Sarama()
 	// Each replica's consumer names itself, so a group's description (and
 	// the lag an operator reads) says which replica holds a partition.
-	conf.ClientID = clientID(svc.Name + "-consumer-" + cfg.Instance)
+	conf.ClientID = client
 	conf.Consumer.Offsets.AutoCommit.Interval = cfg.KafkaCommitInterval
 	conf.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
 	conf.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 3
 	conf.Consumer.Group.Rebalance.Timeout = cfg.KafkaRebalanceTimeout
 	conf.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
-	wlog := newWatermillLogger(log)
 	subscriber, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: cfg.KafkaBrokers, Unmarshaler: marshaler(), OverwriteSaramaConfig: conf,
-		ConsumerGroup: svc.Name,
-	}, wlog)
+		ConsumerGroup: group,
+	}, newWatermillLogger(log))
 	if err != nil {
-		return consumer{}, fmt.Errorf("creating kafka subscriber: %w", err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
-	if err != nil {
-		return consumer{}, err
+		return feed{}, fmt.Errorf("creating kafka subscriber for %s: %w", topic, err)
 	}
 	// A partition this replica holds with records waiting and none of them
 	// reaching the handler is a stall nothing else reports.
 	watchdog, err := inboxkafka.NewWatchdog(inboxkafka.WatchdogConfig{
-		Brokers: cfg.KafkaBrokers, Sarama: kafkaconf.Sarama(), Group: svc.Name, Topic: svc.Topic, ClientID: conf.ClientID,
-		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(svc.Name, svc.Topic),
+		Brokers: cfg.KafkaBrokers, Sarama: kafkaconf.Sarama(), Group: group, Topic: topic, ClientID: client,
+		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(group, topic),
 	})
 	if err != nil {
-		return consumer{}, err
+		subscriber.Close()
+		return feed{}, err
 	}
-	return consumer{subscriber: subscriber, router: router, watchdog: watchdog}, nil
+	return feed{topic: topic, subscriber: subscriber, watchdog: watchdog}, nil
 }
 
-// watchStalls runs the consumer's stall watchdog until ctx ends. A stall
+// close closes the subscribers of a consumer that will not run.
+func (c consumer) close() {
+	for _, f := range c.feeds {
+		f.subscriber.Close()
+	}
+}
+
+// watchStalls runs a feed's stall watchdog until ctx ends. A stall
 // ends the service: its goroutines are written to stderr (where the claim
 // or the delivery waits), and Run returns the error, so the process exits
 // and its supervisor starts it again with a new group session.

@@ -121,8 +121,8 @@ func Run(ctx context.Context, cfg Config, svc Service) error {
 	if err != nil {
 		return err
 	}
-	mtr := newMetrics(pool, log)               // metrics.go
-	signing, err := newSigning(cfg, svc.Topic) // signing.go
+	mtr := newMetrics(pool, log)                                                 // metrics.go
+	signing, err := newSigning(cfg, svc.Topic, kafkaconf.RedriveTopic(svc.Name)) // signing.go
 	if err != nil {
 		return err
 	}
@@ -291,9 +291,9 @@ func marshaler() kafka.MarshalerUnmarshaler {
 // incoming is what the service receives: the inbox, behind a router
 // consuming the service's topic, and the consumer's stall watchdog.
 type incoming struct {
-	inbox    *inbox.Inbox
-	router   *message.Router
-	watchdog *inboxkafka.Watchdog
+	inbox     *inbox.Inbox
+	router    *message.Router
+	watchdogs []*inboxkafka.Watchdog // a feed's each (consumer.go)
 }
 
 // newIncoming makes the inbox and the Kafka consumer that feeds it.
@@ -307,13 +307,14 @@ func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *in
 		MaxAttempts: cfg.InboxMaxAttempts, RetryBackoff: cfg.InboxRetryBackoff, MaxPayloadBytes: cfg.InboxMaxPayloadBytes,
 		BatchSize: cfg.InboxBatchSize, BatchWorkers: cfg.InboxBatchWorkers, BatchLinger: cfg.InboxBatchLinger,
 		Retention: cfg.InboxRetention, Partitions: partitions,
-		CheckID:   inbox.CanonicalUUID,                   // pkg/outbox issues UUIDv7s: one spelling per id
-		Verify:    signing.verify,                        // TRUSTED_KEYS: only what a trusted producer signed
-		Envelope:  svc.Envelope,                          // and whose record says what its payload says
-		Key:       inboxkafka.Key,                        // the Kafka record's key, which placed it
-		Position:  inboxkafka.Position,                   // each row records where Kafka holds its message
-		LogStart:  logStart(cfg.KafkaBrokers, svc.Topic), // and stays while Kafka holds it
-		OnOutcome: mtr.onOutcome(logOutcome(log)),        // metrics, then the log
+		CheckID:      inbox.CanonicalUUID,                                                     // pkg/outbox issues UUIDv7s: one spelling per id
+		Verify:       signing.verify,                                                          // TRUSTED_KEYS: only what a trusted producer signed
+		Envelope:     svc.Envelope,                                                            // and whose record says what its payload says
+		Key:          inboxkafka.Key,                                                          // the Kafka record's key, which placed it
+		Position:     inboxkafka.Position,                                                     // each row records where Kafka holds its message
+		LogStart:     logStart(cfg.KafkaBrokers, svc.Topic, kafkaconf.RedriveTopic(svc.Name)), // and stays while Kafka holds it
+		RedriveTopic: kafkaconf.RedriveTopic(svc.Name),                                        // consumer.go: a redrive comes back on a topic of the service's own
+		OnOutcome:    mtr.onOutcome(logOutcome(log)),                                          // metrics, then the log
 	}))
 	if err != nil {
 		return incoming{}, err
@@ -332,11 +333,15 @@ func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *in
 		return incoming{}, err
 	}
 	apply := ibx.Handler(withBadDeploy(cfg, svc.Apply(cfg)))
-	consumer.router.AddConsumerHandler(svc.Name+"."+svc.Topic, svc.Topic, consumer.subscriber, func(msg *message.Message) error {
-		mtr.handling(msg) // for commit-to-apply latency
-		return apply(msg)
-	}).AddMiddleware(consumer.watchdog.Middleware)
-	return incoming{inbox: ibx, router: consumer.router, watchdog: consumer.watchdog}, nil
+	in := incoming{inbox: ibx, router: consumer.router}
+	for _, f := range consumer.feeds { // the service's topic, and its redrive topic
+		consumer.router.AddConsumerHandler(svc.Name+"."+f.topic, f.topic, f.subscriber, func(msg *message.Message) error {
+			mtr.handling(msg) // for commit-to-apply latency
+			return apply(msg)
+		}).AddMiddleware(f.watchdog.Middleware)
+		in.watchdogs = append(in.watchdogs, f.watchdog)
+	}
+	return in, nil
 }
 
 // newHTTP makes the service's HTTP server: health, readiness, stats,
@@ -419,7 +424,9 @@ func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in 
 		return nil
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, out.relay, pool, out.publisher, wlog) })
-	g.Go(func() error { return watchStalls(gctx, in.watchdog, log) })
+	for _, w := range in.watchdogs {
+		g.Go(func() error { return watchStalls(gctx, w, log) })
+	}
 	g.Go(func() error { return primary.run(gctx, pool, time.Second) })
 	for _, e := range effects {
 		if e.Run != nil {
@@ -431,7 +438,7 @@ func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in 
 		// swept before Kafka's retention is known to be covered (a retention
 		// it outlasts stops the service); until then deliveries are applied
 		// one transaction each.
-		if err := checkRetention(gctx, cfg, svc.Topic, log); err != nil || gctx.Err() != nil {
+		if err := checkRetention(gctx, cfg, log, svc.Topic, kafkaconf.RedriveTopic(svc.Name)); err != nil || gctx.Err() != nil {
 			return err
 		}
 		return in.inbox.Run(gctx)
@@ -450,26 +457,26 @@ func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in 
 	return err
 }
 
-// logStart reads the consumed topic's log-start offsets for the inbox
+// logStart reads the consumed topics' log-start offsets for the inbox
 // sweep (inbox.Config.LogStart), with a client of its own each time: the
 // sweep runs once a minute.
-func logStart(brokers []string, topic string) func(context.Context) (inbox.LogStart, error) {
+func logStart(brokers []string, topics ...string) func(context.Context) (inbox.LogStart, error) {
 	return func(context.Context) (inbox.LogStart, error) {
 		client, err := sarama.NewClient(brokers, kafkaconf.Sarama())
 		if err != nil {
 			return nil, err
 		}
 		defer client.Close()
-		return inboxkafka.ReadLogStart(client, topic)
+		return inboxkafka.ReadLogStart(client, topics...)
 	}
 }
 
-// checkRetention returns an error when Kafka keeps the consumed topic
+// checkRetention returns an error when Kafka keeps a consumed topic
 // longer than the inbox keeps its rows (see inboxkafka.CheckRetention), and nil
 // once it is covered or ctx ends. It runs beside the consumer, not before
 // it, so a broker that is slow to answer (starting, or behind a network
 // fault) does not hold up a restart; reading is retried until it answers.
-func checkRetention(ctx context.Context, cfg Config, topic string, log *slog.Logger) error {
+func checkRetention(ctx context.Context, cfg Config, log *slog.Logger, topics ...string) error {
 	retention := cfg.InboxRetention
 	if retention == 0 {
 		retention = inbox.DefaultRetention // what the inbox keeps when the service gives 0
@@ -482,7 +489,7 @@ func checkRetention(ctx context.Context, cfg Config, topic string, log *slog.Log
 				return inboxkafka.Retention{}, err
 			}
 			defer admin.Close()
-			return inboxkafka.CheckRetention(admin, retention, topic)
+			return inboxkafka.CheckRetention(admin, retention, topics...)
 		}()
 		switch {
 		case errors.Is(err, inboxkafka.ErrRetentionTooShort):
@@ -494,7 +501,7 @@ func checkRetention(ctx context.Context, cfg Config, topic string, log *slog.Log
 				"kafka_horizon", horizon.String(), "offsets_retention", k.OffsetsRetention.String())
 			return nil
 		}
-		log.Warn("reading the topic's retention from Kafka; the inbox sweep waits for it", "topic", topic, "err", err, "retry_in", wait.String())
+		log.Warn("reading the topics' retention from Kafka; the inbox sweep waits for it", "topics", strings.Join(topics, ","), "err", err, "retry_in", wait.String())
 		select {
 		case <-ctx.Done():
 			return nil

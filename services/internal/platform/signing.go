@@ -13,14 +13,15 @@ import (
 
 // signing is what SIGNING_KEY and TRUSTED_KEYS turn on: the relay signs with
 // the service's key, the inbox verifies what it consumes from topic against
-// the trusted keys and the service's own (an operator's redrive goes out
-// through the service's own relay, signed with its key).
+// the trusted keys, and what it reads from its redrive topic against the
+// service's own (an operator's redrive goes out through the service's own
+// relay, signed with its key; the producers' topics never carry it).
 type signing struct {
 	sign   *signature.Key
 	verify func(*message.Message) error
 }
 
-func newSigning(cfg Config, topic string) (signing, error) {
+func newSigning(cfg Config, topic, redrive string) (signing, error) {
 	var s signing
 	var trusted []signature.Trusted
 	if cfg.SigningKey != "" {
@@ -30,7 +31,7 @@ func newSigning(cfg Config, topic string) (signing, error) {
 		}
 		s.sign = &k
 		if len(cfg.TrustedKeys) > 0 {
-			trusted = append(trusted, signature.Trusted{Key: k, Topics: []string{topic}})
+			trusted = append(trusted, signature.Trusted{Key: k, Topics: []string{redrive}})
 		}
 	}
 	for _, raw := range cfg.TrustedKeys {

@@ -19,22 +19,29 @@ type Grant struct {
 // ClusterResource is the name Kafka gives the cluster resource in ACLs.
 const ClusterResource = "kafka-cluster"
 
+// RedriveTopic is where a service's redrives come back (inbox.Config.
+// RedriveTopic): a topic of its own, read by the consumer group of the
+// same name.
+func RedriveTopic(service string) string { return service + ".redrive" }
+
 // ServiceGrants are what a service of the example system may do on Kafka:
 // write the topics named after it ("<service>.": its events, its dead
-// letters, the chaos harness's probe stream), read each topic it consumes
-// and that topic's settings (the inbox checks its retention against
-// Kafka's), join and commit its own consumer group (named as the service),
-// and read the brokers' settings. Another service's topic is not among
-// them: a service that writes where it may not is refused by the broker.
+// letters, its redrives, the chaos harness's probe stream), read each topic
+// it consumes and its redrive topic, and their settings (the inbox checks
+// its retention against Kafka's), join and commit its own consumer groups
+// (named as the service, and as its redrive topic), and read the brokers'
+// settings. Another service's topic is not among them: a service that
+// writes where it may not is refused by the broker.
 func ServiceGrants(service string, consumes ...string) []Grant {
 	grants := []Grant{{Resource: sarama.AclResourceTopic, Name: service + ".", Prefixed: true,
 		Ops: []sarama.AclOperation{sarama.AclOperationWrite, sarama.AclOperationDescribe}}}
-	for _, t := range consumes {
+	for _, t := range append(consumes, RedriveTopic(service)) {
 		grants = append(grants, Grant{Resource: sarama.AclResourceTopic, Name: t,
 			Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}})
 	}
 	return append(grants,
 		Grant{Resource: sarama.AclResourceGroup, Name: service, Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe}},
+		Grant{Resource: sarama.AclResourceGroup, Name: RedriveTopic(service), Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe}},
 		Grant{Resource: sarama.AclResourceCluster, Name: ClusterResource, Ops: []sarama.AclOperation{sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}},
 	)
 }

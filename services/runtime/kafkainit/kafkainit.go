@@ -83,7 +83,7 @@ func Grants(name string) []kafkaconf.Grant {
 func Parse(args []string, getenv func(string) string) (Plan, error) {
 	fs := flag.NewFlagSet("kafka-init", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	topics := fs.String("topics", strings.Join([]string{events.TopicOrders, events.TopicInventory, "orders.dlq", "inventory.dlq"}, ","), "topics to create, comma-separated")
+	topics := fs.String("topics", strings.Join([]string{events.TopicOrders, events.TopicInventory, "orders.dlq", "inventory.dlq", kafkaconf.RedriveTopic("orders"), kafkaconf.RedriveTopic("inventory")}, ","), "topics to create, comma-separated")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
 	rf := fs.Int("replication-factor", 1, "replicas of each partition")
 	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the cluster")

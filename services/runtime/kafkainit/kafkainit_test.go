@@ -52,7 +52,7 @@ func TestParse(t *testing.T) {
 	}
 	// No superuser: topics only.
 	p, err = Parse(nil, env(map[string]string{"KAFKA_BROKERS": "k:1"}))
-	if err != nil || len(p.Principals) != 0 || len(p.Topics) != 4 {
+	if err != nil || len(p.Principals) != 0 || len(p.Topics) != 6 {
 		t.Errorf("no login: %+v, %v", p, err)
 	}
 }
