@@ -21,8 +21,8 @@
 // groups lists the failure groups of the open messages: those that failed
 // alike (kind, reason with its ids and numbers masked, event type, producer
 // key), the largest first; see inbox.ListGroups.
-// redrive writes a dead letter back to its topic through the consumer's
-// outbox, under its original id, in the transaction that marks it redriven
+// redrive writes a dead letter back through the consumer's outbox (to its
+// redrive topic, or the topic it came from), under its original id, in the transaction that marks it redriven
 // (see inbox.RetryQuarantined): fix the handler first, then redrive.
 // discard closes a row without applying it and records who, why and when.
 // Given a group, a kind, -holding or -all instead of an ID, redrive and discard act on
