@@ -15,11 +15,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/console"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
@@ -461,4 +463,50 @@ func TestHeldKeysInBulk(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, page)
 	require.Contains(t, page, `<b id="count">2</b>`, "the holders alone")
 	require.Contains(t, page, `name="holding" value="1"`, "the confirmation keeps the selection")
+}
+
+// TestParkedRowsInBulk: the parked page offers an operator one action on
+// every parked row of a topic, counted first; confirmed, it unparks them
+// (the relay sends them again) and is in the history, its items outbox
+// rows, not messages.
+func TestParkedRowsInBulk(t *testing.T) {
+	t.Parallel()
+	b := setup(t, alice)
+	for range 3 {
+		require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			return outbox.PublishTx(b.ctx, tx, "payments.events", outbox.NewMessage("k", []byte("too large")))
+		}))
+	}
+	_, err := b.pool.Exec(b.ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'record too large'`)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.con.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	c := b.as(t, &alice)
+	_, page := c.do(http.MethodGet, "/parked", nil)
+	require.Contains(t, page, `name="parked" value="1"`)
+	token := c.csrf("/parked")
+	status, page := c.do(http.MethodPost, "/bulk/preview", url.Values{"csrf": {token}, "consumer": {"billing"}, "parked": {"1"}, "topic": {"payments.events"}, "action": {"retry"}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, `<b id="count">3</b>`)
+	form := url.Values{"csrf": {token}}
+	for _, f := range regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`).FindAllStringSubmatch(page, -1) {
+		form.Set(f[1], f[2])
+	}
+	require.Equal(t, "1", form.Get("parked"), "the confirmation keeps the selection")
+	status, page = c.do(http.MethodPost, "/bulk/start", form)
+	require.Equal(t, http.StatusOK, status, page)
+	id := regexp.MustCompile(`<h1>Action (\d+):`).FindStringSubmatch(page)
+	require.NotNil(t, id, page)
+	a, err := inbox.RunBulk(b.ctx, b.pool, mustInt(t, id[1]), inbox.BulkOptions{}) // or the console's Run: each row once either way
+	require.NoError(t, err)
+	require.Equal(t, int64(3), a.Done+a.Skipped)
+	var stillParked int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox_messages WHERE parked_at IS NOT NULL`).Scan(&stillParked))
+	require.Zero(t, stillParked)
+	_, page = c.do(http.MethodGet, "/actions/"+id[1], nil)
+	require.Contains(t, page, "<th>outbox row</th>")
+	require.NotContains(t, page, `href="../messages/`)
 }

@@ -229,7 +229,7 @@ func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
 func selection(r *http.Request) (string, inbox.Selection, string, error) {
 	action, why := r.PostFormValue("action"), strings.TrimSpace(r.PostFormValue("why"))
 	s := inbox.Selection{Consumer: r.PostFormValue("consumer"), Group: r.PostFormValue("group"), Kind: r.PostFormValue("kind"),
-		Holding: r.PostFormValue("holding") == "1"}
+		Holding: r.PostFormValue("holding") == "1", Parked: r.PostFormValue("parked") == "1", Topic: r.PostFormValue("topic")}
 	upTo, err := int64Param(r.PostFormValue("up_to"))
 	if err != nil {
 		return "", s, "", err
@@ -240,8 +240,8 @@ func selection(r *http.Request) (string, inbox.Selection, string, error) {
 		return "", s, "", badRequest("no action %q: %s or %s", clip(action), inbox.ActionRetry, inbox.ActionDrop)
 	case s.Consumer == "":
 		return "", s, "", badRequest("a bulk action is for one consumer")
-	case s.Group == "" && s.Kind == "" && !s.Holding:
-		return "", s, "", badRequest("a bulk action needs a group, a kind or the keys held")
+	case s.Group == "" && s.Kind == "" && !s.Holding && !s.Parked:
+		return "", s, "", badRequest("a bulk action needs a group, a kind, the keys held or the parked rows")
 	case action == inbox.ActionDrop && why == "":
 		return "", s, "", badRequest("a drop needs why: it is kept as its record")
 	}
@@ -372,10 +372,18 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	list, next := page(list, c.cfg.PageSize, func(p outbox.ParkedRow) int64 { return p.ID })
+	var topics []string // each with a bulk action on its parked rows
+	for _, p := range list {
+		if !slices.Contains(topics, p.Topic) {
+			topics = append(topics, p.Topic)
+		}
+	}
 	c.render(w, r, http.StatusOK, "parked", struct {
-		Rows []outbox.ParkedRow
-		Next int64
-	}{list, next})
+		Rows     []outbox.ParkedRow
+		Next     int64
+		Topics   []string
+		Consumer string // the history's name for this database's outbox: the console's title
+	}{list, next, topics, c.cfg.Title})
 }
 
 // stop stops a running action (inbox.StopBulk).

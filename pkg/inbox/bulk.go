@@ -71,7 +71,9 @@ var (
 )
 
 // Selection chooses the open quarantined messages of one consumer that a
-// bulk action acts on. Empty fields choose everything.
+// bulk action acts on, or, with Parked, the parked rows of the outbox in
+// its database (the relay's, pkg/outbox park.go). Empty fields choose
+// everything.
 type Selection struct {
 	Consumer  string  `json:"consumer"`
 	Group     string  `json:"group,omitempty"` // a failure group's ID
@@ -82,19 +84,30 @@ type Selection struct {
 	// (Config.OnDeadLetter = HoldKey): retried, each releases its key's
 	// parked messages once applied; dropped, at once.
 	Holding bool `json:"holding,omitempty"`
+	// Parked chooses parked outbox rows instead (of Topic, when set; IDs
+	// are then outbox row ids): a retry unparks each (outbox.RetryParked),
+	// a drop moves it to outbox_dropped with who and why
+	// (outbox.DropParked). Group, Kind, EventType and Holding do not apply.
+	Parked bool   `json:"parked,omitempty"`
+	Topic  string `json:"topic,omitempty"`
 	// UpTo, set by DryRun, leaves out the rows quarantined after the dry
 	// run (ids above it).
 	UpTo int64 `json:"up_to,omitempty"`
 }
 
-// selected is the WHERE clause of a Selection, over inbox_quarantine, with
-// its arguments from $1.
-func (s Selection) selected() (string, []any) {
+// selected is the table a Selection chooses from (inbox_quarantine, or
+// outbox_messages for parked rows) and its WHERE clause, with its
+// arguments from $1.
+func (s Selection) selected() (string, string, []any) {
 	var ids []int64 // nil, NULL, when none: every id
 	if len(s.IDs) > 0 {
 		ids = s.IDs
 	}
-	return `consumer = $1 AND resolved_at IS NULL AND ($2 = '' OR failure_group = $2) AND ($3 = '' OR kind = $3)
+	if s.Parked {
+		return "outbox_messages", `parked_at IS NOT NULL AND ($1 = '' OR topic = $1) AND ($2::bigint[] IS NULL OR id = ANY($2))
+			AND ($3 = 0 OR id <= $3)`, []any{s.Topic, ids, s.UpTo}
+	}
+	return "inbox_quarantine", `consumer = $1 AND resolved_at IS NULL AND ($2 = '' OR failure_group = $2) AND ($3 = '' OR kind = $3)
 		AND ($4 = '' OR metadata->>'event_type' = $4) AND ($5::bigint[] IS NULL OR id = ANY($5))
 		AND ($6 = 0 OR id <= $6)
 		AND (NOT $7 OR EXISTS (SELECT 1 FROM inbox_held_keys h WHERE h.consumer = inbox_quarantine.consumer
@@ -103,8 +116,13 @@ func (s Selection) selected() (string, []any) {
 }
 
 func (s Selection) validate() error {
-	if strings.TrimSpace(s.Consumer) == "" {
+	switch {
+	case strings.TrimSpace(s.Consumer) == "":
 		return errors.New("inbox: a selection needs its consumer")
+	case s.Parked && (s.Group != "" || s.Kind != "" || s.EventType != "" || s.Holding):
+		return errors.New("inbox: a selection of parked rows takes a topic and ids, not a group, kind, event type or held keys")
+	case !s.Parked && s.Topic != "":
+		return errors.New("inbox: a topic selects parked rows (Selection.Parked)")
 	}
 	return nil
 }
@@ -121,10 +139,10 @@ func DryRun(ctx context.Context, pool *pgxpool.Pool, s Selection) (Plan, error) 
 	if err := s.validate(); err != nil {
 		return Plan{}, err
 	}
-	where, args := s.selected()
+	table, where, args := s.selected()
 	var upTo *int64
 	var n int64
-	err := pool.QueryRow(ctx, `SELECT count(*), max(id) FROM inbox_quarantine WHERE `+where,
+	err := pool.QueryRow(ctx, `SELECT count(*), max(id) FROM `+table+` WHERE `+where,
 		append([]any{planEachTime}, args...)...).Scan(&n, &upTo)
 	if err != nil {
 		return Plan{}, fmt.Errorf("inbox: counting the selection: %w", err)
@@ -198,9 +216,9 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 		if err != nil {
 			return fmt.Errorf("inbox: recording the action: %w", err)
 		}
-		where, args := plan.Selection.selected()
-		tag, err := tx.Exec(ctx, `INSERT INTO inbox_action_items (action_id, quarantine_id)
-			SELECT $8, id FROM inbox_quarantine WHERE `+where, append(append([]any{planEachTime}, args...), a.ID)...)
+		table, where, args := plan.Selection.selected()
+		tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO inbox_action_items (action_id, quarantine_id)
+			SELECT $%d, id FROM %s WHERE %s`, len(args)+1, table, where), append(append([]any{planEachTime}, args...), a.ID)...)
 		if err != nil {
 			return fmt.Errorf("inbox: choosing the messages: %w", err)
 		}
@@ -345,6 +363,9 @@ func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note st
 }
 
 func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note string, err error) {
+	if a.Selection.Parked {
+		return a.doParked(ctx, tx, qid)
+	}
 	if a.Action == ActionDrop {
 		switch q, err := dropTx(ctx, tx, qid, a.Actor, a.Why); {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -365,6 +386,24 @@ func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note 
 	default:
 		return OutcomeDone, res.Note, nil
 	}
+}
+
+// doParked retries or drops parked outbox row id in tx.
+func (a *Action) doParked(ctx context.Context, tx pgx.Tx, id int64) (outcome, note string, err error) {
+	if a.Action == ActionDrop {
+		err = outbox.DropParkedTx(ctx, tx, id, a.Actor, a.Why)
+		note = fmt.Sprintf("outbox row %d dropped (outbox_dropped keeps it)", id)
+	} else {
+		err = outbox.RetryParkedTx(ctx, tx, id)
+		note = fmt.Sprintf("outbox row %d unparked: the relay sends it again", id)
+	}
+	switch {
+	case errors.Is(err, outbox.ErrNotParked):
+		return OutcomeSkipped, "no longer parked", nil
+	case err != nil:
+		return "", "", err
+	}
+	return OutcomeDone, note, nil
 }
 
 // StopBulk stops action id, by by: RunBulk leaves it (and returns it as it
@@ -444,7 +483,7 @@ func GetAction(ctx context.Context, pool *pgxpool.Pool, id int64) (Action, error
 
 // ActionItem is what an action did to one message.
 type ActionItem struct {
-	QuarantineID int64
+	QuarantineID int64  // the quarantined message's id; an outbox row's for parked rows (Selection.Parked)
 	Outcome      string // "" while to do
 	Note         string
 	DoneAt       *time.Time

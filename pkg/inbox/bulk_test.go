@@ -637,3 +637,56 @@ func TestStopBulk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "bob", finished.StoppedBy, "stopped once")
 }
+
+// TestBulkOnParkedRows: the parked rows of the outbox in the consumer's
+// database in bulk (Selection.Parked): a dry run counts a topic's, a retry
+// unparks each once and leaves the other topic's, a drop moves the rest to
+// outbox_dropped with who and why; both are in the history. A row retried
+// meanwhile by hand is skipped.
+func TestBulkOnParkedRows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, b := setup(t, inbox.Config{})
+	park := func(topic string) int64 {
+		t.Helper()
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			return outbox.PublishTx(ctx, tx, topic, outbox.NewMessage("k-"+topic, []byte("too large for the broker")))
+		}))
+		return scalar[int64](t, b, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'record too large'
+			WHERE id = (SELECT max(id) FROM outbox_messages) RETURNING id`)
+	}
+	a1, a2, a3, other := park("a"), park("a"), park("a"), park("b")
+	_, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true, Kind: inbox.KindDeadLetter})
+	require.Error(t, err, "a kind is not a parked row's")
+
+	plan, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true, Topic: "a"})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), plan.Count)
+	require.NoError(t, outbox.RetryParked(ctx, b.pool, a2)) // by hand, meanwhile
+	plan.Count = 2
+	started, err := inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.NoError(t, err)
+	done, err := inbox.RunBulk(ctx, b.pool, started.ID, inbox.BulkOptions{BatchSize: 1})
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{2, 0}, [2]int64{done.Done, done.Skipped})
+	parked := func(id int64) bool {
+		return scalar[bool](t, b, `SELECT parked_at IS NOT NULL FROM outbox_messages WHERE id = $1`, id)
+	}
+	require.False(t, parked(a1))
+	require.False(t, parked(a3))
+	require.True(t, parked(other), "another topic's row is not chosen")
+
+	plan, err = inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), plan.Count)
+	started, err = inbox.StartBulk(ctx, b.pool, inbox.ActionDrop, plan, "bob", "the consumer reads it from the archive")
+	require.NoError(t, err)
+	_, err = inbox.RunBulk(ctx, b.pool, started.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "bob: the consumer reads it from the archive", scalar[string](t, b,
+		`SELECT dropped_by || ': ' || drop_reason FROM outbox_dropped WHERE id = $1`, other))
+	history, err := inbox.ListActions(ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, history, 2)
+	require.True(t, history[0].Selection.Parked && history[1].Selection.Parked)
+}

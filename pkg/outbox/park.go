@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/outboxref/outbox-inbox/pkg/internal/permanent"
 )
@@ -97,7 +98,20 @@ func ListParkedPage(ctx context.Context, pool *pgxpool.Pool, after int64, limit 
 // its key's waiting rows go out after it. Fix what refused it first (the
 // broker's max.message.bytes, the producer's limit), or it is parked again.
 func RetryParked(ctx context.Context, pool *pgxpool.Pool, id int64) error {
-	tag, err := pool.Exec(ctx, `
+	return retryParked(ctx, pool, id)
+}
+
+// RetryParkedTx is RetryParked in tx: for a caller that records what it
+// did in the same transaction (inbox.RunBulk).
+func RetryParkedTx(ctx context.Context, tx pgx.Tx, id int64) error { return retryParked(ctx, tx, id) }
+
+// execer is a pool or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func retryParked(ctx context.Context, db execer, id int64) error {
+	tag, err := db.Exec(ctx, `
 		UPDATE outbox_messages SET parked_at = NULL, park_reason = NULL
 		WHERE id = $1 AND parked_at IS NOT NULL`, id)
 	if err != nil {
@@ -115,10 +129,19 @@ func RetryParked(ctx context.Context, pool *pgxpool.Pool, id int64) error {
 // the next message of the key shows them a gap (inbox continuity, alert
 // InboxGap); why should say what was done instead.
 func DropParked(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) error {
+	return dropParked(ctx, pool, id, by, why)
+}
+
+// DropParkedTx is DropParked in tx.
+func DropParkedTx(ctx context.Context, tx pgx.Tx, id int64, by, why string) error {
+	return dropParked(ctx, tx, id, by, why)
+}
+
+func dropParked(ctx context.Context, db execer, id int64, by, why string) error {
 	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
 		return errors.New("outbox: DropParked needs who drops the row and why: they are its audit record")
 	}
-	tag, err := pool.Exec(ctx, `
+	tag, err := db.Exec(ctx, `
 		WITH gone AS (
 			DELETE FROM outbox_messages WHERE id = $1 AND parked_at IS NOT NULL
 			RETURNING id, message_id, topic, partition_key, payload, metadata, created_at, parked_at, park_reason)
