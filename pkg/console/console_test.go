@@ -510,3 +510,22 @@ func TestParkedRowsInBulk(t *testing.T) {
 	require.Contains(t, page, "<th>outbox row</th>")
 	require.NotContains(t, page, `href="../messages/`)
 }
+
+// TestGroupsFilter: the groups page filters by consumer, kind and event
+// type, and shows the filter it applied.
+func TestGroupsFilter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.quarantine(t, 2, func(int) string { return "handler: unknown field" }, uuids, []byte(`{}`), map[string]string{"event_type": "OrderPaid"})
+	b.quarantine(t, 3, func(int) string { return "handler: unknown field" }, uuids, []byte(`{}`), map[string]string{"event_type": "OrderCaptured"})
+	c := b.as(t, nil)
+	_, page := c.do(http.MethodGet, "/groups", nil)
+	require.Equal(t, 2, strings.Count(page, `class="num count"`), page)
+	_, page = c.do(http.MethodGet, "/groups?event_type=OrderPaid", nil)
+	require.Equal(t, 1, strings.Count(page, `class="num count"`), page)
+	require.Contains(t, page, `<td class="num count">2</td>`)
+	require.Contains(t, page, `name="event_type" placeholder="event type" value="OrderPaid"`)
+	_, page = c.do(http.MethodGet, "/groups?kind=invalid", nil)
+	require.Contains(t, page, `id="empty"`)
+	require.Contains(t, page, `<option selected>invalid</option>`)
+}

@@ -30,8 +30,9 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return string([]rune(s)[:n]) + "…"
 	},
-	"json": func(v any) string { b, _ := json.Marshal(v); return string(b) },
-	"seg":  url.PathEscape,
+	"json":  func(v any) string { b, _ := json.Marshal(v); return string(b) },
+	"seg":   url.PathEscape,
+	"kinds": func() []string { return []string{inbox.KindDeadLetter, inbox.KindPayloadConflict, inbox.KindInvalid} },
 }).ParseFS(pagesFS, "pages.html"))
 
 func (c *Console) routes() {
@@ -109,7 +110,8 @@ func badRequest(format string, args ...any) error {
 }
 
 func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
-	f := inbox.GroupFilter{Consumer: r.URL.Query().Get("consumer"), Kind: r.URL.Query().Get("kind")}
+	q := r.URL.Query()
+	f := inbox.GroupFilter{Consumer: q.Get("consumer"), Kind: q.Get("kind"), EventType: q.Get("event_type")}
 	list, err := inbox.ListGroups(r.Context(), c.cfg.Pool, f)
 	if err != nil {
 		c.fail(w, r, err)

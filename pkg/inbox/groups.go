@@ -43,8 +43,9 @@ type Group struct {
 
 // GroupFilter selects groups for ListGroups.
 type GroupFilter struct {
-	Consumer string // empty: every consumer
-	Kind     string // empty: every kind
+	Consumer  string // empty: every consumer
+	Kind      string // empty: every kind
+	EventType string // empty: every event type
 }
 
 // ListGroups returns the failure groups of the open quarantined messages,
@@ -60,8 +61,8 @@ func ListGroups(ctx context.Context, pool *pgxpool.Pool, f GroupFilter) ([]Group
 			coalesce(q.metadata->>'event_type', ''), coalesce(q.metadata->>'signature_key_id', ''),
 			q.topic, q.reason, g.n, g.first, g.last
 		FROM g JOIN inbox_quarantine q ON q.id = g.sample
-		WHERE $2 = '' OR q.kind = $2
-		ORDER BY g.n DESC, g.first, g.consumer, g.failure_group`, planEachTime, f.Consumer, f.Kind)
+		WHERE ($2 = '' OR q.kind = $2) AND ($3 = '' OR coalesce(q.metadata->>'event_type', '') = $3)
+		ORDER BY g.n DESC, g.first, g.consumer, g.failure_group`, planEachTime, f.Consumer, f.Kind, f.EventType)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing failure groups: %w", err)
 	}
