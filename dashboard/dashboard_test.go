@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/browser"
 	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/loadgen"
-	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/dashboard"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -31,23 +30,6 @@ import (
 	"github.com/outboxref/outbox-inbox/services/runtime/httpserve"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
-
-// chromium returns the headless browser to drive, or skips the test when
-// none is installed, unless REQUIRE_CHROMIUM=1 makes that a failure (CI).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	const hint = "no chromium on PATH (Debian: apt-get install chromium)"
-	if os.Getenv("REQUIRE_CHROMIUM") == "1" {
-		t.Fatal(hint + ", and REQUIRE_CHROMIUM=1")
-	}
-	t.Skip(hint + "; set REQUIRE_CHROMIUM=1 to make this a failure")
-	return ""
-}
 
 type testBundle struct {
 	ctx     context.Context
@@ -61,7 +43,7 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	chrome := chromium(t)
+	chrome := browser.Chromium(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	b := &testBundle{ctx: ctx, skus: loadgen.SKUs(10), chaos: filepath.Join(t.TempDir(), "chaos-status.json")}
@@ -80,13 +62,7 @@ func setup(t *testing.T) *testBundle {
 	require.NoError(t, err)
 	t.Logf("dashboard at %s", b.url)
 
-	alloc, stopAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 1100))...)
-	t.Cleanup(stopAlloc)
-	browser, stopBrowser := chromedp.NewContext(alloc)
-	t.Cleanup(stopBrowser)
-	require.NoError(t, chromedp.Do(browser)) // starts the browser, outside any deadline
-	b.browser = browser
+	b.browser = browser.Start(t, chrome, 1280, 1100)
 	return b
 }
 
@@ -291,19 +267,7 @@ func TestLivePage(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, injected, "a SKU was rendered as markup")
 
-	shot, err := chromedp.Run(b.browser, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	// The README's picture is refreshed only on request
-	// (UPDATE_SCREENSHOT=1), so a test run leaves the work tree as it was.
-	path := filepath.Join(t.TempDir(), "dashboard.png")
-	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
-		root, err := procs.ModuleRoot()
-		require.NoError(t, err)
-		path = filepath.Join(root, "docs", "dashboard.png")
-	}
-	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-	require.NoError(t, os.WriteFile(path, shot, 0o644))
-	t.Logf("screenshot: %s (%d bytes)", path, len(shot))
+	browser.Screenshot(t, b.browser, "dashboard.png") // the README's picture, refreshed with UPDATE_SCREENSHOT=1
 }
 
 // publishHostile replays an OrderPaid that was already applied, which the

@@ -17,9 +17,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/browser"
 	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/loadgen"
-	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/dashboard"
 	"github.com/outboxref/outbox-inbox/dashboard/crashnow"
@@ -38,7 +38,7 @@ import (
 // the screenshots README shows (docs/live-*.png, with UPDATE_SCREENSHOT=1).
 func TestFlowFollowAndCrash(t *testing.T) {
 	t.Parallel()
-	chrome := chromium(t)
+	chrome := browser.Chromium(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
 	work := t.TempDir()
@@ -63,14 +63,9 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	alloc, stopAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 1500))...)
-	t.Cleanup(stopAlloc)
-	browser, stopBrowser := chromedp.NewContext(alloc)
-	t.Cleanup(stopBrowser)
-	require.NoError(t, chromedp.Do(browser))
-	require.NoError(t, chromedp.Do(browser, chromedp.Navigate(url)))
-	b := &testBundle{ctx: ctx, sys: sys, browser: browser}
+	tab := browser.Start(t, chrome, 1280, 1500)
+	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(url)))
+	b := &testBundle{ctx: ctx, sys: sys, browser: tab}
 
 	load, err := loadgen.Run(ctx, sys.Client, skus, loadgen.Plan{Orders: 60, Concurrency: 4, Seed: 2})
 	require.NoError(t, err)
@@ -96,7 +91,7 @@ func TestFlowFollowAndCrash(t *testing.T) {
 		WHERE consumer = 'inventory' AND message_id = $1`, msgID).Scan(&partition, &offset))
 	require.NotEmpty(t, traceparent, "tracing is on: the outbox row carries a traceparent")
 	// Pasted in another spelling of the same UUID: the same journey.
-	_, err = chromedp.Run(browser, chromedp.Evaluate[any](fmt.Sprintf(`window.followOrder(%q)`, "{"+strings.ToUpper(orderID)+"}")))
+	_, err = chromedp.Run(tab, chromedp.Evaluate[any](fmt.Sprintf(`window.followOrder(%q)`, "{"+strings.ToUpper(orderID)+"}")))
 	require.NoError(t, err)
 	// The order may have been captured and ended by now, or not yet: its
 	// OrderCaptured's steps come after the settlement, or not at all.
@@ -112,10 +107,10 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	b.screenshot(t, "live-page.png")
 
 	// 3. Crash it now: inventory, after its commit and before its ack.
-	_, err = chromedp.Run(browser, chromedp.Evaluate[any](`window.testMarker = 'same page'`))
+	_, err = chromedp.Run(tab, chromedp.Evaluate[any](`window.testMarker = 'same page'`))
 	require.NoError(t, err)
 	require.NoError(t, lab.Enable(ctx))
-	require.NoError(t, chromedp.Do(browser,
+	require.NoError(t, chromedp.Do(tab,
 		chromedp.WaitVisible(chromedp.ID("crash-card")),
 		chromedp.SetValue(chromedp.ID("crash-window"), "after-commit-before-ack"),
 		chromedp.Click(chromedp.ID("crash-now"))))
@@ -141,13 +136,13 @@ func TestFlowFollowAndCrash(t *testing.T) {
 	t.Logf("after the crash: %v", got)
 	journey = b.readSteps(t, "journey-steps", func(s steps) bool { return s.Order == l.Order && len(s.Kinds) >= 10 })
 	require.Contains(t, journey.Kinds, "duplicate", "the lesson's order shows its suppressed copy")
-	marker, err := chromedp.Run(browser, chromedp.Evaluate[string](`String(window.testMarker || '')`))
+	marker, err := chromedp.Run(tab, chromedp.Evaluate[string](`String(window.testMarker || '')`))
 	require.NoError(t, err)
 	require.Equal(t, "same page", marker, "the page followed the lesson without a reload")
 	b.screenshot(t, "crash-it-now.png")
 
 	// 4. A window before the commit: the redelivery is applied, once.
-	require.NoError(t, chromedp.Do(browser,
+	require.NoError(t, chromedp.Do(tab,
 		chromedp.SetValue(chromedp.ID("crash-window"), "before-begin"),
 		chromedp.Click(chromedp.ID("crash-now"))))
 	lesson = b.readSteps(t, "lesson-steps", func(s steps) bool { return s.Done && len(s.Kinds) > 0 && s.Texts[0] != lesson.Texts[0] })
@@ -326,18 +321,9 @@ func (b *testBundle) readSteps(t *testing.T, id string, ok func(steps) bool) ste
 	}
 }
 
-// screenshot saves the whole page: into docs/ with UPDATE_SCREENSHOT=1
-// (README shows them), else into the test's temp dir.
+// screenshot saves the whole page (README shows them, refreshed with
+// UPDATE_SCREENSHOT=1).
 func (b *testBundle) screenshot(t *testing.T, name string) {
 	t.Helper()
-	shot, err := chromedp.Run(b.browser, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), name)
-	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
-		root, err := procs.ModuleRoot()
-		require.NoError(t, err)
-		path = filepath.Join(root, "docs", name)
-	}
-	require.NoError(t, os.WriteFile(path, shot, 0o644))
-	t.Logf("screenshot: %s (%d bytes)", path, len(shot))
+	browser.Screenshot(t, b.browser, name)
 }

@@ -5,9 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -21,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/outbox-inbox/chaos/browser"
 	"github.com/outboxref/outbox-inbox/chaos/judge"
 	"github.com/outboxref/outbox-inbox/chaos/loadgen"
 	"github.com/outboxref/outbox-inbox/chaos/procs"
@@ -47,7 +45,7 @@ import (
 // may not write orders' topic.
 func TestConsoleInTheBrowser(t *testing.T) {
 	t.Parallel()
-	chrome := chromium(t)
+	chrome := browser.Chromium(t)
 	const orders = 1000
 	addr, err := procs.FreeAddr()
 	require.NoError(t, err)
@@ -74,14 +72,14 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		return count(t, ctx, pool, `SELECT count(*) FROM inbox_quarantine WHERE kind = 'invalid'`)
 	})
 
-	browser := newBrowser(t, chrome)
-	operator, viewer := as(t, browser, alice), as(t, browser, vic)
+	session := browser.Start(t, chrome, 1280, 900)
+	operator, viewer := as(t, session, alice), as(t, session, vic)
 
 	// One group of a thousand, and the garbage's.
 	require.NoError(t, chromedp.Do(operator, chromedp.Navigate(base+"/groups"), chromedp.WaitVisible(chromedp.ID("groups"))))
 	groups := texts(t, operator, "#groups tr td.count")
 	require.Equal(t, []string{"1000", "3"}, groups, "a bad deploy's thousand as one group, then the garbage")
-	screenshot(t, operator, "console-groups.png")
+	browser.Screenshot(t, operator, "console-groups.png")
 
 	// A viewer reads, and has nothing to act with.
 	require.NoError(t, chromedp.Do(viewer, chromedp.Navigate(base+"/groups"), chromedp.WaitVisible(chromedp.ID("groups")),
@@ -99,7 +97,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#groups tr:nth-child(2) a")), chromedp.WaitVisible(chromedp.ID("bulk-retry"))))
 	require.NoError(t, chromedp.Do(operator, chromedp.Click(chromedp.CSS("#bulk-retry button")), chromedp.WaitVisible(chromedp.ID("count"))))
 	require.Equal(t, []string{"1000"}, texts(t, operator, "#count"), "the dry run's count")
-	screenshot(t, operator, "console-confirm.png")
+	browser.Screenshot(t, operator, "console-confirm.png")
 
 	// Hold the 500th message: the action's batch that reaches it waits,
 	// its transaction open; then inventory is killed.
@@ -163,34 +161,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(operator, chromedp.Navigate(base+"/actions"), chromedp.WaitVisible(chromedp.ID("actions"))))
 	require.Equal(t, []string{"drop", "retry"}, texts(t, operator, "#actions td.what"), "the history, newest first")
 	require.Equal(t, []string{"alice", "alice"}, texts(t, operator, "#actions td.by"))
-	screenshot(t, operator, "console-history.png")
-}
-
-// chromium returns the headless browser to drive, or skips the test when
-// none is installed, unless REQUIRE_CHROMIUM=1 makes that a failure (CI).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	const hint = "no chromium on PATH (Debian: apt-get install chromium)"
-	if os.Getenv("REQUIRE_CHROMIUM") == "1" {
-		t.Fatal(hint + ", and REQUIRE_CHROMIUM=1")
-	}
-	t.Skip(hint + "; set REQUIRE_CHROMIUM=1 to make this a failure")
-	return ""
-}
-
-func newBrowser(t *testing.T, chrome string) context.Context {
-	alloc, stopAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
-	t.Cleanup(stopAlloc)
-	browser, stopBrowser := chromedp.NewContext(alloc)
-	t.Cleanup(stopBrowser)
-	require.NoError(t, chromedp.Do(browser))
-	return browser
+	browser.Screenshot(t, operator, "console-history.png")
 }
 
 // as opens a tab of browser logged in as login ("name:role:secret"), by
@@ -232,21 +203,6 @@ func countOf(t *testing.T, tab context.Context, sel string) int {
 	n, err := chromedp.Run(tab, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
 	require.NoError(t, err)
 	return n
-}
-
-// screenshot saves the page: into docs/ with UPDATE_SCREENSHOT=1, else
-// into the test's temp dir.
-func screenshot(t *testing.T, tab context.Context, name string) {
-	t.Helper()
-	shot, err := chromedp.Run(tab, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), name)
-	if os.Getenv("UPDATE_SCREENSHOT") == "1" {
-		root, err := procs.ModuleRoot()
-		require.NoError(t, err)
-		path = filepath.Join(root, "docs", name)
-	}
-	require.NoError(t, os.WriteFile(path, shot, 0o644))
 }
 
 // count runs a one-number query.
