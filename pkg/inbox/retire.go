@@ -203,6 +203,11 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 			}
 			*d.count = tag.RowsAffected()
 		}
+		// Where its redrives went (Inbox.Run records it): a retired
+		// consumer takes none.
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_consumers WHERE consumer = $1`, r.Consumer); err != nil {
+			return err
+		}
 		partitioned, err := isPartitioned(ctx, tx) // PartitionByIDTime made the clearances' table with the partitions
 		if err != nil {
 			return err
