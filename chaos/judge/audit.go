@@ -27,7 +27,9 @@ var AuditChecks = []string{"decisions", "orders", "refunds", "sales", "stock"}
 // pool) has caught up with everything that happened before now, grace
 // being its grace period, and returns every finding it raised, open and
 // resolved. A check's scan that caught up at or after now + grace examined
-// every entity settled before now.
+// every entity settled before now; and every finding still open must have
+// been seen again since then (its recheck), so that an open finding is one
+// the auditor still found at the end, not one it had not looked at again.
 func AuditAfter(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) ([]audit.Record, error) {
 	var since time.Time
 	if err := pool.QueryRow(ctx, `SELECT now() + make_interval(secs => $1)`, grace.Seconds()).Scan(&since); err != nil {
@@ -44,7 +46,11 @@ func AuditAfter(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) ([
 				caught++
 			}
 		}
-		if caught == len(AuditChecks) {
+		var unseen int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM audit_findings WHERE resolved_at IS NULL AND last_seen < $1`, since).Scan(&unseen); err != nil {
+			return nil, fmt.Errorf("reading the auditor's open findings: %w", err)
+		}
+		if caught == len(AuditChecks) && unseen == 0 {
 			found, err := audit.ListFindings(ctx, pool, audit.ListOptions{All: true, Limit: maxFindings})
 			if err == nil && len(found) == maxFindings {
 				err = fmt.Errorf("the auditor raised %d findings or more: more than a run is judged on", maxFindings)
@@ -53,7 +59,8 @@ func AuditAfter(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) ([
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("the auditor did not catch up (%d of %d checks past %s): %w", caught, len(AuditChecks), since.Format(time.RFC3339), ctx.Err())
+			return nil, fmt.Errorf("the auditor did not catch up (%d of %d checks past %s, %d open findings not seen again since): %w",
+				caught, len(AuditChecks), since.Format(time.RFC3339), unseen, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

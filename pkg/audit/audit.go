@@ -158,7 +158,9 @@ type Config struct {
 	// not hold the others back. Defaults to BatchesPerRoundDefault.
 	BatchesPerRound int
 	// Recheck bounds the open findings' entities a check examines again in
-	// a round, the longest unseen first. Defaults to RecheckDefault.
+	// one batch, the longest unseen first; a round rechecks every open
+	// finding in batches, up to BatchesPerRound of them. Defaults to
+	// RecheckDefault.
 	Recheck int
 	// Interval is the pause between Run's rounds. Defaults to
 	// IntervalDefault.
@@ -307,8 +309,7 @@ func (a *Auditor) round(ctx context.Context, c Check) CheckRound {
 		}
 	}
 	if c.Recheck != nil {
-		raised, resolved, err := a.recheck(ctx, c)
-		cr.Raised, cr.Resolved, cr.Err = append(cr.Raised, raised...), resolved, err
+		cr.Err = a.rechecks(ctx, c, &cr)
 	}
 	if c.Repair != nil && cr.Err == nil {
 		cr.Repaired, cr.Err = a.repair(ctx, c)
@@ -400,16 +401,37 @@ func (a *Auditor) scan(ctx context.Context, c Check) (examined int, raised []Fin
 	return examined, raised, err
 }
 
-// recheck examines c's open findings' entities again: what still holds is
-// seen again, what no longer holds is resolved.
-func (a *Auditor) recheck(ctx context.Context, c Check) (raised, resolved []Finding, err error) {
+// rechecks examines every open finding of c not seen since the rechecks
+// began, a batch of Recheck entities at a time, the longest unseen first,
+// up to BatchesPerRound batches: a backlog of open findings (a late hour's
+// worth of orders, each a finding) is rechecked within a round or a few,
+// not a batch a round, so what was only late resolves as soon as it ends.
+func (a *Auditor) rechecks(ctx context.Context, c Check, cr *CheckRound) error {
+	var since time.Time
+	if err := a.state.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&since); err != nil {
+		return fmt.Errorf("reading the clock: %w", err)
+	}
+	for range a.cfg.BatchesPerRound {
+		n, raised, resolved, err := a.recheck(ctx, c, since)
+		cr.Raised, cr.Resolved = append(cr.Raised, raised...), append(cr.Resolved, resolved...)
+		if err != nil || n < a.cfg.Recheck {
+			return err
+		}
+	}
+	return nil
+}
+
+// recheck examines again the entities of c's open findings not seen since
+// since, up to Recheck of them: what still holds is seen again, what no
+// longer holds is resolved. It returns how many entities it examined.
+func (a *Auditor) recheck(ctx context.Context, c Check, since time.Time) (n int, raised, resolved []Finding, err error) {
 	err = pgx.BeginFunc(ctx, a.state, func(tx pgx.Tx) error {
 		mark, err := lockMark(ctx, tx, c.Name)
 		if err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT entity FROM audit_findings WHERE check_name = $1 AND resolved_at IS NULL
-			GROUP BY entity ORDER BY min(last_seen), entity LIMIT $2`, c.Name, a.cfg.Recheck)
+			GROUP BY entity HAVING min(last_seen) < $3 ORDER BY min(last_seen), entity LIMIT $2`, c.Name, a.cfg.Recheck, since)
 		if err != nil {
 			return err
 		}
@@ -417,6 +439,7 @@ func (a *Auditor) recheck(ctx context.Context, c Check) (raised, resolved []Find
 		if err != nil || len(entities) == 0 {
 			return err
 		}
+		n = len(entities)
 		found, err := c.Recheck(ctx, tx, mark, entities)
 		if err != nil {
 			return err
@@ -436,7 +459,7 @@ func (a *Auditor) recheck(ctx context.Context, c Check) (raised, resolved []Find
 		resolved, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Finding])
 		return err
 	})
-	return raised, resolved, err
+	return n, raised, resolved, err
 }
 
 // lockMark reads check's watermark, creating it, and holds its row locked

@@ -421,3 +421,23 @@ func TestRepairsTakeTurns(t *testing.T) {
 	}
 	require.Equal(t, []audit.Finding{{Entity: "e003", Kind: "wrong", Detail: "repaired"}}, repaired, "asked %v", asked)
 }
+
+// TestRecheckReachesEveryOpenFinding: a round rechecks every open finding,
+// however many there are, in batches of Recheck: a backlog of late work
+// that ended resolves in the next round, not a batch a round (an open
+// finding nobody looked at again would page for work long done).
+func TestRecheckReachesEveryOpenFinding(t *testing.T) {
+	t.Parallel()
+	l := newLedger(t)
+	l.add(t, 0, 7, time.Hour, 0, 1, 2, 3, 4, 5, 6)
+	a := l.auditor(t, audit.Config{Grace: time.Minute, Recheck: 2})
+	require.Len(t, round(t, a).Raised, 7)
+	for i := range 7 {
+		l.set(t, fmt.Sprintf("e%03d", i), 1)
+	}
+	require.Len(t, round(t, a).Resolved, 7, "every open finding rechecked in one round")
+	require.Empty(t, l.open(t))
+	for i := range 7 {
+		require.Equal(t, 3, l.examined[fmt.Sprintf("e%03d", i)], "e%03d: the scan, then one recheck a round", i)
+	}
+}
