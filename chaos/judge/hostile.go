@@ -104,11 +104,20 @@ func HostileOutcome(ctx context.Context, pool *pgxpool.Pool, m HostileMessage) (
 	return r, nil
 }
 
+// RepairMark ends the reason the auditor gives orders when it has a
+// capture refunded (services/auditor repair.go; TestChaosJudgesTheseKinds
+// holds it to it): orders keeps it as the order's reject_reason.
+const RepairMark = "(audit: answers-disagree)"
+
 // WrongAnswerOutcome judges a wrong answer orders received for m.Order, a
 // paid order inventory rejects (KindRefusedOrRepaired): handled when
 // orders' guard refused it (inventory's answer came first), or when the
 // auditor (its database: audit) found the disagreement and the order ended
-// as its repair makes it: rejected, its capture refunded.
+// as its repair makes it: rejected, its capture refunded, at the auditor's
+// request. That request shows on the finding (repair) or, when the
+// auditor's record of it was lost (its database restarted between the call
+// and the record: the recheck then resolves the finding, no longer
+// holding), in the order's reason (RepairMark).
 func WrongAnswerOutcome(ctx context.Context, orders, audit *pgxpool.Pool, m HostileMessage) (HostileResult, error) {
 	r := HostileResult{Sent: m.Times, ExpectedKind: m.Kind}
 	var refused int
@@ -120,8 +129,9 @@ func WrongAnswerOutcome(ctx context.Context, orders, audit *pgxpool.Pool, m Host
 		r.QuarantinedOrDead, r.Reason, r.Handled = refused, "refused: "+*reason, true
 		return r, nil
 	}
-	var status, payment string
-	if err := orders.QueryRow(ctx, `SELECT status, coalesce(payment, '') FROM orders WHERE id::text = $1`, m.Order).Scan(&status, &payment); err != nil {
+	var status, payment, why string
+	if err := orders.QueryRow(ctx, `SELECT status, coalesce(payment, ''), coalesce(reject_reason, '') FROM orders WHERE id::text = $1`,
+		m.Order).Scan(&status, &payment, &why); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			r.Reason = "no such order"
 			return r, nil
@@ -135,10 +145,14 @@ func WrongAnswerOutcome(ctx context.Context, orders, audit *pgxpool.Pool, m Host
 		return r, err
 	}
 	r.Reason = fmt.Sprintf("order %s, payment %s; the auditor's answers-disagree findings: %d", status, payment, found)
-	if repair != nil {
+	asked := repair != nil || strings.HasSuffix(why, RepairMark)
+	switch {
+	case repair != nil:
 		r.Reason += ", repaired: " + *repair
+	case asked:
+		r.Reason += ", repaired (the order's reason: " + why + "; the auditor's record of it lost)"
 	}
-	r.Handled = found > 0 && repair != nil && status == "rejected" && payment == "refunded"
+	r.Handled = found > 0 && asked && status == "rejected" && payment == "refunded"
 	if r.Handled {
 		r.QuarantinedOrDead = 1
 	}

@@ -42,6 +42,15 @@ func TestWrongAnswerOutcome(t *testing.T) {
 	r := outcome()
 	require.True(t, r.Handled, r.Reason)
 	require.Contains(t, r.Reason, "repaired: refund asked of orders")
+	// The auditor's record of its repair lost (its database restarted
+	// between the call and the record; the recheck resolved the finding):
+	// the order's reason says who asked. Without it, nobody did.
+	b.exec(t, auditDB, `UPDATE audit_findings SET repair = NULL, repaired_at = NULL, resolved_at = now()`)
+	require.False(t, outcome().Handled, "refunded, and nothing says the auditor asked")
+	b.exec(t, b.orders, `UPDATE orders SET reject_reason = $2 WHERE id = $1`, id, "inventory rejected the order "+judge.RepairMark)
+	r = outcome()
+	require.True(t, r.Handled, r.Reason)
+	require.Contains(t, r.Reason, "the auditor's record of it lost")
 
 	refused := msg
 	refused.ID, refused.Order = uuid.NewString(), b.reserved

@@ -86,6 +86,7 @@ func TestChaosJudgesTheseKinds(t *testing.T) {
 	for _, k := range judge.LatenessKinds {
 		require.Contains(t, known, k, "judge.LatenessKinds names a kind the auditor does not have")
 	}
+	require.True(t, strings.HasSuffix(refundReason, judge.RepairMark), "the judge knows a refund the auditor asked for by its reason")
 	rules, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
 	require.NoError(t, err)
 	m := regexp.MustCompile(`(?s)alert: AuditFindingOpen\n.*?\n\s+for: (\S+)`).FindSubmatch(rules)
