@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"strconv"
 	"sync/atomic"
@@ -65,21 +64,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Publisher: pub, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr, relayErr := make(chan error, 1), make(chan error, 1)
-	go func() { runErr <- router.Run(ctx) }()
-	go func() { relayErr <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, router.Close())
-		require.NoError(t, <-runErr)
-		require.NoError(t, <-relayErr)
-	})
-	select {
-	case <-router.Running():
-	case <-b.ctx.Done():
-		t.Fatal("router did not start")
-	}
+	runRouterAndRelay(t, b.ctx, router, relay)
 
 	poison := outbox.NewMessage("order-1", []byte("needs v2"))
 	poison.Metadata.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
 // consumer is the inbox consumer name tests use unless they need two.
@@ -298,3 +299,24 @@ func eventually(t *testing.T, cond func() bool, timeout time.Duration, what stri
 func newID() string { return uuid.NewString() }
 
 func sha(b []byte) []byte { s := sha256.Sum256(b); return s[:] }
+
+// runRouterAndRelay runs router and relay until the test ends, and returns
+// once the router runs (failing if it has not by the end of ready).
+func runRouterAndRelay(t *testing.T, ready context.Context, router *message.Router, relay *outbox.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr, relayErr := make(chan error, 1), make(chan error, 1)
+	go func() { runErr <- router.Run(ctx) }()
+	go func() { relayErr <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, router.Close())
+		require.NoError(t, <-runErr)
+		require.NoError(t, <-relayErr)
+	})
+	select {
+	case <-router.Running():
+	case <-ready.Done():
+		t.Fatal("router did not start")
+	}
+}

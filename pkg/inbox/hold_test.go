@@ -98,21 +98,7 @@ func setupHoldOn(t *testing.T, policy inbox.DeadLetterPolicy, batch bool, p *inb
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Publisher: h.pub, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr, relayErr := make(chan error, 1), make(chan error, 1)
-	go func() { runErr <- router.Run(ctx) }()
-	go func() { relayErr <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, router.Close())
-		require.NoError(t, <-runErr)
-		require.NoError(t, <-relayErr)
-	})
-	select {
-	case <-router.Running():
-	case <-b.ctx.Done():
-		t.Fatal("router did not start")
-	}
+	runRouterAndRelay(t, b.ctx, router, relay)
 	return h
 }
 

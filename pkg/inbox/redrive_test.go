@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -81,21 +80,7 @@ func TestRedriveTopic(t *testing.T) {
 	require.NoError(t, err)
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Publisher: signed, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr, relayErr := make(chan error, 1), make(chan error, 1)
-	go func() { runErr <- router.Run(ctx) }()
-	go func() { relayErr <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, router.Close())
-		require.NoError(t, <-runErr)
-		require.NoError(t, <-relayErr)
-	})
-	select {
-	case <-router.Running():
-	case <-b.ctx.Done():
-		t.Fatal("router did not start")
-	}
+	runRouterAndRelay(t, b.ctx, router, relay)
 
 	produce := func(to string, k signature.Key, payload string, md map[string]string) *message.Message {
 		msg := outbox.NewMessage("order-1", []byte(payload))
