@@ -350,12 +350,7 @@ func (c *Console) held(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	var consumers []string // each with a bulk action on its holders
-	for _, h := range list {
-		if !slices.Contains(consumers, h.Consumer) {
-			consumers = append(consumers, h.Consumer)
-		}
-	}
+	consumers := distinct(list, func(h inbox.HeldKey) string { return h.Consumer }) // each with a bulk action on its holders
 	c.render(w, r, http.StatusOK, "held", struct {
 		Keys      []inbox.HeldKey
 		Consumers []string
@@ -374,12 +369,7 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	list, next := page(list, c.cfg.PageSize, func(p outbox.ParkedRow) int64 { return p.ID })
-	var topics []string // each with a bulk action on its parked rows
-	for _, p := range list {
-		if !slices.Contains(topics, p.Topic) {
-			topics = append(topics, p.Topic)
-		}
-	}
+	topics := distinct(list, func(p outbox.ParkedRow) string { return p.Topic }) // each with a bulk action on its parked rows
 	c.render(w, r, http.StatusOK, "parked", struct {
 		Rows     []outbox.ParkedRow
 		Next     int64
@@ -424,4 +414,15 @@ func int64Param(s string) (int64, error) {
 		return 0, badRequest("%q is not an id", clip(s))
 	}
 	return n, nil
+}
+
+// distinct returns key of each of list, each once, in the order first met.
+func distinct[T any](list []T, key func(T) string) []string {
+	var out []string
+	for _, v := range list {
+		if k := key(v); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
