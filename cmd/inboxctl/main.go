@@ -6,9 +6,9 @@
 //	inboxctl groups [-consumer NAME] [-kind KIND]
 //	inboxctl show ID
 //	inboxctl redrive [-by WHO] ID
-//	inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
+//	inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID [-digest D]]
 //	inboxctl discard -by WHO -why WHY ID
-//	inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
+//	inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID [-digest D]]
 //	inboxctl actions [-consumer NAME] [-limit N]
 //	inboxctl action [-limit N] ID
 //	inboxctl stop [-by WHO] ID
@@ -28,7 +28,7 @@
 // Given a group, a kind, -holding or -all instead of an ID, redrive and discard act on
 // many messages of one consumer: without -expect they only count them (a
 // dry run); with -expect N -up-to ID, the count and the last id the dry run
-// printed, they record the action and do it in batches, printing progress
+// printed (and -digest, the very messages it counted), they record the action and do it in batches, printing progress
 // (inbox.StartBulk, inbox.RunBulk): rows quarantined after the dry run are
 // not part of it, and a count changed since refuses it. actions lists the
 // history of what operators did, newest first; action shows one, with what
@@ -81,9 +81,9 @@ const usage = `usage:
   inboxctl groups [-consumer NAME] [-kind KIND]
   inboxctl show ID
   inboxctl redrive [-by WHO] ID
-  inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
+  inboxctl redrive [-by WHO] -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID [-digest D]]
   inboxctl discard -by WHO -why WHY ID
-  inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID]
+  inboxctl discard -by WHO -why WHY -consumer NAME (-group ID | -kind KIND | -all) [-expect N -up-to ID [-digest D]]
   inboxctl actions [-consumer NAME] [-limit N]
   inboxctl action [-limit N] ID
   inboxctl stop [-by WHO] ID
@@ -104,6 +104,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	holding := fs.Bool("holding", false, "redrive, discard: the dead letters of -consumer that hold their keys (held): each releases its parked messages")
 	expect := fs.Int64("expect", -1, "redrive, discard of many: the count the dry run printed; without it, only count")
 	upTo := fs.Int64("up-to", 0, "redrive, discard of many: the last id the dry run counted (it printed it), with -expect")
+	digest := fs.String("digest", "", "redrive, discard of many: the dry run's digest of the very messages it counted (it printed it), with -expect: refuses as many but other messages")
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
@@ -169,7 +170,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			if cmd == "discard" {
 				action = inbox.ActionDrop
 			}
-			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind, Holding: *holding, UpTo: *upTo}, *expect, *by, *why)
+			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind, Holding: *holding, UpTo: *upTo}, *expect, *digest, *by, *why)
 		}
 		if cmd == "discard" {
 			q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)
@@ -257,7 +258,7 @@ func idArg(cmd string, rest []string, bulk bool) (int64, error) {
 
 // runBulk counts what sel chooses and, when expect is that count, retries
 // or drops it (action), printing progress.
-func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action string, sel inbox.Selection, expect int64, by, why string) error {
+func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action string, sel inbox.Selection, expect int64, digest, by, why string) error {
 	if sel.Consumer == "" {
 		return errors.New("a bulk action is for one consumer: -consumer NAME (inboxctl consumers lists them)")
 	}
@@ -277,11 +278,13 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 		fmt.Fprintln(out, "no open message chosen: nothing to do")
 		return nil
 	case expect < 0:
-		fmt.Fprintf(out, "dry run: %d open messages of %s chosen; nothing done. To %s them: the same command with -expect %d -up-to %d\n",
-			plan.Count, sel.Consumer, verb, plan.Count, plan.Selection.UpTo)
+		fmt.Fprintf(out, "dry run: %d open messages of %s chosen; nothing done. To %s them: the same command with -expect %d -up-to %d -digest %s\n",
+			plan.Count, sel.Consumer, verb, plan.Count, plan.Selection.UpTo, plan.Digest)
 		return nil
 	case expect != plan.Count:
 		return fmt.Errorf("%d open messages chosen now, not the %d expected: nothing done; look again (the same command without -expect)", plan.Count, expect)
+	case digest != "" && digest != plan.Digest:
+		return fmt.Errorf("%d open messages chosen now, as expected, but not the same ones: nothing done; look again (the same command without -expect)", plan.Count)
 	}
 	started, err := inbox.StartBulk(ctx, pool, action, plan, by, why)
 	if err != nil {

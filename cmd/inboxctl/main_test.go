@@ -217,14 +217,16 @@ func TestInboxctlBulk(t *testing.T) {
 	require.ErrorContains(t, err, "-consumer NAME")
 	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group)
 	require.NoError(t, err)
-	dry := regexp.MustCompile(`^dry run: 3 open messages of billing chosen; nothing done. To redrive them: the same command with -expect 3 -up-to (\d+)\n$`).FindStringSubmatch(out)
+	dry := regexp.MustCompile(`^dry run: 3 open messages of billing chosen; nothing done. To redrive them: the same command with -expect 3 -up-to (\d+) -digest ([0-9a-f]{16})\n$`).FindStringSubmatch(out)
 	require.NotNil(t, dry, out)
 	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3")
 	require.ErrorContains(t, err, "-expect goes with the -up-to")
 	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "2", "-up-to", dry[1])
 	require.ErrorContains(t, err, "3 open messages chosen now, not the 2 expected")
+	_, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3", "-up-to", dry[1], "-digest", "0123456789abcdef")
+	require.ErrorContains(t, err, "as expected, but not the same ones")
 	_, late := b.deadLetter(t, "bad: four") // after the dry run: not part of it
-	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3", "-up-to", dry[1])
+	out, err = b.ctl("redrive", "-by", "alice", "-consumer", "billing", "-group", group, "-expect", "3", "-up-to", dry[1], "-digest", dry[2])
 	require.NoError(t, err)
 	require.Contains(t, out, "finished: 3 of 3 done, 0 skipped")
 	for _, id := range ids {

@@ -463,6 +463,33 @@ func TestHeldKeysInBulk(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, page)
 	require.Contains(t, page, `<b id="count">2</b>`, "the holders alone")
 	require.Contains(t, page, `name="holding" value="1"`, "the confirmation keeps the selection")
+
+	// Confirmed twice (a double click), it is one action; confirmed with
+	// another digest (as many, but other dead letters), or none, nothing.
+	form := url.Values{"csrf": {token}}
+	for _, f := range regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`).FindAllStringSubmatch(page, -1) {
+		form.Set(f[1], f[2])
+	}
+	digest := form.Get("digest")
+	require.Len(t, digest, 16)
+	for _, d := range []string{"", "0123456789abcdef"} {
+		form.Set("digest", d)
+		status, page = c.do(http.MethodPost, "/bulk/start", form)
+		require.Contains(t, []int{http.StatusBadRequest, http.StatusConflict}, status, page)
+	}
+	form.Set("digest", digest)
+	var started []string
+	for range 2 {
+		status, page = c.do(http.MethodPost, "/bulk/start", form)
+		require.Equal(t, http.StatusOK, status, page)
+		id := regexp.MustCompile(`<h1>Action (\d+):`).FindStringSubmatch(page)
+		require.NotNil(t, id, page)
+		started = append(started, id[1])
+	}
+	require.Equal(t, started[0], started[1], "confirmed twice, one action")
+	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, history, 1)
 }
 
 // TestParkedRowsInBulk: the parked page offers an operator one action on

@@ -282,12 +282,13 @@ func (c *Console) start(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	if s.UpTo == 0 {
+	digest := r.PostFormValue("digest")
+	if s.UpTo == 0 || digest == "" {
 		c.fail(w, r, badRequest("a bulk action starts from its dry run's confirmation"))
 		return
 	}
 	u := userOf(r)
-	a, err := inbox.StartBulk(r.Context(), c.cfg.Pool, action, inbox.Plan{Selection: s, Count: expect}, u.Name, why)
+	a, err := inbox.StartBulk(r.Context(), c.cfg.Pool, action, inbox.Plan{Selection: s, Count: expect, Digest: digest}, u.Name, why)
 	if err != nil {
 		c.fail(w, r, err)
 		return

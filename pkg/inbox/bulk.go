@@ -132,6 +132,16 @@ func (s Selection) validate() error {
 type Plan struct {
 	Selection Selection
 	Count     int64
+	// Digest names the very rows counted (a hash of their ids): StartBulk,
+	// given it, refuses a selection that holds as many rows but not the
+	// same (a row parked, or a key held, since the dry run, as another left
+	// it). Empty, StartBulk compares counts only.
+	Digest string
+}
+
+// digestOf is the SQL of a Plan's Digest over the ids column of a query.
+func digestOf(ids string) string {
+	return `coalesce(left(md5(string_agg(` + ids + `::text, ',' ORDER BY ` + ids + `)), 16), '')`
 }
 
 // DryRun counts the open messages s chooses. It changes nothing.
@@ -142,15 +152,16 @@ func DryRun(ctx context.Context, pool *pgxpool.Pool, s Selection) (Plan, error) 
 	table, where, args := s.selected()
 	var upTo *int64
 	var n int64
-	err := pool.QueryRow(ctx, `SELECT count(*), max(id) FROM `+table+` WHERE `+where,
-		append([]any{planEachTime}, args...)...).Scan(&n, &upTo)
+	var digest string
+	err := pool.QueryRow(ctx, `SELECT count(*), max(id), `+digestOf("id")+` FROM `+table+` WHERE `+where,
+		append([]any{planEachTime}, args...)...).Scan(&n, &upTo, &digest)
 	if err != nil {
 		return Plan{}, fmt.Errorf("inbox: counting the selection: %w", err)
 	}
 	if upTo != nil && s.UpTo == 0 {
 		s.UpTo = *upTo
 	}
-	return Plan{Selection: s, Count: n}, nil
+	return Plan{Selection: s, Count: n, Digest: digest}, nil
 }
 
 // Action is one entry of the history: what an operator did, or is doing,
@@ -190,7 +201,10 @@ func scanAction(row pgx.Row) (Action, error) {
 // StartBulk records action (ActionRetry or ActionDrop) of by, with why
 // (required for a drop), on the messages plan counted, and chooses them.
 // It does none of them: RunBulk does. It refuses with ErrSelectionChanged
-// when the selection holds other than plan.Count messages now.
+// when the selection holds other than plan.Count messages now, or, given
+// plan.Digest, other messages. The same plan started again by the same
+// operator while its action runs (a confirmation sent twice) is that
+// action, not a second one.
 func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan, by, why string) (Action, error) {
 	switch {
 	case action != ActionRetry && action != ActionDrop:
@@ -211,6 +225,20 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 	}
 	var a Action
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// One start at a time per consumer, so that two of one plan see
+		// each other.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, bulkStartLockSpace, plan.Selection.Consumer); err != nil {
+			return fmt.Errorf("inbox: waiting for another start: %w", err)
+		}
+		a, err = scanAction(tx.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions
+			WHERE state = 'running' AND consumer = $1 AND action = $2 AND actor = $3 AND selection = $4::jsonb
+			ORDER BY id LIMIT 1`, plan.Selection.Consumer, action, by, selection))
+		if err == nil {
+			return nil // started already
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("inbox: looking for the same action: %w", err)
+		}
 		a, err = scanAction(tx.QueryRow(ctx, `INSERT INTO inbox_actions (consumer, action, actor, why, selection, selected)
 			VALUES ($1, $2, $3, $4, $5, 0) RETURNING `+actionColumns, plan.Selection.Consumer, action, by, why, selection))
 		if err != nil {
@@ -225,6 +253,16 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 		if n := tag.RowsAffected(); n != plan.Count {
 			return fmt.Errorf("%w: it holds %d open messages, %d when counted", ErrSelectionChanged, n, plan.Count)
 		}
+		if plan.Digest != "" {
+			var digest string
+			if err := tx.QueryRow(ctx, `SELECT `+digestOf("quarantine_id")+` FROM inbox_action_items WHERE action_id = $1`,
+				a.ID).Scan(&digest); err != nil {
+				return fmt.Errorf("inbox: comparing the selection: %w", err)
+			}
+			if digest != plan.Digest {
+				return fmt.Errorf("%w: it holds %d open messages as when counted, but not the same", ErrSelectionChanged, plan.Count)
+			}
+		}
 		a.Selected = plan.Count
 		_, err = tx.Exec(ctx, `UPDATE inbox_actions SET selected = $2 WHERE id = $1`, a.ID, a.Selected)
 		return err
@@ -234,6 +272,10 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 	}
 	return a, nil
 }
+
+// bulkStartLockSpace is the advisory lock space of StartBulk (one key per
+// consumer); pkg/migrate and pkg/outbox use 7_412_001 to 7_412_006.
+const bulkStartLockSpace = 7_412_007
 
 // BulkOptions tunes RunBulk.
 type BulkOptions struct {

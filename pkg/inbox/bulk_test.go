@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -663,7 +664,11 @@ func TestBulkOnParkedRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), plan.Count)
 	require.NoError(t, outbox.RetryParked(ctx, b.pool, a2)) // by hand, meanwhile
-	plan.Count = 2
+	_, err = inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.ErrorIs(t, err, inbox.ErrSelectionChanged)
+	plan, err = inbox.DryRun(ctx, b.pool, plan.Selection) // looked again
+	require.NoError(t, err)
+	require.Equal(t, int64(2), plan.Count)
 	started, err := inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
 	done, err := inbox.RunBulk(ctx, b.pool, started.ID, inbox.BulkOptions{BatchSize: 1})
@@ -689,4 +694,79 @@ func TestBulkOnParkedRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, history, 2)
 	require.True(t, history[0].Selection.Parked && history[1].Selection.Parked)
+}
+
+// TestBulkRefusesOtherRowsOfTheSameCount: a selection that holds as many
+// rows as its dry run counted, but not the same (one unparked by hand, one
+// parked by the relay meanwhile), is refused; the dry run's digest tells
+// them apart.
+func TestBulkRefusesOtherRowsOfTheSameCount(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, b := setup(t, inbox.Config{})
+	var ids []int64
+	for range 3 {
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			return outbox.PublishTx(ctx, tx, "a", outbox.NewMessage("k", []byte("too large for the broker")))
+		}))
+		ids = append(ids, scalar[int64](t, b, `SELECT max(id) FROM outbox_messages`))
+	}
+	park := func(id int64) {
+		t.Helper()
+		_, err := b.pool.Exec(ctx, `UPDATE outbox_messages SET parked_at = now(), park_reason = 'record too large' WHERE id = $1`, id)
+		require.NoError(t, err)
+	}
+	park(ids[0])
+	park(ids[2])
+	plan, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), plan.Count)
+	require.NoError(t, outbox.RetryParked(ctx, b.pool, ids[0]))
+	park(ids[1]) // below the dry run's UpTo
+
+	_, err = inbox.StartBulk(ctx, b.pool, inbox.ActionDrop, plan, "alice", "too large")
+	require.ErrorIs(t, err, inbox.ErrSelectionChanged)
+	require.ErrorContains(t, err, "not the same")
+	history, err := inbox.ListActions(ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Empty(t, history, "nothing recorded")
+}
+
+// TestBulkStartedTwiceIsOneAction: the same plan started twice by one
+// operator while its action runs (a confirmation sent twice, at once) is
+// one action; by another operator, or once the first was stopped, it is a
+// new one.
+func TestBulkStartedTwiceIsOneAction(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, inbox.Config{})
+	deadLetters(t, b.ctx, b, 5, badDeploy, nil)
+	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	require.NoError(t, err)
+	const clicks = 4
+	ids := make(chan int64, clicks)
+	var g errgroup.Group
+	for range clicks {
+		g.Go(func() error {
+			a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+			ids <- a.ID
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+	close(ids)
+	first := <-ids
+	for id := range ids {
+		require.Equal(t, first, id, "one action")
+	}
+	bobs, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	require.NoError(t, err)
+	require.NotEqual(t, first, bobs.ID, "another operator's")
+	_, err = inbox.StopBulk(b.ctx, b.pool, first, "alice")
+	require.NoError(t, err)
+	again, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.NoError(t, err)
+	require.NotEqual(t, first, again.ID, "the first was stopped")
+	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.NoError(t, err)
+	require.Len(t, history, 3)
 }
