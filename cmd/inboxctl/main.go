@@ -132,7 +132,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 
 	switch cmd {
 	case "list":
-		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Group: *group, Resolved: *resolved})
+		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Group: *group, Resolved: *resolved, WithoutPayloads: true})
 		if err != nil {
 			return err
 		}

@@ -130,7 +130,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	consumer, group := r.PathValue("consumer"), r.PathValue("group")
-	list, err := inbox.ListQuarantined(r.Context(), c.cfg.Pool, inbox.QuarantineFilter{Consumer: consumer, Group: group, After: after, Limit: c.cfg.PageSize + 1})
+	list, err := inbox.ListQuarantined(r.Context(), c.cfg.Pool, inbox.QuarantineFilter{Consumer: consumer, Group: group, After: after, Limit: c.cfg.PageSize + 1, WithoutPayloads: true})
 	if err != nil {
 		c.fail(w, r, err)
 		return

@@ -98,10 +98,19 @@ type QuarantineFilter struct {
 	After int64
 	// Limit caps the rows returned, oldest first. Defaults to 1000.
 	Limit int
+	// WithoutPayloads leaves each row's Payload nil (PayloadNull and
+	// PayloadSHA256 still tell what it carried): a list of a thousand
+	// messages of up to a broker's megabyte each reads none of them.
+	// GetQuarantined reads one.
+	WithoutPayloads bool
 }
 
-const quarantineColumns = `id, consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256,
-	payload, payload IS NULL, metadata, raw_metadata, created_at, resolved_at, coalesce(resolution, ''), coalesce(resolved_by, ''), coalesce(resolution_note, '')`
+// quarantineColumns are the columns scanQuarantined reads, with payload the
+// payload's expression.
+func quarantineColumns(payload string) string {
+	return `id, consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256,
+	` + payload + `, payload IS NULL, metadata, raw_metadata, created_at, resolved_at, coalesce(resolution, ''), coalesce(resolved_by, ''), coalesce(resolution_note, '')`
+}
 
 func scanQuarantined(row pgx.Row) (Quarantined, error) {
 	var q Quarantined
@@ -135,10 +144,10 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter
 	if f.Group != "" && f.Consumer == "" {
 		return nil, errors.New("inbox: QuarantineFilter.Group needs its Consumer")
 	}
-	rows, err := pool.Query(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine
+	rows, err := pool.Query(ctx, `SELECT `+quarantineColumns(`CASE WHEN $7 THEN NULL ELSE payload END`)+` FROM inbox_quarantine
 		WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR kind = $2) AND ($3 OR resolved_at IS NULL)
 			AND ($4 = '' OR failure_group = $4) AND id > $5
-		ORDER BY id LIMIT $6`, planEachTime, f.Consumer, f.Kind, f.Resolved, f.Group, f.After, f.Limit)
+		ORDER BY id LIMIT $6`, planEachTime, f.Consumer, f.Kind, f.Resolved, f.Group, f.After, f.Limit, f.WithoutPayloads)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing quarantine: %w", err)
 	}
@@ -151,7 +160,7 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter
 
 // GetQuarantined returns one quarantined message, resolved or not.
 func GetQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64) (Quarantined, error) {
-	q, err := scanQuarantined(pool.QueryRow(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine WHERE id = $1`, id))
+	q, err := scanQuarantined(pool.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q, fmt.Errorf("%w: %d", ErrNotFound, id)
 	}
@@ -218,7 +227,7 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult, error) {
 	var res RedriveResult
 	err := func() error {
-		q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
+		q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: %d", ErrNotFound, id)
 		}
@@ -360,7 +369,7 @@ func dropTx(ctx context.Context, tx pgx.Tx, id int64, by, why string) (Quarantin
 	q, err := scanQuarantined(tx.QueryRow(ctx, `UPDATE inbox_quarantine
 		SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
 		WHERE id = $1 AND resolved_at IS NULL
-		RETURNING `+quarantineColumns, id, ResolutionDiscarded, by, why))
+		RETURNING `+quarantineColumns("payload"), id, ResolutionDiscarded, by, why))
 	if err != nil {
 		return q, err
 	}

@@ -182,13 +182,19 @@ func TestFailureGroups(t *testing.T) {
 	}, got)
 	require.Contains(t, groups[0].Example, "above the limit 1000", "the example is a reason as it was")
 
-	// A group's messages, a page at a time.
+	// A group's messages, a page at a time, without their payloads.
 	var pages, seen int
 	for after := int64(0); ; pages++ {
-		page, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Group: groups[0].ID, After: after, Limit: 20})
+		page, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Group: groups[0].ID, After: after, Limit: 20, WithoutPayloads: true})
 		require.NoError(t, err)
 		if len(page) == 0 {
 			break
+		}
+		for _, q := range page {
+			require.True(t, q.Payload == nil && !q.PayloadNull && len(q.PayloadSHA256) == 32, "no payload read, but one there")
+			one, err := inbox.GetQuarantined(b.ctx, b.pool, q.ID)
+			require.NoError(t, err)
+			require.NotEmpty(t, one.Payload, "read one at a time")
 		}
 		seen += len(page)
 		after = page[len(page)-1].ID
