@@ -282,6 +282,10 @@ func TestBulkRetryFromTheConsole(t *testing.T) {
 	// Its 30 messages, 20 a page: the second page has the other 10.
 	_, page := c.do(http.MethodGet, group, nil)
 	require.Equal(t, 20, strings.Count(page, `<a href="../../messages/`))
+	for _, what := range []string{"retry", "drop"} {
+		require.Contains(t, page, `<form method="post" action="../../bulk/preview" class="inline" id="bulk-`+what+`"><input type="hidden" name="csrf" value="`+token+
+			`"><input type="hidden" name="consumer" value="`+consumer+`"><input type="hidden" name="group" value="`+group[len(group)-16:]+`"><input type="hidden" name="action" value="`+what+`">`)
+	}
 	next := regexp.MustCompile(`<a id="next" href="\?after=(\d+)">`).FindStringSubmatch(page)
 	require.NotNil(t, next, page)
 	_, page = c.do(http.MethodGet, group+"?after="+next[1], nil)

@@ -33,6 +33,8 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 	"json":  func(v any) string { b, _ := json.Marshal(v); return string(b) },
 	"seg":   url.PathEscape,
 	"kinds": func() []string { return []string{inbox.KindDeadLetter, inbox.KindPayloadConflict, inbox.KindInvalid} },
+	"list":  func(s ...string) []string { return s },
+	"bulk":  newBulkForms,
 }).ParseFS(pagesFS, "pages.html"))
 
 func (c *Console) routes() {
@@ -426,4 +428,24 @@ func distinct[T any](list []T, key func(T) string) []string {
 		}
 	}
 	return out
+}
+
+// bulkForms are a selection's Retry all and Drop all forms (the template
+// "bulk"): posted to action, with the selection's fields as hidden inputs,
+// ids id-retry and id-drop when id is set.
+type bulkForms struct {
+	CSRF, Action, ID string
+	Fields           [][2]string
+}
+
+// newBulkForms takes the fields as name, value pairs.
+func newBulkForms(csrf, action, id string, pairs ...string) (bulkForms, error) {
+	if len(pairs)%2 != 0 {
+		return bulkForms{}, fmt.Errorf("bulk: %d fields: want name, value pairs", len(pairs))
+	}
+	f := bulkForms{CSRF: csrf, Action: action, ID: id}
+	for i := 0; i < len(pairs); i += 2 {
+		f.Fields = append(f.Fields, [2]string{pairs[i], pairs[i+1]})
+	}
+	return f, nil
 }
