@@ -269,6 +269,9 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 	if expect >= 0 && sel.UpTo <= 0 {
 		return errors.New("-expect goes with the -up-to the dry run printed: the messages it counted, not those quarantined since")
 	}
+	if digest != "" && expect < 0 {
+		return errors.New("-digest goes with -expect and -up-to: the three the dry run printed")
+	}
 	plan, err := inbox.DryRun(ctx, pool, sel)
 	if err != nil {
 		return err

@@ -474,14 +474,16 @@ func TestHeldKeysInBulk(t *testing.T) {
 	for _, f := range regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`).FindAllStringSubmatch(page, -1) {
 		form.Set(f[1], f[2])
 	}
-	digest := form.Get("digest")
+	digest, plan := form.Get("digest"), form.Get("plan")
 	require.Len(t, digest, 16)
-	for _, d := range []string{"", "0123456789abcdef"} {
-		form.Set("digest", d)
+	require.NotEmpty(t, plan)
+	for _, f := range [][2]string{{"digest", ""}, {"digest", "0123456789abcdef"}, {"plan", ""}} {
+		form.Set(f[0], f[1])
 		status, page = c.do(http.MethodPost, "/bulk/start", form)
 		require.Contains(t, []int{http.StatusBadRequest, http.StatusConflict}, status, page)
+		form.Set("digest", digest)
+		form.Set("plan", plan)
 	}
-	form.Set("digest", digest)
 	var started []string
 	for range 2 {
 		status, page = c.do(http.MethodPost, "/bulk/start", form)

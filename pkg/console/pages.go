@@ -93,7 +93,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, inbox.ErrNotFound), errors.Is(err, inbox.ErrNoAction):
 		status = http.StatusNotFound
-	case errors.Is(err, inbox.ErrResolved), errors.Is(err, inbox.ErrNotRedrivable), errors.Is(err, inbox.ErrSelectionChanged),
+	case errors.Is(err, inbox.ErrResolved), errors.Is(err, inbox.ErrNotRedrivable), errors.Is(err, inbox.ErrSelectionChanged), errors.Is(err, inbox.ErrPlanStarted),
 		errors.Is(err, inbox.ErrNothingSelected):
 		status = http.StatusConflict
 	case errors.Is(err, errBadRequest):
@@ -284,13 +284,13 @@ func (c *Console) start(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	digest := r.PostFormValue("digest")
-	if s.UpTo == 0 || digest == "" {
+	plan := inbox.Plan{Selection: s, Count: expect, Digest: r.PostFormValue("digest"), ID: r.PostFormValue("plan")}
+	if s.UpTo == 0 || plan.Digest == "" || plan.ID == "" {
 		c.fail(w, r, badRequest("a bulk action starts from its dry run's confirmation"))
 		return
 	}
 	u := userOf(r)
-	a, err := inbox.StartBulk(r.Context(), c.cfg.Pool, action, inbox.Plan{Selection: s, Count: expect, Digest: digest}, u.Name, why)
+	a, err := inbox.StartBulk(r.Context(), c.cfg.Pool, action, plan, u.Name, why)
 	if err != nil {
 		c.fail(w, r, err)
 		return

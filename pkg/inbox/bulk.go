@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,8 +26,10 @@ import (
 //     records the action in the history (inbox_actions: who, when, what,
 //     the selection, how many) and the messages it chose
 //     (inbox_action_items), in one transaction; if the selection no longer
-//     holds the count confirmed (another operator resolved some meanwhile),
-//     it refuses with ErrSelectionChanged and records nothing.
+//     holds the messages confirmed (another operator resolved some
+//     meanwhile; as many, but a row parked since), it refuses with
+//     ErrSelectionChanged and records nothing. A plan is started once: a
+//     confirmation sent twice is one action.
 //  3. RunBulk does the action's messages in batches, each in one
 //     transaction that retries or drops them (RetryQuarantined's and
 //     DropQuarantined's work, row by row) and marks them done with their
@@ -61,11 +64,15 @@ const (
 )
 
 var (
-	// ErrSelectionChanged: the selection no longer holds the count the
-	// operator confirmed. Dry-run again.
+	// ErrSelectionChanged: the selection no longer holds the messages the
+	// operator confirmed (their count, or, given Plan.Digest, which they
+	// are). Dry-run again.
 	ErrSelectionChanged = errors.New("inbox: the selection changed since its dry run")
 	// ErrNothingSelected: a bulk action needs at least one message.
 	ErrNothingSelected = errors.New("inbox: the selection holds no open message")
+	// ErrPlanStarted: the dry run was started already, as another action
+	// (another operator, another reason). Dry-run again.
+	ErrPlanStarted = errors.New("inbox: the dry run was started already")
 	// ErrNoAction: no action has that id.
 	ErrNoAction = errors.New("inbox: no action with that id")
 )
@@ -137,6 +144,9 @@ type Plan struct {
 	// same (a row parked, or a key held, since the dry run, as another left
 	// it). Empty, StartBulk compares counts only.
 	Digest string
+	// ID names this dry run (random): StartBulk starts it once. Empty (a
+	// plan built by hand), each start is an action of its own.
+	ID string
 }
 
 // digestOf is the SQL of a Plan's Digest over the ids column of a query.
@@ -161,7 +171,7 @@ func DryRun(ctx context.Context, pool *pgxpool.Pool, s Selection) (Plan, error) 
 	if upTo != nil && s.UpTo == 0 {
 		s.UpTo = *upTo
 	}
-	return Plan{Selection: s, Count: n, Digest: digest}, nil
+	return Plan{Selection: s, Count: n, Digest: digest, ID: rand.Text()[:16]}, nil
 }
 
 // Action is one entry of the history: what an operator did, or is doing,
@@ -202,9 +212,10 @@ func scanAction(row pgx.Row) (Action, error) {
 // (required for a drop), on the messages plan counted, and chooses them.
 // It does none of them: RunBulk does. It refuses with ErrSelectionChanged
 // when the selection holds other than plan.Count messages now, or, given
-// plan.Digest, other messages. The same plan started again by the same
-// operator while its action runs (a confirmation sent twice) is that
-// action, not a second one.
+// plan.Digest, other messages. A dry run is started once: its plan started
+// again (a confirmation sent twice) returns the action the first start
+// recorded, running or finished, or ErrPlanStarted if that was another
+// action, operator or reason.
 func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan, by, why string) (Action, error) {
 	switch {
 	case action != ActionRetry && action != ActionDrop:
@@ -224,23 +235,27 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 		return Action{}, err
 	}
 	var a Action
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// One start at a time per consumer, so that two of one plan see
-		// each other.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, bulkStartLockSpace, plan.Selection.Consumer); err != nil {
-			return fmt.Errorf("inbox: waiting for another start: %w", err)
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var plannedBy *string
+		if plan.ID != "" {
+			plannedBy = &plan.ID
 		}
-		a, err = scanAction(tx.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions
-			WHERE state = 'running' AND consumer = $1 AND action = $2 AND actor = $3 AND selection = $4::jsonb
-			ORDER BY id LIMIT 1`, plan.Selection.Consumer, action, by, selection))
-		if err == nil {
-			return nil // started already
+		// A plan started twice at once: the second INSERT waits for the
+		// first's commit, then does nothing, and (read committed) the next
+		// statement sees the first's action.
+		a, err = scanAction(tx.QueryRow(ctx, `INSERT INTO inbox_actions (consumer, action, actor, why, selection, selected, plan)
+			VALUES ($1, $2, $3, $4, $5, 0, $6) ON CONFLICT (plan) WHERE plan IS NOT NULL DO NOTHING
+			RETURNING `+actionColumns, plan.Selection.Consumer, action, by, why, selection, plannedBy))
+		if errors.Is(err, pgx.ErrNoRows) {
+			a, err = scanAction(tx.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE plan = $1`, plan.ID))
+			if err != nil {
+				return fmt.Errorf("inbox: reading the action of dry run %s: %w", plan.ID, err)
+			}
+			if a.Action != action || a.Actor != by || a.Why != why {
+				return fmt.Errorf("%w: dry run %s was started as action %d (%s by %s)", ErrPlanStarted, plan.ID, a.ID, a.Action, a.Actor)
+			}
+			return nil // started already: that action
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("inbox: looking for the same action: %w", err)
-		}
-		a, err = scanAction(tx.QueryRow(ctx, `INSERT INTO inbox_actions (consumer, action, actor, why, selection, selected)
-			VALUES ($1, $2, $3, $4, $5, 0) RETURNING `+actionColumns, plan.Selection.Consumer, action, by, why, selection))
 		if err != nil {
 			return fmt.Errorf("inbox: recording the action: %w", err)
 		}
@@ -272,10 +287,6 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 	}
 	return a, nil
 }
-
-// bulkStartLockSpace is the advisory lock space of StartBulk (one key per
-// consumer); pkg/migrate and pkg/outbox use 7_412_001 to 7_412_006.
-const bulkStartLockSpace = 7_412_007
 
 // BulkOptions tunes RunBulk.
 type BulkOptions struct {

@@ -299,18 +299,15 @@ func TestBulkActionsOverlap(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
 	ids := keyedDeadLetters(t, b.ctx, b, 300, 13, badDeploy, nil)
-	sel := inbox.Selection{Consumer: consumer}
-	plan, err := inbox.DryRun(b.ctx, b.pool, sel)
-	require.NoError(t, err)
-	var actions []inbox.Action
-	for _, who := range []string{"alice", "bob"} {
-		a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, who, "")
+	// Each operator's own dry run, of the same messages.
+	start := func(action, who, why string) inbox.Action {
+		plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
 		require.NoError(t, err)
-		actions = append(actions, a)
+		a, err := inbox.StartBulk(b.ctx, b.pool, action, plan, who, why)
+		require.NoError(t, err)
+		return a
 	}
-	drop, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "carol", "stale")
-	require.NoError(t, err)
-	actions = append(actions, drop)
+	actions := []inbox.Action{start(inbox.ActionRetry, "alice", ""), start(inbox.ActionRetry, "bob", ""), start(inbox.ActionDrop, "carol", "stale")}
 
 	results := runAll(t, b, actions, 7)
 	var done int64
@@ -738,10 +735,10 @@ func TestBulkRefusesOtherRowsOfTheSameCount(t *testing.T) {
 	require.Empty(t, history, "nothing recorded")
 }
 
-// TestBulkStartedTwiceIsOneAction: the same plan started twice by one
-// operator while its action runs (a confirmation sent twice, at once) is
-// one action; by another operator, or once the first was stopped, it is a
-// new one.
+// TestBulkStartedTwiceIsOneAction: a dry run is started once: its plan
+// started again (a confirmation sent twice, at once, or after its action
+// stopped or finished) is the action the first start recorded; by another
+// operator it is refused; a new dry run of the same rows is a new action.
 func TestBulkStartedTwiceIsOneAction(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
@@ -764,15 +761,28 @@ func TestBulkStartedTwiceIsOneAction(t *testing.T) {
 	for id := range ids {
 		require.Equal(t, first, id, "one action")
 	}
-	bobs, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
-	require.NoError(t, err)
-	require.NotEqual(t, first, bobs.ID, "another operator's")
 	_, err = inbox.StopBulk(b.ctx, b.pool, first, "alice")
 	require.NoError(t, err)
 	again, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
-	require.NotEqual(t, first, again.ID, "the first was stopped")
+	require.Equal(t, [2]any{first, inbox.ActionStopped}, [2]any{again.ID, again.State}, "started once, stopped since")
+
+	plan, err = inbox.DryRun(b.ctx, b.pool, plan.Selection) // the same rows, looked at again
+	require.NoError(t, err)
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	require.NoError(t, err, "bob's first start of it")
+	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	require.ErrorIs(t, err, inbox.ErrPlanStarted, "alice confirms what bob started")
+	second, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	require.NoError(t, err)
+	require.NotEqual(t, first, second.ID, "a new dry run")
+	finished, err := inbox.RunBulk(b.ctx, b.pool, second.ID, inbox.BulkOptions{})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, finished.Done)
+	late, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	require.NoError(t, err, "a confirmation that comes after its action finished")
+	require.Equal(t, [2]any{second.ID, inbox.ActionFinished}, [2]any{late.ID, late.State})
 	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
-	require.Len(t, history, 3)
+	require.Len(t, history, 2)
 }
