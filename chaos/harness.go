@@ -222,7 +222,11 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 		if err != nil {
 			return nil, fmt.Errorf("starting the replicated postgres: %w", err)
 		}
-		pg = c // system.Stop stops it
+		// Stopped with the run: system.Stop stops only a Postgres it
+		// started, and Patroni dies with this process (its death signal),
+		// but not the Postgres it started, nor its directory.
+		defer c.Close()
+		pg = c
 		h.failovers = &dbFailovers{c: c, say: h.say}
 	}
 	sys, err := system.Start(ctx, system.Options{
