@@ -30,7 +30,7 @@
 // dry run); with -expect N -up-to ID, the count and the last id the dry run
 // printed (and -digest, the very messages it counted), they record the action and do it in batches, printing progress
 // (inbox.StartBulk, inbox.RunBulk): rows quarantined after the dry run are
-// not part of it, and a count changed since refuses it. actions lists the
+// not part of it, and messages changed since (in number or which) refuse it. actions lists the
 // history of what operators did, newest first; action shows one, with what
 // it did to each message (why it refused one); stop stops one for good (its
 // messages not done stay open); resume goes on with an action that was cut off (killed, ^C; a console running beside resumes it too): each

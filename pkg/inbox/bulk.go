@@ -260,23 +260,22 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 			return fmt.Errorf("inbox: recording the action: %w", err)
 		}
 		table, where, args := plan.Selection.selected()
-		tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO inbox_action_items (action_id, quarantine_id)
-			SELECT $%d, id FROM %s WHERE %s`, len(args)+1, table, where), append(append([]any{planEachTime}, args...), a.ID)...)
+		// The rows chosen, counted and named (Plan.Digest) as they are
+		// written, in one statement.
+		var n int64
+		var digest string
+		err = tx.QueryRow(ctx, fmt.Sprintf(`WITH chosen AS (INSERT INTO inbox_action_items (action_id, quarantine_id)
+			SELECT $%d, id FROM %s WHERE %s RETURNING quarantine_id)
+			SELECT count(*), %s FROM chosen`, len(args)+1, table, where, digestOf("quarantine_id")),
+			append(append([]any{planEachTime}, args...), a.ID)...).Scan(&n, &digest)
 		if err != nil {
 			return fmt.Errorf("inbox: choosing the messages: %w", err)
 		}
-		if n := tag.RowsAffected(); n != plan.Count {
+		if n != plan.Count {
 			return fmt.Errorf("%w: it holds %d open messages, %d when counted", ErrSelectionChanged, n, plan.Count)
 		}
-		if plan.Digest != "" {
-			var digest string
-			if err := tx.QueryRow(ctx, `SELECT `+digestOf("quarantine_id")+` FROM inbox_action_items WHERE action_id = $1`,
-				a.ID).Scan(&digest); err != nil {
-				return fmt.Errorf("inbox: comparing the selection: %w", err)
-			}
-			if digest != plan.Digest {
-				return fmt.Errorf("%w: it holds %d open messages as when counted, but not the same", ErrSelectionChanged, plan.Count)
-			}
+		if plan.Digest != "" && digest != plan.Digest {
+			return fmt.Errorf("%w: it holds %d open messages as when counted, but not the same", ErrSelectionChanged, plan.Count)
 		}
 		a.Selected = plan.Count
 		_, err = tx.Exec(ctx, `UPDATE inbox_actions SET selected = $2 WHERE id = $1`, a.ID, a.Selected)
