@@ -11,7 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/services/events"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
@@ -38,7 +38,7 @@ type Flow struct {
 	// Held is each service's keys held behind a dead letter and the
 	// messages parked behind them (inbox.HoldKey): out of the flow until a
 	// redrive or a discard releases them.
-	Held map[string]inbox.HoldCounts `json:"held"`
+	Held map[string]inboxadmin.HoldCounts `json:"held"`
 	// Partitions is each topic's partitions: the end offset (records
 	// written) and the offset its consumer group committed (acknowledged).
 	Partitions map[string][]Partition `json:"partitions,omitempty"`
@@ -74,7 +74,7 @@ var consumerOf = map[string]string{events.TopicOrders: "inventory", events.Topic
 // answer is left out and named in the returned errors.
 func (s *Server) readFlow(ctx context.Context) (Flow, []string) {
 	f := Flow{Stages: map[string]int64{}, Pending: map[string]int{}, Duplicates: map[string]int64{},
-		Quarantined: map[string]map[string]int{}, Held: map[string]inbox.HoldCounts{}}
+		Quarantined: map[string]map[string]int{}, Held: map[string]inboxadmin.HoldCounts{}}
 	var errs []string
 	// Each source has its own deadline: a database that hangs does not
 	// take the other's, or Kafka's, time.
@@ -135,7 +135,7 @@ func readServiceFlow(ctx context.Context, pool *pgxpool.Pool, name, topic string
 	if err != nil {
 		return err
 	}
-	held, err := inbox.ReadHoldStats(ctx, pool, name)
+	held, err := inboxadmin.New(pool).HoldStats(ctx, name)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/chaos/system"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/services/events"
 )
 
@@ -101,7 +102,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 
 	// Hold the 500th message: the action's batch that reaches it waits,
 	// its transaction open; then inventory is killed.
-	open, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: "inventory", Kind: inbox.KindDeadLetter, Limit: orders})
+	open, err := inboxadmin.New(pool).ListQuarantined(ctx, inboxadmin.QuarantineFilter{Consumer: "inventory", Kind: inbox.KindDeadLetter, Limit: orders})
 	require.NoError(t, err)
 	require.Len(t, open, orders)
 	hold, err := pool.Begin(ctx)
@@ -113,25 +114,25 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	awaitCount(t, ctx, "the action waiting for the 500th message", 1, func() int {
 		return count(t, ctx, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
 	})
-	actions, err := inbox.ListActions(ctx, pool, inbox.ActionFilter{Running: true})
+	actions, err := inboxadmin.New(pool).ListActions(ctx, inboxadmin.ActionFilter{Running: true})
 	require.NoError(t, err)
 	require.Len(t, actions, 1)
 	action := actions[0]
 	inventory.Kill()
 	require.NoError(t, hold.Rollback(ctx))
-	killed, err := inbox.GetAction(ctx, pool, action.ID)
+	killed, err := inboxadmin.New(pool).GetAction(ctx, action.ID)
 	require.NoError(t, err)
 	require.Less(t, killed.Done, int64(500), "killed before the 500th")
-	require.Equal(t, inbox.ActionRunning, killed.State)
+	require.Equal(t, inboxadmin.ActionRunning, killed.State)
 	t.Logf("inventory killed with action %d at %d of %d", action.ID, killed.Done, killed.Selected)
 	require.NoError(t, inventory.Start())
 	require.NoError(t, inventory.WaitReady(ctx))
 
 	// The restarted console resumes it.
 	awaitCount(t, ctx, "the action finished", orders, func() int {
-		a, err := inbox.GetAction(ctx, pool, action.ID)
+		a, err := inboxadmin.New(pool).GetAction(ctx, action.ID)
 		require.NoError(t, err)
-		if a.State != inbox.ActionFinished {
+		if a.State != inboxadmin.ActionFinished {
 			return int(a.Done) - orders // not yet, however many are done
 		}
 		return int(a.Done)

@@ -20,16 +20,16 @@
 //
 // groups lists the failure groups of the open messages: those that failed
 // alike (kind, reason with its ids and numbers masked, event type, producer
-// key), the largest first; see inbox.ListGroups.
+// key), the largest first; see inboxadmin.Admin.ListGroups.
 // redrive writes a dead letter back through the consumer's outbox (to its
 // redrive topic, or the topic it came from), under its original id, in the transaction that marks it redriven
-// (see inbox.RetryQuarantined): fix the handler first, then redrive.
+// (see inboxadmin.Admin.Retry): fix the handler first, then redrive.
 // discard closes a row without applying it and records who, why and when.
 // Given a group, a kind, -holding or -all instead of an ID, redrive and discard act on
 // many messages of one consumer: without -expect they only count them (a
 // dry run); with -expect N -up-to ID, the count and the last id the dry run
 // printed (and -digest, the very messages it counted), they record the action and do it in batches, printing progress
-// (inbox.StartBulk, inbox.RunBulk): rows quarantined after the dry run are
+// (inboxadmin.Admin.StartBulk, inboxadmin.Admin.RunBulk): rows quarantined after the dry run are
 // not part of it, and messages changed since (in number or which) refuse it. actions lists the
 // history of what operators did, newest first; action shows one, with what
 // it did to each message (why it refused one); stop stops one for good (its
@@ -46,7 +46,7 @@
 // what the inbox keeps for one that no longer runs (renamed or removed: no
 // sweep retires its rows, and they hold every partition they are in),
 // unless it wrote to the inbox within -idle (72h) or has parked messages
-// (-drop-parked deletes them); see inbox.RetireConsumer.
+// (-drop-parked deletes them); see inboxadmin.Admin.Retire.
 package main
 
 import (
@@ -62,10 +62,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxref/outbox-inbox/cmd/internal/opctl"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 )
 
 var tool = opctl.Tool{
@@ -129,34 +128,35 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		return err
 	}
 	defer closeDB()
+	admin := inboxadmin.New(pool)
 
 	switch cmd {
 	case "list":
-		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: *consumer, Kind: *kind, Group: *group, Resolved: *resolved, WithoutPayloads: true})
+		list, err := admin.ListQuarantined(ctx, inboxadmin.QuarantineFilter{Consumer: *consumer, Kind: *kind, Group: *group, Resolved: *resolved, WithoutPayloads: true})
 		if err != nil {
 			return err
 		}
 		printList(out, list)
 	case "held":
-		list, err := inbox.ListHeld(ctx, pool, *consumer)
+		list, err := admin.ListHeld(ctx, *consumer)
 		if err != nil {
 			return err
 		}
 		printHeld(out, list)
 	case "breaches":
-		list, err := inbox.ListBreaches(ctx, pool, *consumer, *limit)
+		list, err := admin.ListBreaches(ctx, *consumer, *limit)
 		if err != nil {
 			return err
 		}
 		printBreaches(out, list)
 	case "show":
-		q, err := inbox.GetQuarantined(ctx, pool, id)
+		q, err := admin.GetQuarantined(ctx, id)
 		if err != nil {
 			return err
 		}
 		printOne(out, q)
 	case "groups":
-		list, err := inbox.ListGroups(ctx, pool, inbox.GroupFilter{Consumer: *consumer, Kind: *kind})
+		list, err := admin.ListGroups(ctx, inboxadmin.GroupFilter{Consumer: *consumer, Kind: *kind})
 		if err != nil {
 			return err
 		}
@@ -166,21 +166,21 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return errors.New("discard needs -why: it is kept as the audit record")
 		}
 		if bulk {
-			action := inbox.ActionRetry
+			action := inboxadmin.ActionRetry
 			if cmd == "discard" {
-				action = inbox.ActionDrop
+				action = inboxadmin.ActionDrop
 			}
-			return runBulk(ctx, out, pool, action, inbox.Selection{Consumer: *consumer, Group: *group, Kind: *kind, Holding: *holding, UpTo: *upTo}, *expect, *digest, *by, *why)
+			return runBulk(ctx, out, admin, action, inboxadmin.Selection{Consumer: *consumer, Group: *group, Kind: *kind, Holding: *holding, UpTo: *upTo}, *expect, *digest, *by, *why)
 		}
 		if cmd == "discard" {
-			q, err := inbox.DropQuarantined(ctx, pool, id, *by, *why)
+			q, err := admin.Drop(ctx, id, *by, *why)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "%d discarded by %s at %s: %s\n", q.ID, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339), q.ResolutionNote)
 			return nil
 		}
-		res, err := inbox.RetryQuarantined(ctx, pool, id, *by)
+		res, err := admin.Retry(ctx, id, *by)
 		if err != nil {
 			return fmt.Errorf("redriving %d: %w", id, err)
 		}
@@ -190,36 +190,36 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		}
 		fmt.Fprintf(out, "%d %s: %s\n", id, verb, res.Note)
 	case "actions":
-		list, err := inbox.ListActions(ctx, pool, inbox.ActionFilter{Consumer: *consumer, Limit: *limit})
+		list, err := admin.ListActions(ctx, inboxadmin.ActionFilter{Consumer: *consumer, Limit: *limit})
 		if err != nil {
 			return err
 		}
 		printActions(out, list)
 	case "action":
-		a, err := inbox.GetAction(ctx, pool, id)
+		a, err := admin.GetAction(ctx, id)
 		if err != nil {
 			return err
 		}
-		printActions(out, []inbox.Action{a})
-		items, err := inbox.ListActionItems(ctx, pool, id, 0, *limit)
+		printActions(out, []inboxadmin.Action{a})
+		items, err := admin.ListActionItems(ctx, id, 0, *limit)
 		if err != nil {
 			return err
 		}
 		printItems(out, items)
 	case "stop":
-		a, err := inbox.StopBulk(ctx, pool, id, *by)
+		a, err := admin.StopBulk(ctx, id, *by)
 		if err != nil {
 			return err
 		}
-		printActions(out, []inbox.Action{a})
+		printActions(out, []inboxadmin.Action{a})
 	case "resume":
-		a, err := inbox.RunBulk(ctx, pool, id, inbox.BulkOptions{Progress: progress(out)})
+		a, err := admin.RunBulk(ctx, id, inboxadmin.BulkOptions{Progress: progress(out)})
 		if err != nil {
 			return err
 		}
 		printDone(out, a)
 	case "consumers":
-		list, err := inbox.ListConsumers(ctx, pool)
+		list, err := admin.ListConsumers(ctx)
 		if err != nil {
 			return err
 		}
@@ -228,8 +228,9 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		if *consumer == "" {
 			return errors.New("retire needs -consumer: the name of the consumer that no longer runs")
 		}
-		r, err := inbox.RetireConsumer(ctx, pool, inbox.Retire{Consumer: *consumer, Idle: *idle, DropParked: *dropParked,
+		r, err := admin.Retire(ctx, inboxadmin.RetireParams{Consumer: *consumer, Idle: *idle, DropParked: *dropParked,
 			Progress: func(n int64) { fmt.Fprintf(out, "%d inbox rows of %s deleted\n", n, *consumer) }})
+
 		if err != nil {
 			return err
 		}
@@ -258,12 +259,12 @@ func idArg(cmd string, rest []string, bulk bool) (int64, error) {
 
 // runBulk counts what sel chooses and, when expect is that count, retries
 // or drops it (action), printing progress.
-func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action string, sel inbox.Selection, expect int64, digest, by, why string) error {
+func runBulk(ctx context.Context, out io.Writer, admin *inboxadmin.Admin, action string, sel inboxadmin.Selection, expect int64, digest, by, why string) error {
 	if sel.Consumer == "" {
 		return errors.New("a bulk action is for one consumer: -consumer NAME (inboxctl consumers lists them)")
 	}
-	verb := map[string]string{inbox.ActionRetry: "redrive", inbox.ActionDrop: "discard"}[action]
-	if action == inbox.ActionRetry && sel.Kind == "" && sel.Group == "" {
+	verb := map[string]string{inboxadmin.ActionRetry: "redrive", inboxadmin.ActionDrop: "discard"}[action]
+	if action == inboxadmin.ActionRetry && sel.Kind == "" && sel.Group == "" {
 		sel.Kind = inbox.KindDeadLetter // only dead letters can be redriven
 	}
 	if expect >= 0 && sel.UpTo <= 0 {
@@ -272,7 +273,7 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 	if digest != "" && expect < 0 {
 		return errors.New("-digest goes with -expect and -up-to: the three the dry run printed")
 	}
-	plan, err := inbox.DryRun(ctx, pool, sel)
+	plan, err := admin.DryRun(ctx, sel)
 	if err != nil {
 		return err
 	}
@@ -289,12 +290,12 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 	case digest != "" && digest != plan.Digest:
 		return fmt.Errorf("%d open messages chosen now, as expected, but not the same ones: nothing done; look again (the same command without -expect)", plan.Count)
 	}
-	started, err := inbox.StartBulk(ctx, pool, action, plan, by, why)
+	started, err := admin.StartBulk(ctx, action, plan, by, why)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "action %d: %s of %d messages by %s started (inboxctl resume %d goes on with it if stopped)\n", started.ID, verb, started.Selected, by, started.ID)
-	a, err := inbox.RunBulk(ctx, pool, started.ID, inbox.BulkOptions{Progress: progress(out)})
+	a, err := admin.RunBulk(ctx, started.ID, inboxadmin.BulkOptions{Progress: progress(out)})
 	if err != nil {
 		return fmt.Errorf("%w (inboxctl resume %d goes on with it)", err, started.ID)
 	}
@@ -303,10 +304,10 @@ func runBulk(ctx context.Context, out io.Writer, pool *pgxpool.Pool, action stri
 }
 
 // progress prints an action's progress after each batch, at most once a second.
-func progress(out io.Writer) func(inbox.Action) {
+func progress(out io.Writer) func(inboxadmin.Action) {
 	var last time.Time
-	return func(a inbox.Action) {
-		if a.State == inbox.ActionFinished || time.Since(last) < time.Second {
+	return func(a inboxadmin.Action) {
+		if a.State == inboxadmin.ActionFinished || time.Since(last) < time.Second {
 			return
 		}
 		last = time.Now()
@@ -314,7 +315,7 @@ func progress(out io.Writer) func(inbox.Action) {
 	}
 }
 
-func printDone(out io.Writer, a inbox.Action) {
+func printDone(out io.Writer, a inboxadmin.Action) {
 	fmt.Fprintf(out, "action %d finished: %d of %d done, %d skipped (resolved meanwhile, or applied), %d refused\n",
 		a.ID, a.Done, a.Selected, a.Skipped, a.Refused)
 	if a.Refused > 0 {
@@ -322,7 +323,7 @@ func printDone(out io.Writer, a inbox.Action) {
 	}
 }
 
-func printGroups(out io.Writer, list []inbox.Group) {
+func printGroups(out io.Writer, list []inboxadmin.Group) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "nothing quarantined")
 		return
@@ -337,7 +338,7 @@ func printGroups(out io.Writer, list []inbox.Group) {
 	w.Flush()
 }
 
-func printActions(out io.Writer, list []inbox.Action) {
+func printActions(out io.Writer, list []inboxadmin.Action) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "no action recorded")
 		return
@@ -352,7 +353,7 @@ func printActions(out io.Writer, list []inbox.Action) {
 	w.Flush()
 }
 
-func printItems(out io.Writer, items []inbox.ActionItem) {
+func printItems(out io.Writer, items []inboxadmin.ActionItem) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "\nMESSAGE\tOUTCOME\tNOTE")
 	for _, it := range items {
@@ -368,7 +369,7 @@ func orDash(s string) string {
 	return s
 }
 
-func printList(out io.Writer, list []inbox.Quarantined) {
+func printList(out io.Writer, list []inboxadmin.Quarantined) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "nothing quarantined")
 		return
@@ -386,7 +387,7 @@ func printList(out io.Writer, list []inbox.Quarantined) {
 	w.Flush()
 }
 
-func printConsumers(out io.Writer, list []inbox.ConsumerInfo) {
+func printConsumers(out io.Writer, list []inboxadmin.ConsumerInfo) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "no consumer has rows here")
 		return
@@ -403,7 +404,7 @@ func printConsumers(out io.Writer, list []inbox.ConsumerInfo) {
 	w.Flush()
 }
 
-func printHeld(out io.Writer, list []inbox.HeldKey) {
+func printHeld(out io.Writer, list []inboxadmin.HeldKey) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "no key held")
 		return
@@ -438,7 +439,7 @@ func printBreaches(out io.Writer, list []inbox.Breach) {
 	w.Flush()
 }
 
-func printOne(out io.Writer, q inbox.Quarantined) {
+func printOne(out io.Writer, q inboxadmin.Quarantined) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
 	row("id", q.ID)

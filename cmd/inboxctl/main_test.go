@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/chaos/stack"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
@@ -332,9 +333,9 @@ func TestInboxctlRetire(t *testing.T) {
 	_, err = b.ctl("retire")
 	require.ErrorContains(t, err, "retire needs -consumer")
 	_, err = b.ctl("retire", "-consumer", "billing")
-	require.ErrorIs(t, err, inbox.ErrConsumerActive, "billing finished with a message just now")
+	require.ErrorIs(t, err, inboxadmin.ErrConsumerActive, "billing finished with a message just now")
 	_, err = b.ctl("retire", "-consumer", "shipping", "-idle", "200h")
-	require.ErrorIs(t, err, inbox.ErrConsumerActive, "within 200h")
+	require.ErrorIs(t, err, inboxadmin.ErrConsumerActive, "within 200h")
 	out, err = b.ctl("retire", "-consumer", "shipping")
 	require.NoError(t, err)
 	require.Equal(t, "3 inbox rows of shipping deleted\n"+

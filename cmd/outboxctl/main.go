@@ -27,7 +27,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxref/outbox-inbox/cmd/internal/opctl"
-	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
 var tool = opctl.Tool{
@@ -69,10 +69,11 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 		return err
 	}
 	defer closeDB()
+	admin := outboxadmin.New(pool)
 
 	switch cmd {
 	case "list", "show":
-		parked, err := outbox.ListParked(ctx, pool)
+		parked, err := admin.ListParked(ctx, outboxadmin.ParkedFilter{})
 		if err != nil {
 			return err
 		}
@@ -86,14 +87,14 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 				return nil
 			}
 		}
-		return fmt.Errorf("%w: %d", outbox.ErrNotParked, id)
+		return fmt.Errorf("%w: %d", outboxadmin.ErrNotParked, id)
 	case "retry":
-		if err := outbox.RetryParked(ctx, pool, id); err != nil {
+		if err := admin.Retry(ctx, id); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "%d unparked: the relay sends it with its next batch\n", id)
 	case "drop":
-		if err := outbox.DropParked(ctx, pool, id, *by, *why); err != nil {
+		if err := admin.Drop(ctx, id, *by, *why); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "%d dropped by %s: kept in outbox_dropped\n", id, *by)
@@ -101,7 +102,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	return nil
 }
 
-func printList(out io.Writer, list []outbox.ParkedRow) {
+func printList(out io.Writer, list []outboxadmin.ParkedRow) {
 	if len(list) == 0 {
 		fmt.Fprintln(out, "nothing parked")
 		return
@@ -115,7 +116,7 @@ func printList(out io.Writer, list []outbox.ParkedRow) {
 	w.Flush()
 }
 
-func printOne(out io.Writer, p outbox.ParkedRow) {
+func printOne(out io.Writer, p outboxadmin.ParkedRow) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
 	row("id", p.ID)

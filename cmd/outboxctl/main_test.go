@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
 
@@ -97,9 +98,9 @@ func TestOutboxctl(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, id2+" unparked")
 	_, err = ctl(ctx, url, "retry", id2)
-	require.ErrorIs(t, err, outbox.ErrNotParked)
+	require.ErrorIs(t, err, outboxadmin.ErrNotParked)
 	_, err = ctl(ctx, url, "show", id1)
-	require.ErrorIs(t, err, outbox.ErrNotParked)
+	require.ErrorIs(t, err, outboxadmin.ErrNotParked)
 
 	out, err = ctl(ctx, url, "list")
 	require.NoError(t, err)

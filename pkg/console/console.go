@@ -17,10 +17,10 @@
 // script-src 'none').
 //
 // A bulk action runs in [Console.Run], not in the request that started it:
-// the page shows its progress and a Stop button (inbox.StopBulk); a
+// the page shows its progress and a Stop button (inboxadmin.Admin.StopBulk); a
 // console killed half-way resumes its running actions when it runs again
 // (and those inboxctl left cut off), and each message is done once
-// (inbox.RunBulk).
+// (inboxadmin.Admin.RunBulk).
 //
 // Mounted in a server of your own, give it what the services' server
 // gives it (services/runtime/httpserve): timeouts, and a check of the Host
@@ -40,8 +40,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
 // Config configures a Console.
@@ -68,11 +68,13 @@ type Config struct {
 
 // Console serves the pages (ServeHTTP) and runs the bulk actions (Run).
 type Console struct {
-	cfg   Config
-	key   []byte
-	mux   *http.ServeMux
-	cross *http.CrossOriginProtection
-	wake  chan struct{}
+	cfg    Config
+	inbox  *inboxadmin.Admin  // the consumer's dead letters, held keys and bulk actions
+	outbox *outboxadmin.Admin // the relay's parked rows
+	key    []byte
+	mux    *http.ServeMux
+	cross  *http.CrossOriginProtection
+	wake   chan struct{}
 
 	mu      sync.Mutex
 	running bool
@@ -99,7 +101,7 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{cfg: cfg, key: cfg.Key, cross: http.NewCrossOriginProtection(), wake: make(chan struct{}, 1), retryAt: map[int64]time.Time{}}
+	c := &Console{cfg: cfg, inbox: inboxadmin.New(cfg.Pool), outbox: outboxadmin.New(cfg.Pool), key: cfg.Key, cross: http.NewCrossOriginProtection(), wake: make(chan struct{}, 1), retryAt: map[int64]time.Time{}}
 	if len(c.key) == 0 {
 		c.key = make([]byte, 32)
 		if _, err := rand.Read(c.key); err != nil {
@@ -189,7 +191,7 @@ func (c *Console) Run(ctx context.Context) error {
 // an error; one that failed is tried again a minute later, the others not
 // held up behind it.
 func (c *Console) runActions(ctx context.Context) {
-	list, err := inbox.ListActions(ctx, c.cfg.Pool, inbox.ActionFilter{Running: true, Limit: 100})
+	list, err := c.inbox.ListActions(ctx, inboxadmin.ActionFilter{Running: true, Limit: 100})
 	if err != nil {
 		if ctx.Err() == nil {
 			c.cfg.Logger.Error("console: listing running actions", "error", err)
@@ -203,7 +205,7 @@ func (c *Console) runActions(ctx context.Context) {
 		if time.Now().Before(c.retryAt[a.ID]) {
 			continue
 		}
-		done, err := inbox.RunBulk(ctx, c.cfg.Pool, a.ID, inbox.BulkOptions{BatchSize: c.cfg.BatchSize})
+		done, err := c.inbox.RunBulk(ctx, a.ID, inboxadmin.BulkOptions{BatchSize: c.cfg.BatchSize})
 		if err != nil {
 			if ctx.Err() == nil {
 				c.retryAt[a.ID] = time.Now().Add(time.Minute)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/console"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
@@ -129,7 +130,7 @@ var (
 // groupPath is the path of the console's only group.
 func (b *testBundle) groupPath(t *testing.T) string {
 	t.Helper()
-	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(b.pool).ListGroups(b.ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	return "/groups/" + consumer + "/" + groups[0].ID
@@ -176,7 +177,7 @@ func TestViewersReadOperatorsAct(t *testing.T) {
 	t.Parallel()
 	b := setup(t, alice, vic, console.User{Name: "olga", Role: console.Operator, Secret: "olga-secret-0123456789"})
 	b.quarantine(t, 1, func(int) string { return "bad amount" }, uuids, []byte(`{}`), nil)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{})
 	require.NoError(t, err)
 	msg := fmt.Sprintf("/messages/%d", open[0].ID)
 
@@ -196,14 +197,14 @@ func TestViewersReadOperatorsAct(t *testing.T) {
 	require.Contains(t, page, "reload the page")
 	status, _ = operator.do(http.MethodPost, msg+"/retry", url.Values{"csrf": {b.as(t, &console.User{Name: "olga", Role: console.Operator, Secret: "olga-secret-0123456789"}).csrf(msg)}})
 	require.Equal(t, http.StatusForbidden, status, "another operator's token")
-	q, err := inbox.GetQuarantined(b.ctx, b.pool, open[0].ID)
+	q, err := inboxadmin.New(b.pool).GetQuarantined(b.ctx, open[0].ID)
 	require.NoError(t, err)
 	require.Nil(t, q.ResolvedAt, "nothing done by the refused")
 
 	status, page = operator.do(http.MethodPost, msg+"/retry", url.Values{"csrf": {token}})
 	require.Equal(t, http.StatusOK, status, page)
 	require.Contains(t, page, "redriven by alice")
-	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{})
+	history, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{})
 	require.NoError(t, err)
 	require.Len(t, history, 1)
 	require.Equal(t, "alice", history[0].Actor)
@@ -222,9 +223,9 @@ func TestHostileStringsAreText(t *testing.T) {
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, payload_sha256, payload)
 		VALUES ($1, 'm-1', 'invalid', 'hostile consumer', '\x00', '\x00')`, `x"><b>consumer</b>`)
 	require.NoError(t, err)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 	require.NoError(t, err)
-	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(b.pool).ListGroups(b.ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	c := b.as(t, nil)
 	paths := []string{"/groups", "/actions", "/held", "/parked", fmt.Sprintf("/messages/%d", open[3].ID)}
@@ -318,7 +319,7 @@ func TestBulkRetryFromTheConsole(t *testing.T) {
 	// it says finished, failing only if nothing moves for a minute.
 	last, moved := int64(-1), time.Now()
 	for !strings.Contains(page, "finished: 30 of 30 done") {
-		a, err := inbox.GetAction(b.ctx, b.pool, mustInt(t, id[1]))
+		a, err := inboxadmin.New(b.pool).GetAction(b.ctx, mustInt(t, id[1]))
 		require.NoError(t, err)
 		if a.Done != last {
 			last, moved = a.Done, time.Now()
@@ -417,7 +418,7 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	t.Cleanup(srv.Close)
 	b.srv = srv
 	b.quarantine(t, 2, func(int) string { return "bad amount" }, uuids, []byte(`{}`), nil)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{})
 	require.NoError(t, err)
 	c := b.as(t, &alice)
 	msg := fmt.Sprintf("/console/messages/%d", open[0].ID)
@@ -425,9 +426,9 @@ func TestMountedUnderAPrefix(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, page)
 	require.Contains(t, page, "redriven by alice", "the redirect came back to the message, under the prefix")
 
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
-	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", "test")
+	a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionDrop, plan, "alice", "test")
 	require.NoError(t, err)
 	action := fmt.Sprintf("/console/actions/%d", a.ID)
 	status, page = c.do(http.MethodGet, action, nil)
@@ -447,7 +448,7 @@ func TestMountedUnderAPrefix(t *testing.T) {
 }
 
 // TestHeldKeysInBulk: the held-keys page offers an operator one action on
-// every dead letter of a consumer that holds a key (inbox.Selection.Holding),
+// every dead letter of a consumer that holds a key (inboxadmin.Selection.Holding),
 // counted first: the dry run counts the holders and no other dead letter.
 func TestHeldKeysInBulk(t *testing.T) {
 	t.Parallel()
@@ -493,7 +494,7 @@ func TestHeldKeysInBulk(t *testing.T) {
 		started = append(started, id[1])
 	}
 	require.Equal(t, started[0], started[1], "confirmed twice, one action")
-	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, history, 1)
 }
@@ -533,7 +534,7 @@ func TestParkedRowsInBulk(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, page)
 	id := regexp.MustCompile(`<h1>Action (\d+):`).FindStringSubmatch(page)
 	require.NotNil(t, id, page)
-	a, err := inbox.RunBulk(b.ctx, b.pool, mustInt(t, id[1]), inbox.BulkOptions{}) // or the console's Run: each row once either way
+	a, err := inboxadmin.New(b.pool).RunBulk(b.ctx, mustInt(t, id[1]), inboxadmin.BulkOptions{}) // or the console's Run: each row once either way
 	require.NoError(t, err)
 	require.Equal(t, int64(3), a.Done+a.Skipped)
 	var stillParked int

@@ -15,7 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
-	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
 //go:embed pages.html
@@ -91,10 +92,10 @@ func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, rea
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, inbox.ErrNotFound), errors.Is(err, inbox.ErrNoAction):
+	case errors.Is(err, inboxadmin.ErrNotFound), errors.Is(err, inboxadmin.ErrNoAction):
 		status = http.StatusNotFound
-	case errors.Is(err, inbox.ErrResolved), errors.Is(err, inbox.ErrNotRedrivable), errors.Is(err, inbox.ErrSelectionChanged), errors.Is(err, inbox.ErrPlanStarted),
-		errors.Is(err, inbox.ErrNothingSelected):
+	case errors.Is(err, inboxadmin.ErrResolved), errors.Is(err, inboxadmin.ErrNotRedrivable), errors.Is(err, inboxadmin.ErrSelectionChanged), errors.Is(err, inboxadmin.ErrPlanStarted),
+		errors.Is(err, inboxadmin.ErrNothingSelected):
 		status = http.StatusConflict
 	case errors.Is(err, errBadRequest):
 		status = http.StatusBadRequest
@@ -113,15 +114,15 @@ func badRequest(format string, args ...any) error {
 
 func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := inbox.GroupFilter{Consumer: q.Get("consumer"), Kind: q.Get("kind"), EventType: q.Get("event_type")}
-	list, err := inbox.ListGroups(r.Context(), c.cfg.Pool, f)
+	f := inboxadmin.GroupFilter{Consumer: q.Get("consumer"), Kind: q.Get("kind"), EventType: q.Get("event_type")}
+	list, err := c.inbox.ListGroups(r.Context(), f)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
 	c.render(w, r, http.StatusOK, "groups", struct {
-		Filter inbox.GroupFilter
-		Groups []inbox.Group
+		Filter inboxadmin.GroupFilter
+		Groups []inboxadmin.Group
 	}{f, list})
 }
 
@@ -132,14 +133,14 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	consumer, group := r.PathValue("consumer"), r.PathValue("group")
-	list, err := inbox.ListQuarantined(r.Context(), c.cfg.Pool, inbox.QuarantineFilter{Consumer: consumer, Group: group, After: after, Limit: c.cfg.PageSize + 1, WithoutPayloads: true})
+	list, err := c.inbox.ListQuarantined(r.Context(), inboxadmin.QuarantineFilter{Consumer: consumer, Group: group, After: after, Limit: c.cfg.PageSize + 1, WithoutPayloads: true})
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	list, next := page(list, c.cfg.PageSize, func(q inbox.Quarantined) int64 { return q.ID })
-	var g *inbox.Group
-	found, ok, err := inbox.GetGroup(r.Context(), c.cfg.Pool, consumer, group)
+	list, next := page(list, c.cfg.PageSize, func(q inboxadmin.Quarantined) int64 { return q.ID })
+	var g *inboxadmin.Group
+	found, ok, err := c.inbox.GetGroup(r.Context(), consumer, group)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -149,8 +150,8 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, http.StatusOK, "group", struct {
 		Consumer, ID string
-		Group        *inbox.Group
-		Messages     []inbox.Quarantined
+		Group        *inboxadmin.Group
+		Messages     []inboxadmin.Quarantined
 		After, Next  int64
 	}{consumer, group, g, list, after, next})
 }
@@ -158,7 +159,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 // shown is a quarantined message as the page shows it: its payload as
 // text when it is UTF-8, else as hex.
 type shown struct {
-	inbox.Quarantined
+	inboxadmin.Quarantined
 	Text    string
 	Binary  bool
 	Headers [][2]string
@@ -171,7 +172,7 @@ func (c *Console) message(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	q, err := inbox.GetQuarantined(r.Context(), c.cfg.Pool, id)
+	q, err := c.inbox.GetQuarantined(r.Context(), id)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -200,7 +201,7 @@ func (c *Console) retryOne(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := userOf(r)
-	res, err := inbox.RetryQuarantined(r.Context(), c.cfg.Pool, id, u.Name)
+	res, err := c.inbox.Retry(r.Context(), id, u.Name)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -221,7 +222,7 @@ func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := userOf(r)
-	if _, err := inbox.DropQuarantined(r.Context(), c.cfg.Pool, id, u.Name, why); err != nil {
+	if _, err := c.inbox.Drop(r.Context(), id, u.Name, why); err != nil {
 		c.fail(w, r, err)
 		return
 	}
@@ -230,9 +231,9 @@ func (c *Console) dropOne(w http.ResponseWriter, r *http.Request) {
 }
 
 // selection reads a bulk form's selection and action.
-func selection(r *http.Request) (string, inbox.Selection, string, error) {
+func selection(r *http.Request) (string, inboxadmin.Selection, string, error) {
 	action, why := r.PostFormValue("action"), strings.TrimSpace(r.PostFormValue("why"))
-	s := inbox.Selection{Consumer: r.PostFormValue("consumer"), Group: r.PostFormValue("group"), Kind: r.PostFormValue("kind"),
+	s := inboxadmin.Selection{Consumer: r.PostFormValue("consumer"), Group: r.PostFormValue("group"), Kind: r.PostFormValue("kind"),
 		Holding: r.PostFormValue("holding") == "1", Parked: r.PostFormValue("parked") == "1", Topic: r.PostFormValue("topic")}
 	upTo, err := int64Param(r.PostFormValue("up_to"))
 	if err != nil {
@@ -240,13 +241,13 @@ func selection(r *http.Request) (string, inbox.Selection, string, error) {
 	}
 	s.UpTo = upTo
 	switch {
-	case action != inbox.ActionRetry && action != inbox.ActionDrop:
-		return "", s, "", badRequest("no action %q: %s or %s", clip(action), inbox.ActionRetry, inbox.ActionDrop)
+	case action != inboxadmin.ActionRetry && action != inboxadmin.ActionDrop:
+		return "", s, "", badRequest("no action %q: %s or %s", clip(action), inboxadmin.ActionRetry, inboxadmin.ActionDrop)
 	case s.Consumer == "":
 		return "", s, "", badRequest("a bulk action is for one consumer")
 	case s.Group == "" && s.Kind == "" && !s.Holding && !s.Parked:
 		return "", s, "", badRequest("a bulk action needs a group, a kind, the keys held or the parked rows")
-	case action == inbox.ActionDrop && why == "":
+	case action == inboxadmin.ActionDrop && why == "":
 		return "", s, "", badRequest("a drop needs why: it is kept as its record")
 	}
 	return action, s, why, nil
@@ -260,14 +261,14 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	plan, err := inbox.DryRun(r.Context(), c.cfg.Pool, s)
+	plan, err := c.inbox.DryRun(r.Context(), s)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
 	c.render(w, r, http.StatusOK, "preview", struct {
 		Action, Why string
-		Plan        inbox.Plan
+		Plan        inboxadmin.Plan
 	}{action, why, plan})
 }
 
@@ -284,13 +285,13 @@ func (c *Console) start(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	plan := inbox.Plan{Selection: s, Count: expect, Digest: r.PostFormValue("digest"), ID: r.PostFormValue("plan")}
+	plan := inboxadmin.Plan{Selection: s, Count: expect, Digest: r.PostFormValue("digest"), ID: r.PostFormValue("plan")}
 	if s.UpTo == 0 || plan.Digest == "" || plan.ID == "" {
 		c.fail(w, r, badRequest("a bulk action starts from its dry run's confirmation"))
 		return
 	}
 	u := userOf(r)
-	a, err := inbox.StartBulk(r.Context(), c.cfg.Pool, action, plan, u.Name, why)
+	a, err := c.inbox.StartBulk(r.Context(), action, plan, u.Name, why)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -306,14 +307,14 @@ func (c *Console) actions(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	list, err := inbox.ListActions(r.Context(), c.cfg.Pool, inbox.ActionFilter{Consumer: r.URL.Query().Get("consumer"), Before: before, Limit: c.cfg.PageSize + 1})
+	list, err := c.inbox.ListActions(r.Context(), inboxadmin.ActionFilter{Consumer: r.URL.Query().Get("consumer"), Before: before, Limit: c.cfg.PageSize + 1})
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	list, next := page(list, c.cfg.PageSize, func(a inbox.Action) int64 { return a.ID })
+	list, next := page(list, c.cfg.PageSize, func(a inboxadmin.Action) int64 { return a.ID })
 	c.render(w, r, http.StatusOK, "actions", struct {
-		Actions []inbox.Action
+		Actions []inboxadmin.Action
 		Next    int64
 	}{list, next})
 }
@@ -324,7 +325,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	a, err := inbox.GetAction(r.Context(), c.cfg.Pool, id)
+	a, err := c.inbox.GetAction(r.Context(), id)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -334,28 +335,28 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	items, err := inbox.ListActionItems(r.Context(), c.cfg.Pool, id, after, c.cfg.PageSize+1)
+	items, err := c.inbox.ListActionItems(r.Context(), id, after, c.cfg.PageSize+1)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	items, next := page(items, c.cfg.PageSize, func(it inbox.ActionItem) int64 { return it.QuarantineID })
+	items, next := page(items, c.cfg.PageSize, func(it inboxadmin.ActionItem) int64 { return it.QuarantineID })
 	c.render(w, r, http.StatusOK, "action", struct {
-		Action inbox.Action
-		Items  []inbox.ActionItem
+		Action inboxadmin.Action
+		Items  []inboxadmin.ActionItem
 		Next   int64
 	}{a, items, next})
 }
 
 func (c *Console) held(w http.ResponseWriter, r *http.Request) {
-	list, err := inbox.ListHeld(r.Context(), c.cfg.Pool, r.URL.Query().Get("consumer"))
+	list, err := c.inbox.ListHeld(r.Context(), r.URL.Query().Get("consumer"))
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	consumers := distinct(list, func(h inbox.HeldKey) string { return h.Consumer }) // each with a bulk action on its holders
+	consumers := distinct(list, func(h inboxadmin.HeldKey) string { return h.Consumer }) // each with a bulk action on its holders
 	c.render(w, r, http.StatusOK, "held", struct {
-		Keys      []inbox.HeldKey
+		Keys      []inboxadmin.HeldKey
 		Consumers []string
 	}{list, consumers})
 }
@@ -366,22 +367,22 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	list, err := outbox.ListParkedPage(r.Context(), c.cfg.Pool, after, c.cfg.PageSize+1)
+	list, err := c.outbox.ListParked(r.Context(), outboxadmin.ParkedFilter{After: after, Limit: c.cfg.PageSize + 1})
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	list, next := page(list, c.cfg.PageSize, func(p outbox.ParkedRow) int64 { return p.ID })
-	topics := distinct(list, func(p outbox.ParkedRow) string { return p.Topic }) // each with a bulk action on its parked rows
+	list, next := page(list, c.cfg.PageSize, func(p outboxadmin.ParkedRow) int64 { return p.ID })
+	topics := distinct(list, func(p outboxadmin.ParkedRow) string { return p.Topic }) // each with a bulk action on its parked rows
 	c.render(w, r, http.StatusOK, "parked", struct {
-		Rows     []outbox.ParkedRow
+		Rows     []outboxadmin.ParkedRow
 		Next     int64
 		Topics   []string
 		Consumer string // the history's name for this database's outbox: the console's title
 	}{list, next, topics, c.cfg.Title})
 }
 
-// stop stops a running action (inbox.StopBulk).
+// stop stops a running action (inboxadmin.Admin.StopBulk).
 func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
 	id, err := int64Param(r.PathValue("id"))
 	if err != nil {
@@ -389,7 +390,7 @@ func (c *Console) stop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := userOf(r)
-	a, err := inbox.StopBulk(r.Context(), c.cfg.Pool, id, u.Name)
+	a, err := c.inbox.StopBulk(r.Context(), id, u.Name)
 	if err != nil {
 		c.fail(w, r, err)
 		return

@@ -7,7 +7,9 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
 // The three components run alike (docs/library.md, "One vocabulary for the
@@ -23,16 +25,21 @@ var (
 	_ lifecycle = (*inbox.Inbox)(nil)
 	_ lifecycle = (*effect.Runner[struct{}])(nil)
 
-	// List…, Get…, Retry…, Drop…, Read…Stats, each on a pool.
-	_ = outbox.ListParked
-	_ = outbox.RetryParked
-	_ = outbox.DropParked
-	_ = inbox.ListQuarantined
-	_ = inbox.GetQuarantined
-	_ = inbox.RetryQuarantined
-	_ = inbox.DropQuarantined
-	_ = inbox.ListHeld
-	_ = inbox.ReadHoldStats
+	// The operator's List…, Get…, Retry…, Drop…, each with its Tx twin,
+	// on an admin value of its own package; Read…Stats on a pool.
+	_ = (*outboxadmin.Admin).ListParked
+	_ = (*outboxadmin.Admin).Retry
+	_ = (*outboxadmin.Admin).RetryTx
+	_ = (*outboxadmin.Admin).Drop
+	_ = (*outboxadmin.Admin).DropTx
+	_ = (*inboxadmin.Admin).ListQuarantined
+	_ = (*inboxadmin.Admin).GetQuarantined
+	_ = (*inboxadmin.Admin).Retry
+	_ = (*inboxadmin.Admin).RetryTx
+	_ = (*inboxadmin.Admin).Drop
+	_ = (*inboxadmin.Admin).DropTx
+	_ = (*inboxadmin.Admin).ListHeld
+	_ = (*inboxadmin.Admin).HoldStats
 	_ = effect.ReadStats
 
 	// A second Run while one runs returns the package's ErrRunning.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -75,7 +76,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 	eventually(t, func() bool { return status() == "dead_lettered" }, 20*time.Second, "the poison message to be dead-lettered", b.events.count)
 	require.Equal(t, 2, b.handler.callsFor(poison.UUID))
 
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Kind: inbox.KindDeadLetter})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Kind: inbox.KindDeadLetter})
 	require.NoError(t, err)
 	require.Len(t, open, 1)
 	dl := open[0]
@@ -85,7 +86,7 @@ func TestRedriveThroughKafka(t *testing.T) {
 
 	// The fix ships; the operator redrives.
 	fixed.Store(true)
-	res, err := inbox.RetryQuarantined(b.ctx, b.pool, dl.ID, "alice")
+	res, err := inboxadmin.New(b.pool).Retry(b.ctx, dl.ID, "alice")
 	require.NoError(t, err)
 	require.True(t, res.Redriven, res.Note)
 
@@ -113,18 +114,18 @@ func TestRedriveThroughKafka(t *testing.T) {
 	require.Equal(t, 1, appliedRows(t, b, consumer, poison.UUID))
 
 	// Redriving again is a no-op, and says so.
-	again, err := inbox.RetryQuarantined(b.ctx, b.pool, dl.ID, "bob")
+	again, err := inboxadmin.New(b.pool).Retry(b.ctx, dl.ID, "bob")
 	require.NoError(t, err)
 	require.False(t, again.Redriven)
 	require.Contains(t, again.Note, "already redriven by alice")
 	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM outbox_messages WHERE topic = $1`, topic), "one redrive row")
 
-	resolved, err := inbox.GetQuarantined(b.ctx, b.pool, dl.ID)
+	resolved, err := inboxadmin.New(b.pool).GetQuarantined(b.ctx, dl.ID)
 	require.NoError(t, err)
-	require.Equal(t, inbox.ResolutionRedriven, resolved.Resolution)
+	require.Equal(t, inboxadmin.ResolutionRedriven, resolved.Resolution)
 	require.Equal(t, "alice", resolved.ResolvedBy)
 	require.NotNil(t, resolved.ResolvedAt)
-	open, err = inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{})
+	open, err = inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{})
 	require.NoError(t, err)
 	require.Empty(t, open, "nothing left to do")
 }
@@ -155,13 +156,13 @@ func TestAdmin(t *testing.T) {
 		require.NoError(t, deliver(b.ctx, mw, id, payload))
 		outboxRows := scalar[int](t, b, `SELECT count(*) FROM outbox_messages`)
 
-		res, err := inbox.RetryQuarantined(b.ctx, b.pool, qid, "alice")
+		res, err := inboxadmin.New(b.pool).Retry(b.ctx, qid, "alice")
 		require.NoError(t, err)
 		require.False(t, res.Redriven)
 		require.Contains(t, res.Note, "was applied")
 		require.Equal(t, outboxRows, scalar[int](t, b, `SELECT count(*) FROM outbox_messages`), "nothing written")
 		require.Equal(t, "processed", scalar[string](t, b, `SELECT status FROM inbox_messages WHERE message_id = $1`, id))
-		q, err := inbox.GetQuarantined(b.ctx, b.pool, qid)
+		q, err := inboxadmin.New(b.pool).GetQuarantined(b.ctx, qid)
 		require.NoError(t, err)
 		require.Nil(t, q.ResolvedAt, "still open, for the operator to discard")
 	})
@@ -175,28 +176,28 @@ func TestAdmin(t *testing.T) {
 		require.NoError(t, deliver(b.ctx, mw, id, []byte(`{"amount":999}`)))
 		qid := quarantineID(t, b, inbox.KindPayloadConflict, id)
 
-		_, err := inbox.RetryQuarantined(b.ctx, b.pool, qid, "alice")
-		require.ErrorIs(t, err, inbox.ErrNotRedrivable, "a conflict would only conflict again")
-		_, err = inbox.DropQuarantined(b.ctx, b.pool, qid, "alice", "")
+		_, err := inboxadmin.New(b.pool).Retry(b.ctx, qid, "alice")
+		require.ErrorIs(t, err, inboxadmin.ErrNotRedrivable, "a conflict would only conflict again")
+		_, err = inboxadmin.New(b.pool).Drop(b.ctx, qid, "alice", "")
 		require.Error(t, err, "a discard needs a reason")
 
 		before := time.Now()
-		q, err := inbox.DropQuarantined(b.ctx, b.pool, qid, "alice", "producer bug #42, amount corrected by hand")
+		q, err := inboxadmin.New(b.pool).Drop(b.ctx, qid, "alice", "producer bug #42, amount corrected by hand")
 		require.NoError(t, err)
-		require.Equal(t, inbox.ResolutionDiscarded, q.Resolution)
+		require.Equal(t, inboxadmin.ResolutionDiscarded, q.Resolution)
 		require.Equal(t, "alice", q.ResolvedBy)
 		require.Equal(t, "producer bug #42, amount corrected by hand", q.ResolutionNote)
 		require.WithinDuration(t, before, *q.ResolvedAt, 5*time.Second)
 
-		_, err = inbox.DropQuarantined(b.ctx, b.pool, qid, "bob", "again")
-		require.ErrorIs(t, err, inbox.ErrResolved)
-		_, err = inbox.RetryQuarantined(b.ctx, b.pool, 1<<40, "alice")
-		require.ErrorIs(t, err, inbox.ErrNotFound)
+		_, err = inboxadmin.New(b.pool).Drop(b.ctx, qid, "bob", "again")
+		require.ErrorIs(t, err, inboxadmin.ErrResolved)
+		_, err = inboxadmin.New(b.pool).Retry(b.ctx, 1<<40, "alice")
+		require.ErrorIs(t, err, inboxadmin.ErrNotFound)
 
-		open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+		open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 		require.NoError(t, err)
 		require.Empty(t, open)
-		all, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Resolved: true})
+		all, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer, Resolved: true})
 		require.NoError(t, err)
 		require.Len(t, all, 1)
 		require.Equal(t, "alice", all[0].ResolvedBy, "the first discard's record stands")

@@ -19,7 +19,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
 // poisonTopic is where the dead letters these tests make came from.
@@ -159,7 +161,7 @@ func TestFailureGroups(t *testing.T) {
 	deadLetters(t, b.ctx, b, 2, badDeploy, map[string]string{outbox.TypeMetadata: "PaymentCaptured", "signature_key_id": "payments-2027"})
 	deadLetters(t, b.ctx, b, 4, func(i int) string { return fmt.Sprintf("handler: connection refused after %d tries", i) }, signed)
 
-	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(b.pool).ListGroups(b.ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	type shape struct {
 		Count              int64
@@ -185,14 +187,14 @@ func TestFailureGroups(t *testing.T) {
 	// A group's messages, a page at a time, without their payloads.
 	var pages, seen int
 	for after := int64(0); ; pages++ {
-		page, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer, Group: groups[0].ID, After: after, Limit: 20, WithoutPayloads: true})
+		page, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer, Group: groups[0].ID, After: after, Limit: 20, WithoutPayloads: true})
 		require.NoError(t, err)
 		if len(page) == 0 {
 			break
 		}
 		for _, q := range page {
 			require.True(t, q.Payload == nil && !q.PayloadNull && len(q.PayloadSHA256) == 32, "no payload read, but one there")
-			one, err := inbox.GetQuarantined(b.ctx, b.pool, q.ID)
+			one, err := inboxadmin.New(b.pool).GetQuarantined(b.ctx, q.ID)
 			require.NoError(t, err)
 			require.NotEmpty(t, one.Payload, "read one at a time")
 		}
@@ -202,10 +204,10 @@ func TestFailureGroups(t *testing.T) {
 	require.Equal(t, 50, seen)
 	require.Equal(t, 3, pages)
 
-	masked, err := inbox.ReasonPattern(b.ctx, b.pool, `key "a\"b" at 0x1f id 0197b0f2-7a1c-7c3e-9d2a-5b7e0c1d2e3f or 01HZY3K9QW7MV2X4N6B8C0D1E2`)
+	masked, err := inboxadmin.New(b.pool).ReasonPattern(b.ctx, `key "a\"b" at 0x1f id 0197b0f2-7a1c-7c3e-9d2a-5b7e0c1d2e3f or 01HZY3K9QW7MV2X4N6B8C0D1E2`)
 	require.NoError(t, err)
 	require.Equal(t, `key "…" at <hex> id <id> or <id>`, masked)
-	_, err = inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Group: groups[0].ID})
+	_, err = inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Group: groups[0].ID})
 	require.ErrorContains(t, err, "needs its Consumer", "a group is its consumer's")
 }
 
@@ -219,48 +221,49 @@ func TestBulkRetry(t *testing.T) {
 	in, b := setup(t, inbox.Config{})
 	ids := deadLetters(t, b.ctx, b, 250, badDeploy, nil)
 	other := deadLetters(t, b.ctx, b, 5, func(int) string { return "another failure" }, nil)
-	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(b.pool).ListGroups(b.ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, groups, 2)
 	group := groups[0].ID
 
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: group})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer, Group: group})
 	require.NoError(t, err)
 	require.EqualValues(t, 250, plan.Count)
 	require.Empty(t, redriven(t, b), "a dry run changes nothing")
 	late := deadLetters(t, b.ctx, b, 1, badDeploy, nil) // after the dry run: not in it
 
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, inbox.Plan{Selection: plan.Selection, Count: 249}, "alice", "")
-	require.ErrorIs(t, err, inbox.ErrSelectionChanged, "a count other than the selection's")
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "", "")
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, inboxadmin.Plan{Selection: plan.Selection, Count: 249}, "alice", "")
+	require.ErrorIs(t, err, inboxadmin.ErrSelectionChanged, "a count other than the selection's")
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "", "")
 	require.Error(t, err, "who does it")
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", " ")
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionDrop, plan, "alice", " ")
 	require.Error(t, err, "a drop without why")
-	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Empty(t, history, "refused actions record nothing")
 
-	action, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "fixed in v1.4.2")
+	action, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "fixed in v1.4.2")
 	require.NoError(t, err)
 	var progress []int64
-	done, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{BatchSize: 40, Progress: func(a inbox.Action) {
+	done, err := inboxadmin.New(b.pool).RunBulk(b.ctx, action.ID, inboxadmin.BulkOptions{BatchSize: 40, Progress: func(a inboxadmin.Action) {
 		progress = append(progress, a.Done)
 	}})
+
 	require.NoError(t, err)
 	require.Equal(t, []int64{40, 80, 120, 160, 200, 240, 250, 250}, progress, "progress after each batch, and at the end")
-	require.Equal(t, inbox.ActionFinished, done.State)
+	require.Equal(t, inboxadmin.ActionFinished, done.State)
 	require.EqualValues(t, 250, done.Done)
 	require.Zero(t, done.Skipped+done.Refused+done.Remaining())
 	require.Equal(t, once(ids), redriven(t, b), "each message written back once")
 
 	// Again, as a second operator who missed the first: nothing left.
-	again, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: group, UpTo: plan.Selection.UpTo})
+	again, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer, Group: group, UpTo: plan.Selection.UpTo})
 	require.NoError(t, err)
 	require.Zero(t, again.Count)
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, again, "bob", "")
-	require.ErrorIs(t, err, inbox.ErrNothingSelected)
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, again, "bob", "")
+	require.ErrorIs(t, err, inboxadmin.ErrNothingSelected)
 	// The same action run again does nothing more.
-	rerun, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{})
+	rerun, err := inboxadmin.New(b.pool).RunBulk(b.ctx, action.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.Equal(t, done.Done, rerun.Done)
 
@@ -268,7 +271,7 @@ func TestBulkRetry(t *testing.T) {
 	applied := applyRedriven(t, b, in)
 	require.Equal(t, once(ids), applied, "each message applied once, though delivered twice")
 
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 	require.NoError(t, err)
 	var left []string
 	for _, q := range open {
@@ -276,18 +279,18 @@ func TestBulkRetry(t *testing.T) {
 	}
 	require.ElementsMatch(t, append(other, late...), left, "the other group and the late message stay open")
 
-	history, err = inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err = inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, history, 1)
 	h := history[0]
-	require.Equal(t, [4]string{inbox.ActionRetry, "alice", "fixed in v1.4.2", group}, [4]string{h.Action, h.Actor, h.Why, h.Selection.Group})
+	require.Equal(t, [4]string{inboxadmin.ActionRetry, "alice", "fixed in v1.4.2", group}, [4]string{h.Action, h.Actor, h.Why, h.Selection.Group})
 	require.EqualValues(t, 250, h.Selected)
 	require.NotNil(t, h.FinishedAt)
-	items, err := inbox.ListActionItems(b.ctx, b.pool, h.ID, 0, 1000)
+	items, err := inboxadmin.New(b.pool).ListActionItems(b.ctx, h.ID, 0, 1000)
 	require.NoError(t, err)
 	require.Len(t, items, 250)
 	for _, it := range items {
-		require.Equal(t, inbox.OutcomeDone, it.Outcome)
+		require.Equal(t, inboxadmin.OutcomeDone, it.Outcome)
 	}
 }
 
@@ -300,14 +303,14 @@ func TestBulkActionsOverlap(t *testing.T) {
 	_, b := setup(t, inbox.Config{})
 	ids := keyedDeadLetters(t, b.ctx, b, 300, 13, badDeploy, nil)
 	// Each operator's own dry run, of the same messages.
-	start := func(action, who, why string) inbox.Action {
-		plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	start := func(action, who, why string) inboxadmin.Action {
+		plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 		require.NoError(t, err)
-		a, err := inbox.StartBulk(b.ctx, b.pool, action, plan, who, why)
+		a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, action, plan, who, why)
 		require.NoError(t, err)
 		return a
 	}
-	actions := []inbox.Action{start(inbox.ActionRetry, "alice", ""), start(inbox.ActionRetry, "bob", ""), start(inbox.ActionDrop, "carol", "stale")}
+	actions := []inboxadmin.Action{start(inboxadmin.ActionRetry, "alice", ""), start(inboxadmin.ActionRetry, "bob", ""), start(inboxadmin.ActionDrop, "carol", "stale")}
 
 	results := runAll(t, b, actions, 7)
 	var done int64
@@ -327,16 +330,16 @@ func TestBulkActionsOverlap(t *testing.T) {
 
 // runAll runs actions at once, batch messages a transaction, and fails the
 // test on any error.
-func runAll(t *testing.T, b *testBundle, actions []inbox.Action, batch int) []inbox.Action {
+func runAll(t *testing.T, b *testBundle, actions []inboxadmin.Action, batch int) []inboxadmin.Action {
 	t.Helper()
-	results := make([]inbox.Action, len(actions))
+	results := make([]inboxadmin.Action, len(actions))
 	errs := make([]error, len(actions))
 	var wg sync.WaitGroup
 	for i, a := range actions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: batch})
+			results[i], errs[i] = inboxadmin.New(b.pool).RunBulk(b.ctx, a.ID, inboxadmin.BulkOptions{BatchSize: batch})
 		}()
 	}
 	wg.Wait()
@@ -360,14 +363,14 @@ func TestBulkRetriesOfTwoGroupsAtOnce(t *testing.T) {
 		}
 		return fmt.Sprintf("timeout after %dms", i)
 	}, nil)
-	groups, err := inbox.ListGroups(b.ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(b.pool).ListGroups(b.ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, groups, 2)
-	var actions []inbox.Action
+	var actions []inboxadmin.Action
 	for _, g := range groups {
-		plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: g.ID})
+		plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer, Group: g.ID})
 		require.NoError(t, err)
-		a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+		a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 		require.NoError(t, err)
 		actions = append(actions, a)
 	}
@@ -388,20 +391,20 @@ func TestBulkRetryRefusesWhatCannotBeWrittenBack(t *testing.T) {
 	_, err := b.pool.Exec(b.ctx, `UPDATE inbox_quarantine SET payload = convert_to(repeat('x', $2), 'UTF8') WHERE message_id = $1`,
 		ids[1], outbox.DefaultMaxMessageBytes-50)
 	require.NoError(t, err)
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
-	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
-	a, err = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{})
+	a, err = inboxadmin.New(b.pool).RunBulk(b.ctx, a.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.EqualValues(t, [3]int64{2, 0, 1}, [3]int64{a.Done, a.Skipped, a.Refused})
-	items, err := inbox.ListActionItems(b.ctx, b.pool, a.ID, 0, 0)
+	items, err := inboxadmin.New(b.pool).ListActionItems(b.ctx, a.ID, 0, 0)
 	require.NoError(t, err)
 	require.Contains(t, items[1].Note, "too large")
 	require.Equal(t, once([]string{ids[0], ids[2]}), redriven(t, b))
 	require.Equal(t, "dead_lettered", scalar[string](t, b, `SELECT status FROM inbox_messages WHERE message_id = $1`, ids[1]),
 		"the refused redrive's writes undone")
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, open, 1, "still open, to be dropped")
 }
@@ -418,48 +421,48 @@ func TestBulkRetryRefusesWhatCannotBeRetried(t *testing.T) {
 		require.NoError(t, deliver(b.ctx, mw, id, []byte(`{"amount":1}`)))
 		require.NoError(t, deliver(b.ctx, mw, id, []byte(`{"amount":2}`)))
 	}
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Kind: inbox.KindPayloadConflict})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer, Kind: inbox.KindPayloadConflict})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, plan.Count)
-	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
-	a, err = inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{})
+	a, err = inboxadmin.New(b.pool).RunBulk(b.ctx, a.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.EqualValues(t, [3]int64{0, 0, 3}, [3]int64{a.Done, a.Skipped, a.Refused})
-	items, err := inbox.ListActionItems(b.ctx, b.pool, a.ID, 0, 0)
+	items, err := inboxadmin.New(b.pool).ListActionItems(b.ctx, a.ID, 0, 0)
 	require.NoError(t, err)
 	require.Contains(t, items[0].Note, "discard it instead")
 
-	plan, err = inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Kind: inbox.KindPayloadConflict})
+	plan, err = inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer, Kind: inbox.KindPayloadConflict})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, plan.Count, "refused: still open")
-	d, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", "the producer resent other amounts; settled by hand")
+	d, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionDrop, plan, "alice", "the producer resent other amounts; settled by hand")
 	require.NoError(t, err)
-	d, err = inbox.RunBulk(b.ctx, b.pool, d.ID, inbox.BulkOptions{})
+	d, err = inboxadmin.New(b.pool).RunBulk(b.ctx, d.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, d.Done)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Empty(t, open)
 }
 
-// TestSingleActionsAreInTheHistory: RetryQuarantined and DropQuarantined
+// TestSingleActionsAreInTheHistory: inboxadmin.Admin.Retry and inboxadmin.Admin.Drop
 // record an action of one message each, in the history bulk actions are in.
 func TestSingleActionsAreInTheHistory(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
 	deadLetters(t, b.ctx, b, 2, badDeploy, nil)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 	require.NoError(t, err)
-	res, err := inbox.RetryQuarantined(b.ctx, b.pool, open[0].ID, "alice")
+	res, err := inboxadmin.New(b.pool).Retry(b.ctx, open[0].ID, "alice")
 	require.NoError(t, err)
 	require.True(t, res.Redriven)
-	_, err = inbox.RetryQuarantined(b.ctx, b.pool, open[0].ID, "alice") // resolved: nothing done, nothing recorded
+	_, err = inboxadmin.New(b.pool).Retry(b.ctx, open[0].ID, "alice") // resolved: nothing done, nothing recorded
 	require.NoError(t, err)
-	_, err = inbox.DropQuarantined(b.ctx, b.pool, open[1].ID, "bob", "duplicate of a manual fix")
+	_, err = inboxadmin.New(b.pool).Drop(b.ctx, open[1].ID, "bob", "duplicate of a manual fix")
 	require.NoError(t, err)
 
-	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, history, 2)
 	type entry struct {
@@ -473,8 +476,8 @@ func TestSingleActionsAreInTheHistory(t *testing.T) {
 		got = append(got, entry{h.Action, h.Actor, h.Why, h.Selection.IDs, h.Done, h.State})
 	}
 	require.Equal(t, []entry{
-		{inbox.ActionDrop, "bob", "duplicate of a manual fix", []int64{open[1].ID}, 1, inbox.ActionFinished},
-		{inbox.ActionRetry, "alice", "", []int64{open[0].ID}, 1, inbox.ActionFinished},
+		{inboxadmin.ActionDrop, "bob", "duplicate of a manual fix", []int64{open[1].ID}, 1, inboxadmin.ActionFinished},
+		{inboxadmin.ActionRetry, "alice", "", []int64{open[0].ID}, 1, inboxadmin.ActionFinished},
 	}, got, "newest first")
 }
 
@@ -491,18 +494,19 @@ func TestBulkRetryResumesAfterAKill(t *testing.T) {
 		ctx := context.Background()
 		pool, err := pgxpool.New(ctx, os.Getenv("INBOX_BULK_DB"))
 		require.NoError(t, err)
-		_, err = inbox.RunBulk(ctx, pool, action, inbox.BulkOptions{BatchSize: 10, Progress: func(a inbox.Action) {
+		_, err = inboxadmin.New(pool).RunBulk(ctx, action, inboxadmin.BulkOptions{BatchSize: 10, Progress: func(a inboxadmin.Action) {
 			fmt.Printf("progress %d\n", a.Done)
 		}})
+
 		require.NoError(t, err)
 		return
 	}
 	t.Parallel()
 	in, b := setup(t, inbox.Config{})
 	ids := deadLetters(t, b.ctx, b, 35, badDeploy, nil)
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
-	action, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	action, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
 
 	// Hold the 15th message's quarantine row: the child's second batch does
@@ -534,15 +538,15 @@ func TestBulkRetryResumesAfterAKill(t *testing.T) {
 	require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal())
 	require.NoError(t, hold.Rollback(b.ctx))
 
-	killed, err := inbox.GetAction(b.ctx, b.pool, action.ID)
+	killed, err := inboxadmin.New(b.pool).GetAction(b.ctx, action.ID)
 	require.NoError(t, err)
-	require.Equal(t, [2]any{inbox.ActionRunning, int64(10)}, [2]any{killed.State, killed.Done}, "the first batch, and only it")
+	require.Equal(t, [2]any{inboxadmin.ActionRunning, int64(10)}, [2]any{killed.State, killed.Done}, "the first batch, and only it")
 	require.Len(t, redriven(t, b), 10, "the open batch's work went with its transaction")
-	running, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer, Running: true})
+	running, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer, Running: true})
 	require.NoError(t, err)
 	require.Len(t, running, 1, "what is left to resume")
 
-	resumed, err := inbox.RunBulk(b.ctx, b.pool, action.ID, inbox.BulkOptions{BatchSize: 10})
+	resumed, err := inboxadmin.New(b.pool).RunBulk(b.ctx, action.ID, inboxadmin.BulkOptions{BatchSize: 10})
 	require.NoError(t, err)
 	require.EqualValues(t, [4]int64{35, 0, 0, 0}, [4]int64{resumed.Done, resumed.Skipped, resumed.Refused, resumed.Remaining()})
 	require.Equal(t, once(ids), redriven(t, b))
@@ -559,18 +563,19 @@ func TestBulkRetryOfTenThousand(t *testing.T) {
 	defer cancel()
 	b.ctx = ctx
 	ids := deadLetters(t, ctx, b, 10000, badDeploy, nil)
-	groups, err := inbox.ListGroups(ctx, b.pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(b.pool).ListGroups(ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
-	plan, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Group: groups[0].ID})
+	plan, err := inboxadmin.New(b.pool).DryRun(ctx, inboxadmin.Selection{Consumer: consumer, Group: groups[0].ID})
 	require.NoError(t, err)
 	require.EqualValues(t, 10000, plan.Count)
-	a, err := inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "fixed in v1.4.3")
+	a, err := inboxadmin.New(b.pool).StartBulk(ctx, inboxadmin.ActionRetry, plan, "alice", "fixed in v1.4.3")
 	require.NoError(t, err)
 	var progress []int64
-	a, err = inbox.RunBulk(ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: 500, Progress: func(a inbox.Action) {
+	a, err = inboxadmin.New(b.pool).RunBulk(ctx, a.ID, inboxadmin.BulkOptions{BatchSize: 500, Progress: func(a inboxadmin.Action) {
 		progress = append(progress, a.Done)
 	}})
+
 	require.NoError(t, err)
 	require.Len(t, progress, 21, "twenty batches, and the end")
 	for i, done := range progress[:20] {
@@ -588,20 +593,20 @@ func TestBulkRefusesAChangedSelection(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
 	deadLetters(t, b.ctx, b, 5, badDeploy, nil)
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
-	open, err := inbox.ListQuarantined(b.ctx, b.pool, inbox.QuarantineFilter{Consumer: consumer})
+	open, err := inboxadmin.New(b.pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer})
 	require.NoError(t, err)
-	_, err = inbox.DropQuarantined(b.ctx, b.pool, open[2].ID, "bob", "a test order")
+	_, err = inboxadmin.New(b.pool).Drop(b.ctx, open[2].ID, "bob", "a test order")
 	require.NoError(t, err)
 
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
-	require.ErrorIs(t, err, inbox.ErrSelectionChanged)
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
+	require.ErrorIs(t, err, inboxadmin.ErrSelectionChanged)
 	require.ErrorContains(t, err, "it holds 4 open messages, 5 when counted")
-	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, history, 1, "bob's drop only")
-	again, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	again, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
 	require.EqualValues(t, 4, again.Count)
 }
@@ -613,31 +618,32 @@ func TestStopBulk(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
 	deadLetters(t, b.ctx, b, 250, badDeploy, nil)
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
-	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
-	_, err = inbox.StopBulk(b.ctx, b.pool, a.ID, "")
+	_, err = inboxadmin.New(b.pool).StopBulk(b.ctx, a.ID, "")
 	require.Error(t, err, "who stops it")
-	stopped, err := inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{BatchSize: 50, Progress: func(a inbox.Action) {
+	stopped, err := inboxadmin.New(b.pool).RunBulk(b.ctx, a.ID, inboxadmin.BulkOptions{BatchSize: 50, Progress: func(a inboxadmin.Action) {
 		if a.Done == 50 {
-			_, err := inbox.StopBulk(b.ctx, b.pool, a.ID, "bob")
+			_, err := inboxadmin.New(b.pool).StopBulk(b.ctx, a.ID, "bob")
 			require.NoError(t, err)
 		}
 	}})
+
 	require.NoError(t, err)
-	require.Equal(t, [3]any{inbox.ActionStopped, "bob", int64(50)}, [3]any{stopped.State, stopped.StoppedBy, stopped.Done})
+	require.Equal(t, [3]any{inboxadmin.ActionStopped, "bob", int64(50)}, [3]any{stopped.State, stopped.StoppedBy, stopped.Done})
 	require.NotNil(t, stopped.FinishedAt)
-	again, err := inbox.RunBulk(b.ctx, b.pool, a.ID, inbox.BulkOptions{})
+	again, err := inboxadmin.New(b.pool).RunBulk(b.ctx, a.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.EqualValues(t, 50, again.Done, "a stopped action does nothing more")
-	left, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	left, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
 	require.EqualValues(t, 200, left.Count)
-	running, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Running: true})
+	running, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Running: true})
 	require.NoError(t, err)
 	require.Empty(t, running)
-	finished, err := inbox.StopBulk(b.ctx, b.pool, a.ID, "carol")
+	finished, err := inboxadmin.New(b.pool).StopBulk(b.ctx, a.ID, "carol")
 	require.NoError(t, err)
 	require.Equal(t, "bob", finished.StoppedBy, "stopped once")
 }
@@ -660,21 +666,21 @@ func TestBulkOnParkedRows(t *testing.T) {
 			WHERE id = (SELECT max(id) FROM outbox_messages) RETURNING id`)
 	}
 	a1, a2, a3, other := park("a"), park("a"), park("a"), park("b")
-	_, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true, Kind: inbox.KindDeadLetter})
+	_, err := inboxadmin.New(b.pool).DryRun(ctx, inboxadmin.Selection{Consumer: consumer, Parked: true, Kind: inbox.KindDeadLetter})
 	require.Error(t, err, "a kind is not a parked row's")
 
-	plan, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true, Topic: "a"})
+	plan, err := inboxadmin.New(b.pool).DryRun(ctx, inboxadmin.Selection{Consumer: consumer, Parked: true, Topic: "a"})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), plan.Count)
-	require.NoError(t, outbox.RetryParked(ctx, b.pool, a2)) // by hand, meanwhile
-	_, err = inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
-	require.ErrorIs(t, err, inbox.ErrSelectionChanged)
-	plan, err = inbox.DryRun(ctx, b.pool, plan.Selection) // looked again
+	require.NoError(t, outboxadmin.New(b.pool).Retry(ctx, a2)) // by hand, meanwhile
+	_, err = inboxadmin.New(b.pool).StartBulk(ctx, inboxadmin.ActionRetry, plan, "alice", "")
+	require.ErrorIs(t, err, inboxadmin.ErrSelectionChanged)
+	plan, err = inboxadmin.New(b.pool).DryRun(ctx, plan.Selection) // looked again
 	require.NoError(t, err)
 	require.Equal(t, int64(2), plan.Count)
-	started, err := inbox.StartBulk(ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	started, err := inboxadmin.New(b.pool).StartBulk(ctx, inboxadmin.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
-	done, err := inbox.RunBulk(ctx, b.pool, started.ID, inbox.BulkOptions{BatchSize: 1})
+	done, err := inboxadmin.New(b.pool).RunBulk(ctx, started.ID, inboxadmin.BulkOptions{BatchSize: 1})
 	require.NoError(t, err)
 	require.Equal(t, [2]int64{2, 0}, [2]int64{done.Done, done.Skipped})
 	parked := func(id int64) bool {
@@ -684,16 +690,16 @@ func TestBulkOnParkedRows(t *testing.T) {
 	require.False(t, parked(a3))
 	require.True(t, parked(other), "another topic's row is not chosen")
 
-	plan, err = inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true})
+	plan, err = inboxadmin.New(b.pool).DryRun(ctx, inboxadmin.Selection{Consumer: consumer, Parked: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), plan.Count)
-	started, err = inbox.StartBulk(ctx, b.pool, inbox.ActionDrop, plan, "bob", "the consumer reads it from the archive")
+	started, err = inboxadmin.New(b.pool).StartBulk(ctx, inboxadmin.ActionDrop, plan, "bob", "the consumer reads it from the archive")
 	require.NoError(t, err)
-	_, err = inbox.RunBulk(ctx, b.pool, started.ID, inbox.BulkOptions{})
+	_, err = inboxadmin.New(b.pool).RunBulk(ctx, started.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "bob: the consumer reads it from the archive", scalar[string](t, b,
 		`SELECT dropped_by || ': ' || drop_reason FROM outbox_dropped WHERE id = $1`, other))
-	history, err := inbox.ListActions(ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err := inboxadmin.New(b.pool).ListActions(ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, history, 2)
 	require.True(t, history[0].Selection.Parked && history[1].Selection.Parked)
@@ -721,16 +727,16 @@ func TestBulkRefusesOtherRowsOfTheSameCount(t *testing.T) {
 	}
 	park(ids[0])
 	park(ids[2])
-	plan, err := inbox.DryRun(ctx, b.pool, inbox.Selection{Consumer: consumer, Parked: true})
+	plan, err := inboxadmin.New(b.pool).DryRun(ctx, inboxadmin.Selection{Consumer: consumer, Parked: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), plan.Count)
-	require.NoError(t, outbox.RetryParked(ctx, b.pool, ids[0]))
+	require.NoError(t, outboxadmin.New(b.pool).Retry(ctx, ids[0]))
 	park(ids[1]) // below the dry run's UpTo
 
-	_, err = inbox.StartBulk(ctx, b.pool, inbox.ActionDrop, plan, "alice", "too large")
-	require.ErrorIs(t, err, inbox.ErrSelectionChanged)
+	_, err = inboxadmin.New(b.pool).StartBulk(ctx, inboxadmin.ActionDrop, plan, "alice", "too large")
+	require.ErrorIs(t, err, inboxadmin.ErrSelectionChanged)
 	require.ErrorContains(t, err, "not the same")
-	history, err := inbox.ListActions(ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	history, err := inboxadmin.New(b.pool).ListActions(ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Empty(t, history, "nothing recorded")
 }
@@ -743,14 +749,14 @@ func TestBulkStartedTwiceIsOneAction(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, inbox.Config{})
 	deadLetters(t, b.ctx, b, 5, badDeploy, nil)
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer})
 	require.NoError(t, err)
 	const clicks = 4
 	ids := make(chan int64, clicks)
 	var g errgroup.Group
 	for range clicks {
 		g.Go(func() error {
-			a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+			a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 			ids <- a.ID
 			return err
 		})
@@ -761,28 +767,28 @@ func TestBulkStartedTwiceIsOneAction(t *testing.T) {
 	for id := range ids {
 		require.Equal(t, first, id, "one action")
 	}
-	_, err = inbox.StopBulk(b.ctx, b.pool, first, "alice")
+	_, err = inboxadmin.New(b.pool).StopBulk(b.ctx, first, "alice")
 	require.NoError(t, err)
-	again, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
+	again, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
 	require.NoError(t, err)
-	require.Equal(t, [2]any{first, inbox.ActionStopped}, [2]any{again.ID, again.State}, "started once, stopped since")
+	require.Equal(t, [2]any{first, inboxadmin.ActionStopped}, [2]any{again.ID, again.State}, "started once, stopped since")
 
-	plan, err = inbox.DryRun(b.ctx, b.pool, plan.Selection) // the same rows, looked at again
+	plan, err = inboxadmin.New(b.pool).DryRun(b.ctx, plan.Selection) // the same rows, looked at again
 	require.NoError(t, err)
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "bob", "")
 	require.NoError(t, err, "bob's first start of it")
-	_, err = inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "alice", "")
-	require.ErrorIs(t, err, inbox.ErrPlanStarted, "alice confirms what bob started")
-	second, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	_, err = inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "alice", "")
+	require.ErrorIs(t, err, inboxadmin.ErrPlanStarted, "alice confirms what bob started")
+	second, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "bob", "")
 	require.NoError(t, err)
 	require.NotEqual(t, first, second.ID, "a new dry run")
-	finished, err := inbox.RunBulk(b.ctx, b.pool, second.ID, inbox.BulkOptions{})
+	finished, err := inboxadmin.New(b.pool).RunBulk(b.ctx, second.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.EqualValues(t, 5, finished.Done)
-	late, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionRetry, plan, "bob", "")
+	late, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionRetry, plan, "bob", "")
 	require.NoError(t, err, "a confirmation that comes after its action finished")
-	require.Equal(t, [2]any{second.ID, inbox.ActionFinished}, [2]any{late.ID, late.State})
-	history, err := inbox.ListActions(b.ctx, b.pool, inbox.ActionFilter{Consumer: consumer})
+	require.Equal(t, [2]any{second.ID, inboxadmin.ActionFinished}, [2]any{late.ID, late.State})
+	history, err := inboxadmin.New(b.pool).ListActions(b.ctx, inboxadmin.ActionFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, history, 2)
 }

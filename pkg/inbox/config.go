@@ -75,7 +75,7 @@ type Config struct {
 	// DeadLetterTopic is the topic dead letters are published to, through the
 	// outbox, in the transaction that records them. Defaults to Consumer+".dlq".
 	DeadLetterTopic string
-	// RedriveTopic, when set, is where a redrive (RetryQuarantined, a bulk
+	// RedriveTopic, when set, is where a redrive (inboxadmin.Admin.Retry, a bulk
 	// retry) writes this consumer's dead letters back: a topic of the
 	// consumer's own, which its Kafka principal may write and read, instead
 	// of the producer's topic the message came from, which a consumer

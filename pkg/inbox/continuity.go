@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -201,36 +199,3 @@ const continuitySQL = `
 // an index) once an hour at most: an update that leaves every indexed
 // column as it was can be a heap-only tuple, which writes no index.
 const touchedAt = `CASE WHEN s.touched_at < now() - interval '1 hour' THEN now() ELSE s.touched_at END`
-
-// ContinuityCounts counts a consumer's breaches by kind, since its first,
-// and the late messages that filled gaps.
-type ContinuityCounts struct {
-	Gaps, Rewinds, Late int64
-}
-
-// ReadContinuity counts consumer's continuity breaches, for metrics.
-func ReadContinuity(ctx context.Context, pool *pgxpool.Pool, consumer string) (ContinuityCounts, error) {
-	var c ContinuityCounts
-	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'gap'), count(*) FILTER (WHERE kind = 'rewind'),
-			count(*) FILTER (WHERE kind = 'late')
-		FROM inbox_continuity_breaches WHERE consumer = $1`, consumer).Scan(&c.Gaps, &c.Rewinds, &c.Late)
-	if err != nil {
-		return c, fmt.Errorf("inbox: counting continuity breaches: %w", err)
-	}
-	return c, nil
-}
-
-// ListBreaches returns the last limit continuity breaches of consumer (of
-// every consumer when it is ""), newest first.
-func ListBreaches(ctx context.Context, pool *pgxpool.Pool, consumer string, limit int) ([]Breach, error) {
-	if limit <= 0 {
-		return nil, errors.New("inbox: ListBreaches needs a positive limit")
-	}
-	rows, err := pool.Query(ctx, `
-		SELECT consumer, kind, topic, partition_key, stream::text, expected, got, message_id, previous_id, detected_at
-		FROM inbox_continuity_breaches WHERE $1 = '' OR consumer = $1 ORDER BY id DESC LIMIT $2`, consumer, limit)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: listing continuity breaches: %w", err)
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[Breach])
-}

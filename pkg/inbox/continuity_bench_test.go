@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -48,7 +49,7 @@ func BenchmarkContinuityPrice(b *testing.B) {
 				n++
 			}
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "deliveries/s")
-			counts, err := inbox.ReadContinuity(ctx, pool, consumer)
+			counts, err := inboxadmin.New(pool).Continuity(ctx, consumer)
 			require.NoError(b, err)
 			require.Zero(b, counts.Gaps+counts.Rewinds, "the benchmark's histories broke")
 		})

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
@@ -86,7 +87,7 @@ func TestContinuitySeesGapsAndRewinds(t *testing.T) {
 			settled(k5, j3)
 			require.Equal(t, []inbox.Outcome{inbox.Applied, inbox.Duplicate}, h.events.outcomes(j1))
 
-			breaches, err := inbox.ListBreaches(ctx, h.pool, consumer, 10)
+			breaches, err := inboxadmin.New(h.pool).ListBreaches(ctx, consumer, 10)
 			require.NoError(t, err)
 			for i := range breaches {
 				require.NotEmpty(t, breaches[i].Stream)
@@ -98,9 +99,9 @@ func TestContinuitySeesGapsAndRewinds(t *testing.T) {
 				{Consumer: consumer, Kind: inbox.Rewind, Topic: h.topic, Key: "k", Expected: 5, Got: 4, MessageID: k5, PreviousID: k4},
 				{Consumer: consumer, Kind: inbox.Gap, Topic: h.topic, Key: "k", Expected: 3, Got: 4, MessageID: k4, PreviousID: k2},
 			}, breaches)
-			counts, err := inbox.ReadContinuity(ctx, h.pool, consumer)
+			counts, err := inboxadmin.New(h.pool).Continuity(ctx, consumer)
 			require.NoError(t, err)
-			require.Equal(t, inbox.ContinuityCounts{Gaps: 1, Rewinds: 1, Late: 1}, counts)
+			require.Equal(t, inboxadmin.ContinuityCounts{Gaps: 1, Rewinds: 1, Late: 1}, counts)
 
 			want := map[string]inbox.BreachKind{k4: inbox.Gap, k5: inbox.Rewind, k3: inbox.Late}
 			for _, e := range h.events.all() {

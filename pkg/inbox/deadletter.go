@@ -4,10 +4,33 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+)
+
+// The kinds of quarantined message (inbox_quarantine.kind).
+const (
+	KindDeadLetter      = "dead_letter"      // the handler failed permanently or MaxAttempts times
+	KindPayloadConflict = "payload_conflict" // an id already applied arrived with another payload
+	KindInvalid         = "invalid"          // no message id, or a payload over the size limit
+)
+
+// Metadata that a redrive (inboxadmin.Admin.Retry) adds to the message it writes back.
+const (
+	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
+	RedriveByMetadata = "inbox_redrive_by" // who redrove it
+	// RedriveTopicMetadata is the topic a redrive's copy came from, set
+	// when it is written to the consumer's RedriveTopic. Read only from
+	// that topic, which only the consumer writes.
+	RedriveTopicMetadata = "inbox_redrive_topic"
+	// ReleaseOfMetadata is set, instead, on the parked message a drop
+	// (inboxadmin.Admin.Drop) writes back in the place of the dead letter that held its key: the
+	// inbox_quarantine id that was discarded.
+	ReleaseOfMetadata = "inbox_release_of"
 )
 
 // PayloadOmittedMetadata is set on a dead letter whose payload (or whose
@@ -30,7 +53,7 @@ const maxDeadLetterReasonBytes = 4096
 // clipReason returns reason as text, cut at a character boundary to at most
 // maxDeadLetterReasonBytes, saying so when it was cut.
 func clipReason(reason string) string {
-	reason = pgText(reason)
+	reason = schema.Text(reason)
 	if len(reason) <= maxDeadLetterReasonBytes {
 		return reason
 	}
@@ -59,7 +82,7 @@ func deadLetterMessage(d *delivery, consumer string, attempts int, reason string
 	build := func(payload []byte, original message.Metadata) *message.Message {
 		dlq := message.NewMessage(uuid.Must(uuid.NewV7()).String(), payload)
 		for k, v := range original {
-			dlq.Metadata.Set(pgText(k), pgText(v))
+			dlq.Metadata.Set(schema.Text(k), schema.Text(v))
 		}
 		for k, v := range headers {
 			dlq.Metadata.Set(k, v)

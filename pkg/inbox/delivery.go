@@ -11,8 +11,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"strings"
 	"time"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -39,7 +40,7 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 		return d, "message has no id"
 	case len(id) > maxIDBytes:
 		return d, fmt.Sprintf("message id of %d bytes exceeds the %d-byte limit", len(id), maxIDBytes)
-	case id != pgText(id):
+	case id != schema.Text(id):
 		return d, fmt.Sprintf("message id %q is not valid UTF-8 text", id)
 	}
 	d.id = id
@@ -62,8 +63,8 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 		switch orig := msg.Metadata.Get(RedriveTopicMetadata); {
 		case orig == "":
 			return d, fmt.Sprintf("read from the redrive topic %q without the topic it came from (no %s header)", d.from, RedriveTopicMetadata)
-		case orig == d.from || orig == in.cfg.DeadLetterTopic || orig != pgText(orig):
-			return d, fmt.Sprintf("read from the redrive topic %q, it names %q as the topic it came from", d.from, pgText(orig))
+		case orig == d.from || orig == in.cfg.DeadLetterTopic || orig != schema.Text(orig):
+			return d, fmt.Sprintf("read from the redrive topic %q, it names %q as the topic it came from", d.from, schema.Text(orig))
 		default:
 			d.topic = orig
 		}
@@ -155,16 +156,8 @@ func Tx(ctx context.Context) pgx.Tx {
 // it is text a btree index takes, else by its hash, so that any key can be
 // held.
 func storedKey(key string) string {
-	if len(key) > maxIDBytes || key != pgText(key) {
+	if len(key) > maxIDBytes || key != schema.Text(key) {
 		return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(key)))
 	}
 	return key
-}
-
-// pgText returns s as a Postgres text or jsonb value can hold it: invalid
-// UTF-8 and NUL bytes become U+FFFD. Message ids, metadata and handler errors
-// come from producers and handlers; a value the database refuses would fail
-// the delivery on every redelivery and block the partition.
-func pgText(s string) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }

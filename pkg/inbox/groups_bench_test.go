@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/stretchr/testify/require"
-
-	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
 
 // BenchmarkFailureGroups: the console's reads over a quarantine of a million
@@ -37,7 +36,7 @@ func BenchmarkFailureGroups(b *testing.B) {
 	require.NoError(b, err)
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE inbox_quarantine`)
 	require.NoError(b, err)
-	groups, err := inbox.ListGroups(ctx, pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(pool).ListGroups(ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(b, err)
 	require.Len(b, groups, 21)
 	deploy := groups[len(groups)-1] // the smallest
@@ -56,7 +55,7 @@ func BenchmarkFailureGroups(b *testing.B) {
 		})
 	}
 	timed("Groups", func() error {
-		_, err := inbox.ListGroups(ctx, pool, inbox.GroupFilter{Consumer: consumer})
+		_, err := inboxadmin.New(pool).ListGroups(ctx, inboxadmin.GroupFilter{Consumer: consumer})
 		return err
 	})
 	timed("GroupsMaskedAtRead", func() error {
@@ -65,17 +64,17 @@ func BenchmarkFailureGroups(b *testing.B) {
 			FROM inbox_quarantine WHERE consumer = $1 AND resolved_at IS NULL GROUP BY 1, 2, 3, 4`, consumer)
 		return err
 	})
-	page, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: consumer, Group: deploy.ID, Limit: 950})
+	page, err := inboxadmin.New(pool).ListQuarantined(ctx, inboxadmin.QuarantineFilter{Consumer: consumer, Group: deploy.ID, Limit: 950})
 	require.NoError(b, err)
 	timed("Page", func() error {
-		list, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: consumer, Group: deploy.ID, After: page[len(page)-1].ID, Limit: 50})
+		list, err := inboxadmin.New(pool).ListQuarantined(ctx, inboxadmin.QuarantineFilter{Consumer: consumer, Group: deploy.ID, After: page[len(page)-1].ID, Limit: 50})
 		if err == nil && len(list) != 50 {
 			b.Fatalf("a page of %d", len(list))
 		}
 		return err
 	})
 	timed("DryRun", func() error {
-		plan, err := inbox.DryRun(ctx, pool, inbox.Selection{Consumer: consumer, Group: deploy.ID})
+		plan, err := inboxadmin.New(pool).DryRun(ctx, inboxadmin.Selection{Consumer: consumer, Group: deploy.ID})
 		if err == nil && plan.Count != 1000 {
 			b.Fatalf("counted %d", plan.Count)
 		}

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 )
@@ -33,8 +35,8 @@ import (
 //	               through the same retry loop as any delivery
 //	batch.go       batchable: a held key's deliveries are left to go alone
 //
-// Beside the path, admin.go: RetryQuarantined marks the hold redriven;
-// DropQuarantined writes the first parked message back in the dead
+// Beside the path, admin.go: inboxadmin.Admin.Retry marks the hold redriven;
+// inboxadmin.Admin.Drop writes the first parked message back in the dead
 // letter's place.
 
 // DeadLetterPolicy is what a dead letter does to the later messages of its
@@ -61,13 +63,6 @@ func (p DeadLetterPolicy) String() string {
 	}
 	return fmt.Sprintf("DeadLetterPolicy(%d)", int(p))
 }
-
-// The states of a hold (inbox_held_keys.state, migration 004).
-const (
-	holdHeld     = "held"     // the holder is dead-lettered
-	holdRedriven = "redriven" // the holder was written back; it alone goes through
-	holdReleased = "released" // the holder was applied: the parked messages follow
-)
 
 func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []batchResult) ([]int, error) {
 	live := make([]int, len(items))
@@ -118,7 +113,7 @@ func (h holdKey) nextParked(d *delivery) (*delivery, error) {
 	var next *delivery
 	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
 		_, state, err := h.lockHold(ctx, tx, d)
-		if err != nil || state != holdReleased {
+		if err != nil || state != schema.HoldReleased {
 			return err
 		}
 		// A statement after the lock: it sees what a parking that held the
@@ -164,7 +159,7 @@ func (h holdKey) applyParked(p *delivery, a applier) (herr, err error) {
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
 	_, state, err := h.lockHold(ctx, tx, p)
-	if err != nil || state != holdReleased {
+	if err != nil || state != schema.HoldReleased {
 		return nil, err
 	}
 	var first string

@@ -16,12 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
 // holdBundle is a consumer behind a real router and broker, with its own
-// relay (RetryQuarantined and DropQuarantined write back through the outbox), whose handler
+// relay (inboxadmin.Admin.Retry and inboxadmin.Admin.Drop write back through the outbox), whose handler
 // refuses every payload that starts with "poison" until the message is fixed.
 type holdBundle struct {
 	*testBundle
@@ -169,7 +170,7 @@ func TestHoldKey(t *testing.T) {
 			if tc.policy == inbox.HoldKey {
 				h.await(t, "parked", k2, k3)
 			}
-			held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
+			held, err := inboxadmin.New(h.pool).ListHeld(h.ctx, consumer)
 			require.NoError(t, err)
 			if tc.policy == inbox.HoldKey {
 				require.Len(t, held, 1)
@@ -178,15 +179,15 @@ func TestHoldKey(t *testing.T) {
 				require.Equal(t, "held", held[0].State)
 				require.Equal(t, 2, held[0].Parked)
 				require.Equal(t, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), held[0].DeadLetter)
-				counts, err := inbox.ReadHoldStats(h.ctx, h.pool, consumer)
+				counts, err := inboxadmin.New(h.pool).HoldStats(h.ctx, consumer)
 				require.NoError(t, err)
-				require.Equal(t, inbox.HoldCounts{Keys: 1, Parked: 2}, counts)
+				require.Equal(t, inboxadmin.HoldCounts{Keys: 1, Parked: 2}, counts)
 			} else {
 				require.Empty(t, held)
 			}
 
 			h.fix(k1)
-			res, err := inbox.RetryQuarantined(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
+			res, err := inboxadmin.New(h.pool).Retry(h.ctx, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
 			require.NoError(t, err)
 			require.True(t, res.Redriven, res.Note)
 			h.await(t, "processed", k1, k2, k3)
@@ -205,7 +206,7 @@ func TestHoldKey(t *testing.T) {
 			require.Equal(t, 1, h.handler.callsFor(k2))
 			require.Equal(t, 1, h.handler.callsFor(k3))
 			eventually(t, func() bool {
-				held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
+				held, err := inboxadmin.New(h.pool).ListHeld(h.ctx, consumer)
 				require.NoError(t, err)
 				return len(held) == 0
 			}, 10*time.Second, "the hold to be gone", h.events.count)
@@ -241,7 +242,7 @@ func discardReleasesInOrder(t *testing.T, p *inbox.Partitioning) {
 		h.await(t, "parked", k2, k3)
 
 		qid := quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1)
-		_, err := inbox.DropQuarantined(h.ctx, h.pool, qid, "alice", "superseded by a manual correction")
+		_, err := inboxadmin.New(h.pool).Drop(h.ctx, qid, "alice", "superseded by a manual correction")
 		require.NoError(t, err)
 		h.await(t, "processed", k2, k3)
 
@@ -270,11 +271,11 @@ func releasedMessageFailsHoldsAgain(t *testing.T) {
 		h.await(t, "parked", k2, k3)
 
 		h.fix(k1)
-		_, err := inbox.RetryQuarantined(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
+		_, err := inboxadmin.New(h.pool).Retry(h.ctx, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k1), "alice")
 		require.NoError(t, err)
 		h.await(t, "processed", k1)
 		h.await(t, "dead_lettered", k2) // released, it failed: the key is held again
-		held, err := inbox.ListHeld(h.ctx, h.pool, consumer)
+		held, err := inboxadmin.New(h.pool).ListHeld(h.ctx, consumer)
 		require.NoError(t, err)
 		require.Len(t, held, 1)
 		require.Equal(t, k2, held[0].Holder)
@@ -285,7 +286,7 @@ func releasedMessageFailsHoldsAgain(t *testing.T) {
 		h.await(t, "parked", k4)
 
 		h.fix(k2)
-		_, err = inbox.RetryQuarantined(h.ctx, h.pool, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k2), "alice")
+		_, err = inboxadmin.New(h.pool).Retry(h.ctx, quarantineID(t, h.testBundle, inbox.KindDeadLetter, k2), "alice")
 		require.NoError(t, err)
 		h.await(t, "processed", k2, k3, k4)
 		require.Equal(t, []string{k1, k2, k3, k4}, h.order(k1, k2, k3, k4))
@@ -297,7 +298,7 @@ func releasedMessageFailsHoldsAgain(t *testing.T) {
 		// Released, the key is held again by its next poison.
 		k5 := h.publish(t, "K", "poison 5")
 		h.await(t, "dead_lettered", k5)
-		held, err = inbox.ListHeld(h.ctx, h.pool, consumer)
+		held, err = inboxadmin.New(h.pool).ListHeld(h.ctx, consumer)
 		require.NoError(t, err)
 		require.Len(t, held, 1)
 		require.Equal(t, k5, held[0].Holder)
@@ -387,18 +388,18 @@ func TestBulkReleasesHeldKeys(t *testing.T) {
 	a2, b2 := h.publish(t, "A", "a2"), h.publish(t, "B", "b2")
 	h.await(t, "parked", a2, b2)
 
-	plan, err := inbox.DryRun(h.ctx, h.pool, inbox.Selection{Consumer: consumer, Holding: true})
+	plan, err := inboxadmin.New(h.pool).DryRun(h.ctx, inboxadmin.Selection{Consumer: consumer, Holding: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), plan.Count, "the two holders, not the dead letter of no key")
-	started, err := inbox.StartBulk(h.ctx, h.pool, inbox.ActionDrop, plan, "alice", "superseded")
+	started, err := inboxadmin.New(h.pool).StartBulk(h.ctx, inboxadmin.ActionDrop, plan, "alice", "superseded")
 	require.NoError(t, err)
-	done, err := inbox.RunBulk(h.ctx, h.pool, started.ID, inbox.BulkOptions{})
+	done, err := inboxadmin.New(h.pool).RunBulk(h.ctx, started.ID, inboxadmin.BulkOptions{})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), done.Done)
 	h.await(t, "processed", a2, b2)
 	require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, a2))
 	require.Equal(t, 1, appliedRows(t, h.testBundle, consumer, b2))
-	open, err := inbox.ListQuarantined(h.ctx, h.pool, inbox.QuarantineFilter{})
+	open, err := inboxadmin.New(h.pool).ListQuarantined(h.ctx, inboxadmin.QuarantineFilter{})
 	require.NoError(t, err)
 	require.Len(t, open, 1)
 	require.Equal(t, loose, open[0].MessageID, "the dead letter that held nothing is left")

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -339,7 +341,7 @@ func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
 		VALUES ($1, $2, 1, $3)
 		ON CONFLICT (consumer, message_id) DO UPDATE
 		SET attempts = inbox_attempts.attempts + 1, last_error = EXCLUDED.last_error, updated_at = now()
-		RETURNING attempts`, in.cfg.Consumer, d.id, pgText(herr.Error())).Scan(&n)
+		RETURNING attempts`, in.cfg.Consumer, d.id, schema.Text(herr.Error())).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: recording attempt: %w", err)
 	}
@@ -399,7 +401,7 @@ func (in *Inbox) quarantineInvalid(d *delivery, reason string) error {
 		if err := in.markForStandbys(ctx, tx, d); err != nil {
 			return err
 		}
-		return in.insertQuarantine(ctx, tx, d, "invalid", reason, nil)
+		return in.insertQuarantine(ctx, tx, d, KindInvalid, reason, nil)
 	})
 	if err != nil {
 		return err

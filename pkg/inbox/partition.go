@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 )
 
@@ -145,7 +146,7 @@ func PartitionByIDTime(ctx context.Context, pool *pgxpool.Pool, p Partitioning, 
 func convertOnce(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOver time.Time) error {
 	const what = "inbox: partitioning inbox_messages"
 	return pgtable.WithSessionLock(ctx, pool, what, `hashtext('inbox: PartitionByIDTime')`, nil, true, func(conn *pgxpool.Conn) error {
-		partitioned, err := isPartitioned(ctx, conn)
+		partitioned, err := schema.Partitioned(ctx, conn)
 		if err != nil || partitioned {
 			return err
 		}
@@ -154,14 +155,6 @@ func convertOnce(ctx context.Context, pool *pgxpool.Pool, p Partitioning, cutOve
 		}
 		return nil
 	})
-}
-
-func isPartitioned(ctx context.Context, pool pgtable.DB) (bool, error) {
-	var kind string
-	if err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'inbox_messages'::regclass`).Scan(&kind); err != nil {
-		return false, fmt.Errorf("inbox: reading inbox_messages's kind (has Migrate run?): %w", err)
-	}
-	return kind == "p", nil
 }
 
 // convert runs the steps of PartitionByIDTime on an unpartitioned table.
@@ -548,7 +541,7 @@ func (in *Inbox) checkShapeOnce(ctx context.Context) error {
 // a copy of their message written by a consumer with Config.Partitions
 // would not meet them.
 func (in *Inbox) checkPartitioned(ctx context.Context) error {
-	partitioned, err := isPartitioned(ctx, in.cfg.Pool)
+	partitioned, err := schema.Partitioned(ctx, in.cfg.Pool)
 	if err != nil {
 		return err
 	}

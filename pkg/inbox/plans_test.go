@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/pgtest"
 )
@@ -116,7 +117,7 @@ func TestContinuityStaysCheapAsKeysGrow(t *testing.T) {
 	}
 	require.Equal(t, 3, checked, "the three messages' continuity checks were not all explained")
 	require.Empty(t, pgtest.Costly(ran, 20, "inbox_key_sequences"), "statements that read more than 20 of 20,000 keys for one message")
-	counts, err := inbox.ReadContinuity(b.ctx, b.pool, consumer)
+	counts, err := inboxadmin.New(b.pool).Continuity(b.ctx, consumer)
 	require.NoError(t, err)
 	require.Zero(t, counts.Gaps+counts.Rewinds)
 }
@@ -140,7 +141,7 @@ func TestGroupPagesStayCheap(t *testing.T) {
 	}, nil)
 	_, err = b.pool.Exec(b.ctx, `ANALYZE inbox_quarantine`)
 	require.NoError(t, err)
-	groups, err := inbox.ListGroups(b.ctx, pool, inbox.GroupFilter{Consumer: consumer})
+	groups, err := inboxadmin.New(pool).ListGroups(b.ctx, inboxadmin.GroupFilter{Consumer: consumer})
 	require.NoError(t, err)
 	require.Len(t, groups, 2)
 	require.EqualValues(t, 200, groups[1].Count)
@@ -148,7 +149,7 @@ func TestGroupPagesStayCheap(t *testing.T) {
 	plans.Take()
 	var after int64
 	for page := 0; page < 4; page++ {
-		list, err := inbox.ListQuarantined(b.ctx, pool, inbox.QuarantineFilter{Consumer: consumer, Group: groups[1].ID, After: after, Limit: 50})
+		list, err := inboxadmin.New(pool).ListQuarantined(b.ctx, inboxadmin.QuarantineFilter{Consumer: consumer, Group: groups[1].ID, After: after, Limit: 50})
 		require.NoError(t, err)
 		require.Len(t, list, 50)
 		after = list[len(list)-1].ID
@@ -157,21 +158,22 @@ func TestGroupPagesStayCheap(t *testing.T) {
 	require.Len(t, ran, 4)
 	require.Empty(t, pgtest.Costly(ran, 60, "inbox_quarantine"), "pages that read more than their 50 rows (and a few) of 40,000")
 
-	plan, err := inbox.DryRun(b.ctx, b.pool, inbox.Selection{Consumer: consumer, Group: groups[0].ID})
+	plan, err := inboxadmin.New(b.pool).DryRun(b.ctx, inboxadmin.Selection{Consumer: consumer, Group: groups[0].ID})
 	require.NoError(t, err)
 	require.EqualValues(t, 39800, plan.Count)
-	a, err := inbox.StartBulk(b.ctx, b.pool, inbox.ActionDrop, plan, "alice", "timeouts of the old network")
+	a, err := inboxadmin.New(b.pool).StartBulk(b.ctx, inboxadmin.ActionDrop, plan, "alice", "timeouts of the old network")
 	require.NoError(t, err)
 	_, err = pool.Exec(b.ctx, `ANALYZE inbox_action_items`)
 	require.NoError(t, err)
 	plans.Take()
 	ctx, stop := context.WithCancel(b.ctx) // stopped after ten batches
 	defer stop()
-	_, err = inbox.RunBulk(ctx, pool, a.ID, inbox.BulkOptions{BatchSize: 100, Progress: func(a inbox.Action) {
+	_, err = inboxadmin.New(pool).RunBulk(ctx, a.ID, inboxadmin.BulkOptions{BatchSize: 100, Progress: func(a inboxadmin.Action) {
 		if a.Done >= 1000 {
 			stop()
 		}
 	}})
+
 	require.ErrorIs(t, err, context.Canceled)
 	ran = plans.Take()
 	var batches int

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
@@ -101,7 +102,7 @@ func TestRedriveTopic(t *testing.T) {
 
 	fixed.Store(true)
 	dl := quarantineID(t, b, inbox.KindDeadLetter, poison.UUID)
-	res, err := inbox.RetryQuarantined(b.ctx, b.pool, dl, "alice")
+	res, err := inboxadmin.New(b.pool).Retry(b.ctx, dl, "alice")
 	require.NoError(t, err)
 	require.True(t, res.Redriven, res.Note)
 	require.Contains(t, res.Note, "written back to "+redrive)
@@ -136,7 +137,7 @@ func TestRedriveTopic(t *testing.T) {
 		eventually(t, func() bool {
 			return scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE consumer = $1 AND message_id = $2`, consumer, msg.UUID) == 1
 		}, 20*time.Second, tc.name+": the copy to be quarantined", b.events.count)
-		q, err := inbox.GetQuarantined(b.ctx, b.pool, quarantineID(t, b, inbox.KindInvalid, msg.UUID))
+		q, err := inboxadmin.New(b.pool).GetQuarantined(b.ctx, quarantineID(t, b, inbox.KindInvalid, msg.UUID))
 		require.NoError(t, err, tc.name)
 		require.Contains(t, q.Reason, tc.reason, tc.name)
 		require.Zero(t, b.handler.callsFor(msg.UUID), tc.name)

@@ -10,10 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 )
 
 // TestRetireConsumer: a consumer that no longer runs leaves rows no sweep
-// retires (each consumer sweeps its own). RetireConsumer refuses a name with
+// retires (each consumer sweeps its own). inboxadmin.Admin.Retire refuses a name with
 // nothing to retire, and one that wrote to the inbox within the idle time (a
 // row, a failed attempt, a hold, a parked message), and one with parked
 // messages unless told to drop them; then it deletes its rows, more than one
@@ -43,7 +44,7 @@ func TestRetireConsumer(t *testing.T) {
 		return scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = 'shipping'`)
 	}
 
-	list, err := inbox.ListConsumers(b.ctx, b.pool)
+	list, err := inboxadmin.New(b.pool).ListConsumers(b.ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
 	require.Equal(t, consumer, list[0].Consumer)
@@ -52,13 +53,13 @@ func TestRetireConsumer(t *testing.T) {
 	require.NotNil(t, list[1].LastProcessed)
 	require.WithinDuration(t, time.Now(), *list[1].LastProcessed, time.Minute)
 
-	retire := func(r inbox.Retire) (inbox.Retired, error) {
+	retire := func(r inboxadmin.RetireParams) (inboxadmin.Retired, error) {
 		r.Consumer = "shipping"
-		return inbox.RetireConsumer(b.ctx, b.pool, r)
+		return inboxadmin.New(b.pool).Retire(b.ctx, r)
 	}
-	_, err = inbox.RetireConsumer(b.ctx, b.pool, inbox.Retire{Consumer: "shiping", Idle: time.Hour})
-	require.ErrorIs(t, err, inbox.ErrNoSuchConsumer, "a typo")
-	_, err = retire(inbox.Retire{Idle: -time.Hour})
+	_, err = inboxadmin.New(b.pool).Retire(b.ctx, inboxadmin.RetireParams{Consumer: "shiping", Idle: time.Hour})
+	require.ErrorIs(t, err, inboxadmin.ErrNoSuchConsumer, "a typo")
+	_, err = retire(inboxadmin.RetireParams{Idle: -time.Hour})
 	require.ErrorContains(t, err, "negative Idle")
 	// Each trace of activity alone refuses it: the newest row, a failed
 	// attempt, a hold, a parked message.
@@ -73,27 +74,27 @@ func TestRetireConsumer(t *testing.T) {
 	}
 	for _, table := range traces {
 		exec(`UPDATE ` + table.name + ` SET ` + table.column + ` = now() WHERE ` + table.where)
-		_, err = retire(inbox.Retire{Idle: time.Hour, DropParked: true})
-		require.ErrorIs(t, err, inbox.ErrConsumerActive, "%s written just now", table.name)
+		_, err = retire(inboxadmin.RetireParams{Idle: time.Hour, DropParked: true})
+		require.ErrorIs(t, err, inboxadmin.ErrConsumerActive, "%s written just now", table.name)
 		require.Equal(t, 25001, count(), "refused: nothing deleted")
 		exec(`UPDATE ` + table.name + ` SET ` + table.column + ` = now() - interval '2 days' WHERE ` + table.where)
 	}
-	_, err = retire(inbox.Retire{Idle: time.Hour})
-	require.ErrorIs(t, err, inbox.ErrParkedMessages)
+	_, err = retire(inboxadmin.RetireParams{Idle: time.Hour})
+	require.ErrorIs(t, err, inboxadmin.ErrParkedMessages)
 	require.Equal(t, 25001, count(), "refused: nothing deleted")
 
 	var progress []int64
-	r, err := retire(inbox.Retire{Idle: time.Hour, DropParked: true, Progress: func(n int64) { progress = append(progress, n) }})
+	r, err := retire(inboxadmin.RetireParams{Idle: time.Hour, DropParked: true, Progress: func(n int64) { progress = append(progress, n) }})
 	require.NoError(t, err)
-	require.Equal(t, inbox.Retired{Rows: 25001, Attempts: 1, HeldKeys: 1, Parked: 1, OpenQuarantined: 1}, r)
+	require.Equal(t, inboxadmin.Retired{Rows: 25001, Attempts: 1, HeldKeys: 1, Parked: 1, OpenQuarantined: 1}, r)
 	require.Equal(t, []int64{10000, 20000, 25001}, progress, "a transaction per 10,000 rows")
 	require.Zero(t, count())
 	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = $1`, consumer), "the other consumer's row stays")
 	require.Equal(t, 1, scalar[int](t, b, `SELECT count(*) FROM inbox_quarantine WHERE consumer = 'shipping'`), "its quarantine stays")
 
-	_, err = retire(inbox.Retire{Idle: time.Hour})
-	require.ErrorIs(t, err, inbox.ErrNoSuchConsumer, "retired already")
-	list, err = inbox.ListConsumers(b.ctx, b.pool)
+	_, err = retire(inboxadmin.RetireParams{Idle: time.Hour})
+	require.ErrorIs(t, err, inboxadmin.ErrNoSuchConsumer, "retired already")
+	list, err = inboxadmin.New(b.pool).ListConsumers(b.ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 2, "its open quarantine is still listed")
 	require.Nil(t, list[1].LastProcessed)
@@ -149,9 +150,9 @@ func TestRetiredConsumerReleasesItsPartitions(t *testing.T) {
 	_, err = in.Sweep(b.ctx)
 	require.NoError(t, err)
 	require.True(t, table(), "shipping has rows there and has not cleared it")
-	r, err := inbox.RetireConsumer(b.ctx, b.pool, inbox.Retire{Consumer: "shipping", Idle: time.Hour})
+	r, err := inboxadmin.New(b.pool).Retire(b.ctx, inboxadmin.RetireParams{Consumer: "shipping", Idle: time.Hour})
 	require.NoError(t, err)
-	require.Equal(t, inbox.Retired{Rows: 12001, Clearances: 1}, r)
+	require.Equal(t, inboxadmin.Retired{Rows: 12001, Clearances: 1}, r)
 	require.Zero(t, scalar[int](t, b, `SELECT count(*) FROM inbox_messages WHERE consumer = 'shipping'`))
 	_, err = in.Sweep(b.ctx)
 	require.NoError(t, err)

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -90,7 +92,7 @@ func (s skipKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, r
 			return in.classifySeen(ctx, tx, d, reason)
 		}
 	}
-	return DeadLettered, "", in.insertQuarantine(ctx, tx, d, "dead_letter", reason, nil)
+	return DeadLettered, "", in.insertQuarantine(ctx, tx, d, KindDeadLetter, reason, nil)
 }
 
 // holdKey is HoldKey: skipKey's inbox rows, inside the hold of the key. A
@@ -110,15 +112,15 @@ func (h holdKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, st
 	if err != nil {
 		return "", "", err
 	}
-	d.release = hold == holdReleased
+	d.release = hold == schema.HoldReleased
 	if hold != "" && holder != d.id {
 		return h.park(ctx, tx, d, holder)
 	}
 	if settled, reason, err := h.skipKey.admit(ctx, tx, d); err != nil || settled != "" {
 		return settled, reason, err
 	}
-	if hold != "" && hold != holdReleased {
-		if err := h.setHold(ctx, tx, d, holdReleased); err != nil {
+	if hold != "" && hold != schema.HoldReleased {
+		if err := h.setHold(ctx, tx, d, schema.HoldReleased); err != nil {
 			return "", "", err
 		}
 		d.release = true // once committed; a failed attempt finds the key held as before
@@ -141,7 +143,7 @@ func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, r
 		// A released key's parked message: its row is there. Unless
 		// another delivery settled it meanwhile, it holds the key again,
 		// and the messages parked behind it stay parked.
-		if state != holdReleased {
+		if state != schema.HoldReleased {
 			return "", "", nil // held again by another: it stays parked
 		}
 		if ok, err := h.unpark(ctx, tx, d, rowDeadLettered); err != nil || !ok {
@@ -289,7 +291,7 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::timestamptz[]) AS u(id, sum, topic, part, off, t)
 			WHERE NOT EXISTS (SELECT 1 FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = u.id AND o.msg_time = '-infinity')
 			ON CONFLICT DO NOTHING
-			RETURNING message_id`, planEachTime, in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times)
+			RETURNING message_id`, schema.PlanEachTime, in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
@@ -348,7 +350,7 @@ func (in *Inbox) classifySeen(ctx context.Context, tx pgx.Tx, d *delivery, faile
 	if failed != "" {
 		reason += "; its handler had failed: " + failed
 	}
-	if err := in.insertQuarantine(ctx, tx, d, "payload_conflict", reason, prior); err != nil {
+	if err := in.insertQuarantine(ctx, tx, d, KindPayloadConflict, reason, prior); err != nil {
 		return "", "", err
 	}
 	return Conflict, reason, nil
@@ -392,11 +394,11 @@ func (in *Inbox) rowTime(id string, n int) string {
 
 // rowArgs is the arguments of a statement finding id's inbox row: args
 // followed, in a partitioned inbox, by the time of id, for rowTime's
-// parameter, the statement planned at each call (planEachTime). An id
+// parameter, the statement planned at each call (schema.PlanEachTime). An id
 // without a time (quarantined before any row is written) gets a time no
 // row has.
 func (in *Inbox) rowArgs(id string, args ...any) []any {
-	args = append([]any{planEachTime}, args...)
+	args = append([]any{schema.PlanEachTime}, args...)
 	if in.cfg.Partitions == nil {
 		return args
 	}
@@ -406,20 +408,6 @@ func (in *Inbox) rowArgs(id string, args ...any) []any {
 	}
 	return append(args, t)
 }
-
-// planEachTime, passed before a statement's arguments, has Postgres plan the
-// statement for the table as it is at that call (pgx's unnamed statement,
-// the same single round trip). The statements that find rows of the inbox
-// by key or walk it take it. A prepared statement may settle on one
-// generic plan from its sixth run, and one made while the table held a few
-// rows, as it does in a new deployment's first minute (autovacuum's first
-// ANALYZE comes at 50 rows), is a full scan, kept as the table grows until
-// the next ANALYZE: every duplicate of a redelivery storm would read the
-// whole inbox (TestStatementsStayCheapAsTheInboxGrows). The insert of new
-// rows into a plain inbox does not need it: its conflicts are found
-// through the primary key whatever the plan. A partitioned inbox's insert
-// also looks each id up in the first partition, and takes it.
-const planEachTime = pgx.QueryExecModeExec
 
 // insertQuarantine records d as it arrived: a record with no value (a nil
 // payload) as a NULL payload, and its headers exactly in raw_metadata when
@@ -434,13 +422,13 @@ func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, k
 		return err
 	}
 	onConflict := "ON CONFLICT (consumer, kind, message_id, payload_sha256) WHERE kind <> 'dead_letter' DO NOTHING"
-	if kind == "dead_letter" {
+	if kind == KindDeadLetter {
 		onConflict = ""
 	}
 	_, err = tx.Exec(ctx, `
 		INSERT INTO inbox_quarantine (consumer, message_id, kind, reason, attempts, topic, payload_sha256, original_sha256, payload, metadata, raw_metadata)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) `+onConflict,
-		in.cfg.Consumer, d.id, kind, pgText(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta, raw)
+		in.cfg.Consumer, d.id, kind, schema.Text(reason), d.attempts, d.topic, d.sum[:], prior, d.msg.Payload, meta, raw)
 	if err != nil {
 		return fmt.Errorf("inbox: recording %s: %w", kind, err)
 	}
@@ -451,7 +439,7 @@ func (in *Inbox) insertQuarantine(ctx context.Context, tx pgx.Tx, d *delivery, k
 func metadataJSON(md message.Metadata) ([]byte, error) {
 	clean := make(map[string]string, len(md))
 	for k, v := range md {
-		clean[pgText(k)] = pgText(v)
+		clean[schema.Text(k)] = schema.Text(v)
 	}
 	meta, err := json.Marshal(clean)
 	if err != nil {
@@ -466,7 +454,7 @@ func metadataJSON(md message.Metadata) ([]byte, error) {
 func rawMetadataJSON(md message.Metadata) ([]byte, error) {
 	exact := true
 	for k, v := range md {
-		exact = exact && k == pgText(k) && v == pgText(v)
+		exact = exact && k == schema.Text(k) && v == schema.Text(v)
 	}
 	if exact {
 		return nil, nil

@@ -32,10 +32,10 @@
 // max.message.bytes, or an invalid record) must not stop the outbox: a
 // relay that gets a permanent refusal for a batch (IsPermanent) sends its
 // rows again one at a time, publishes the good ones, and parks the refused
-// one with its reason ([ListParked], cmd/outboxctl); a row over the relay's
+// one with its reason (outboxadmin.Admin.ListParked, cmd/outboxctl); a row over the relay's
 // MaxMessageBytes is parked without a send. The per-key rule: the later
 // rows of a parked row's topic and partition key are not sent until the row
-// is retried ([RetryParked]) or dropped ([DropParked]), so a key's messages never overtake
+// is retried (outboxadmin.Admin.Retry) or dropped (outboxadmin.Admin.Drop), so a key's messages never overtake
 // each other; every other key goes on. Transient failures (the broker down,
 // a timeout) park nothing: the batch is retried after ErrorBackoff, doubled
 // for each failure in a row up to MaxErrorBackoff.

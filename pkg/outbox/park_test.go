@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
@@ -120,7 +121,7 @@ func TestRelayParksWhatTheBrokerCannotTake(t *testing.T) {
 			require.Contains(t, parkReason(t, pool, b2), "the broker refused it")
 			require.Contains(t, parkReason(t, pool, b2), "too large")
 
-			parked, err := outbox.ListParked(ctx, pool)
+			parked, err := outboxadmin.New(pool).ListParked(ctx, outboxadmin.ParkedFilter{})
 			require.NoError(t, err)
 			require.Len(t, parked, 2)
 			require.Equal(t, b2.UUID, parked[0].MessageID)
@@ -135,11 +136,11 @@ func TestRelayParksWhatTheBrokerCannotTake(t *testing.T) {
 
 			// Dropping b2 lets b3 go; retrying c2 without a fix parks it
 			// again, and c3 still waits.
-			require.ErrorContains(t, outbox.DropParked(ctx, pool, parked[0].ID, "", "why"), "who drops")
-			require.NoError(t, outbox.DropParked(ctx, pool, parked[0].ID, "test", "too large for the topic"))
-			require.ErrorIs(t, outbox.DropParked(ctx, pool, parked[0].ID, "test", "again"), outbox.ErrNotParked)
+			require.ErrorContains(t, outboxadmin.New(pool).Drop(ctx, parked[0].ID, "", "why"), "who drops")
+			require.NoError(t, outboxadmin.New(pool).Drop(ctx, parked[0].ID, "test", "too large for the topic"))
+			require.ErrorIs(t, outboxadmin.New(pool).Drop(ctx, parked[0].ID, "test", "again"), outboxadmin.ErrNotParked)
 			sink.WaitFor(t, []string{b3.UUID})
-			require.NoError(t, outbox.RetryParked(ctx, pool, parked[1].ID))
+			require.NoError(t, outboxadmin.New(pool).Retry(ctx, parked[1].ID))
 			eventually(t, waitTimeout, func() bool { return relay.Stats().Parked == 3 })
 			require.Zero(t, sink.Counts()[c3.UUID], "c3 overtook the parked c2")
 

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
 // partitionsOf lists outbox_messages's partitions in id order.
@@ -155,7 +156,7 @@ func TestPartitionByTimeKeepsEveryRowAndItsOrder(t *testing.T) {
 	relay := newRelay(t, outbox.RelayConfig{Pool: pool, Publisher: bundle.pub, Partitions: &p})
 	startRelay(t, relay)
 	bundle.sink.WaitFor(t, ids(written))
-	require.NoError(t, outbox.RetryParked(ctx, pool, idOf(t, pool, parked)))
+	require.NoError(t, outboxadmin.New(pool).Retry(ctx, idOf(t, pool, parked)))
 	bundle.sink.WaitFor(t, []string{parked.UUID, behind.UUID})
 
 	// Every message once, each key's in the order written.

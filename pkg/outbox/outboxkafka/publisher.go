@@ -117,31 +117,6 @@ func New(cfg Config) (*Publisher, error) {
 	return newPublisher(cfg.Brokers, cfg.Sarama, cfg.Marshaler, log)
 }
 
-// Option configures a Publisher made by NewPublisher.
-//
-// Deprecated: use New with a Config.
-type Option func(*Publisher)
-
-// WithLogger is Config.Logger for NewPublisher.
-//
-// Deprecated: use New with Config.Logger.
-func WithLogger(l watermill.LoggerAdapter) Option { return func(p *Publisher) { p.logger = l } }
-
-// NewPublisher is New(Config{Brokers: brokers, Sarama: conf, Marshaler:
-// marshaler}), with opts applied.
-//
-// Deprecated: use New with a Config.
-func NewPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler, opts ...Option) (*Publisher, error) {
-	p, err := newPublisher(brokers, conf, marshaler, watermill.NopLogger{})
-	if err != nil {
-		return nil, err
-	}
-	for _, o := range opts {
-		o(p)
-	}
-	return p, nil
-}
-
 func newPublisher(brokers []string, conf *sarama.Config, marshaler kafka.Marshaler, log watermill.LoggerAdapter) (*Publisher, error) {
 	if marshaler == nil {
 		return nil, errors.New("outboxkafka: Config.Marshaler is required")
@@ -217,7 +192,7 @@ const maxBackoff = 2 * time.Second
 const SendRetries = 1000
 
 // SlowSendAfter is how long a send may wait for Kafka before the publisher
-// says so in its log (it goes on waiting: see NewPublisher).
+// says so in its log (it goes on waiting: see New).
 const SlowSendAfter = 10 * time.Second
 
 // Publish sends msgs to topic as one batch.

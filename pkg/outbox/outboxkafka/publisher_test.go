@@ -38,10 +38,10 @@ func TestIsPermanent(t *testing.T) {
 	}
 }
 
-// TestNewPublisherLeavesTheConfigAlone: the publisher needs successes
+// TestNewLeavesTheConfigAlone: the publisher needs successes
 // returned and one request in flight; it sets them on its own copy, not on
 // the caller's config, which may be shared.
-func TestNewPublisherLeavesTheConfigAlone(t *testing.T) {
+func TestNewLeavesTheConfigAlone(t *testing.T) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestNewPublisherLeavesTheConfigAlone(t *testing.T) {
 	}
 	t.Cleanup(func() { pub.Close() }) //nolint:errcheck
 	if conf.Producer.Return.Successes || conf.Net.MaxOpenRequests != 5 {
-		t.Fatalf("NewPublisher changed the caller's config: Return.Successes %v, MaxOpenRequests %d",
+		t.Fatalf("New changed the caller's config: Return.Successes %v, MaxOpenRequests %d",
 			conf.Producer.Return.Successes, conf.Net.MaxOpenRequests)
 	}
 }

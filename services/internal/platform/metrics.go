@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/standby"
@@ -341,7 +342,7 @@ func (c effectCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // holdCollector reads the consumer's held keys and parked messages on each
-// scrape (inbox.HoldStats: two index scans of tables that are empty unless
+// scrape (inboxadmin.Admin.HoldStats: two index scans of tables that are empty unless
 // INBOX_ON_DEAD_LETTER=hold held a key). Both are 0 with the hold off.
 type holdCollector struct {
 	pool     *pgxpool.Pool
@@ -366,7 +367,7 @@ func (c holdCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c holdCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
 	defer cancel()
-	n, err := inbox.ReadHoldStats(ctx, c.pool, c.consumer)
+	n, err := inboxadmin.New(c.pool).HoldStats(ctx, c.consumer)
 	if err != nil {
 		c.log.Warn("metrics: counting held keys", "err", err)
 		return
@@ -376,7 +377,7 @@ func (c holdCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // continuityCollector counts the consumer's continuity breaches on each
-// scrape (inbox.ReadContinuity: an index scan of a table that stays empty
+// scrape (inboxadmin.Admin.Continuity: an index scan of a table that stays empty
 // while every producer's history reaches the consumer whole).
 type continuityCollector struct {
 	pool     *pgxpool.Pool
@@ -393,7 +394,7 @@ func (c continuityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- contin
 func (c continuityCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
 	defer cancel()
-	n, err := inbox.ReadContinuity(ctx, c.pool, c.consumer)
+	n, err := inboxadmin.New(c.pool).Continuity(ctx, c.consumer)
 	if err != nil {
 		c.log.Warn("metrics: counting continuity breaches", "err", err)
 		return

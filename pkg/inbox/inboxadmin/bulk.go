@@ -1,4 +1,4 @@
-package inbox
+package inboxadmin
 
 import (
 	"context"
@@ -9,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -31,8 +33,8 @@ import (
 //     ErrSelectionChanged and records nothing. A plan is started once: a
 //     confirmation sent twice is one action.
 //  3. RunBulk does the action's messages in batches, each in one
-//     transaction that retries or drops them (RetryQuarantined's and
-//     DropQuarantined's work, row by row) and marks them done with their
+//     transaction that retries or drops them (Retry's and
+//     Drop's work, row by row) and marks them done with their
 //     outcome, and reports progress after each batch.
 //
 // So an action is resumable and idempotent: killed half-way, RunBulk again
@@ -40,13 +42,13 @@ import (
 // marked, and none is done twice, because a message is marked in the
 // transaction that does it. Two actions choosing the same message do it
 // once: the second finds it resolved (skipped). The single-message
-// RetryQuarantined and DropQuarantined record an action of one message, so
+// Retry and Drop record an action of one message, so
 // the history holds every change an operator made through this package.
 
 // The actions.
 const (
-	ActionRetry = "retry" // RetryQuarantined each message
-	ActionDrop  = "drop"  // DropQuarantined each message
+	ActionRetry = "retry" // Retry each message
+	ActionDrop  = "drop"  // Drop each message
 )
 
 // An action's states.
@@ -88,7 +90,7 @@ type Selection struct {
 	EventType string  `json:"event_type,omitempty"`
 	IDs       []int64 `json:"ids,omitempty"` // only these rows
 	// Holding chooses only the dead letters that hold their key
-	// (Config.OnDeadLetter = HoldKey): retried, each releases its key's
+	// (inbox.Config.OnDeadLetter = inbox.HoldKey): retried, each releases its key's
 	// parked messages once applied; dropped, at once.
 	Holding bool `json:"holding,omitempty"`
 	// Parked chooses parked outbox rows instead (of Topic, when set; IDs
@@ -155,7 +157,7 @@ func digestOf(ids string) string {
 }
 
 // DryRun counts the open messages s chooses. It changes nothing.
-func DryRun(ctx context.Context, pool *pgxpool.Pool, s Selection) (Plan, error) {
+func (adm *Admin) DryRun(ctx context.Context, s Selection) (Plan, error) {
 	if err := s.validate(); err != nil {
 		return Plan{}, err
 	}
@@ -163,8 +165,8 @@ func DryRun(ctx context.Context, pool *pgxpool.Pool, s Selection) (Plan, error) 
 	var upTo *int64
 	var n int64
 	var digest string
-	err := pool.QueryRow(ctx, `SELECT count(*), max(id), `+digestOf("id")+` FROM `+table+` WHERE `+where,
-		append([]any{planEachTime}, args...)...).Scan(&n, &upTo, &digest)
+	err := adm.pool.QueryRow(ctx, `SELECT count(*), max(id), `+digestOf("id")+` FROM `+table+` WHERE `+where,
+		append([]any{schema.PlanEachTime}, args...)...).Scan(&n, &upTo, &digest)
 	if err != nil {
 		return Plan{}, fmt.Errorf("inbox: counting the selection: %w", err)
 	}
@@ -216,7 +218,7 @@ func scanAction(row pgx.Row) (Action, error) {
 // again (a confirmation sent twice) returns the action the first start
 // recorded, running or finished, or ErrPlanStarted if that was another
 // action, operator or reason.
-func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan, by, why string) (Action, error) {
+func (adm *Admin) StartBulk(ctx context.Context, action string, plan Plan, by, why string) (Action, error) {
 	switch {
 	case action != ActionRetry && action != ActionDrop:
 		return Action{}, fmt.Errorf("inbox: no bulk action %q: %s or %s", action, ActionRetry, ActionDrop)
@@ -235,7 +237,7 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 		return Action{}, err
 	}
 	var a Action
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, adm.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var plannedBy *string
 		if plan.ID != "" {
 			plannedBy = &plan.ID
@@ -267,7 +269,7 @@ func StartBulk(ctx context.Context, pool *pgxpool.Pool, action string, plan Plan
 		err = tx.QueryRow(ctx, fmt.Sprintf(`WITH chosen AS (INSERT INTO inbox_action_items (action_id, quarantine_id)
 			SELECT $%d, id FROM %s WHERE %s RETURNING quarantine_id)
 			SELECT count(*), %s FROM chosen`, len(args)+1, table, where, digestOf("quarantine_id")),
-			append(append([]any{planEachTime}, args...), a.ID)...).Scan(&n, &digest)
+			append(append([]any{schema.PlanEachTime}, args...), a.ID)...).Scan(&n, &digest)
 		if err != nil {
 			return fmt.Errorf("inbox: choosing the messages: %w", err)
 		}
@@ -304,14 +306,14 @@ type BulkOptions struct {
 // or written back is refused, with the reason on its item, and the action
 // goes on. A batch undone by a deadlock (another action or a delivery
 // locking the same keys in another order) is done again.
-func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions) (Action, error) {
+func (adm *Admin) RunBulk(ctx context.Context, id int64, opt BulkOptions) (Action, error) {
 	if opt.BatchSize <= 0 {
 		opt.BatchSize = 100
 	}
 	conflicts := 0
 	for {
 		a := Action{ID: id}
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, adm.pool, func(tx pgx.Tx) error {
 			var err error
 			a, err = scanAction(tx.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE id = $1 FOR UPDATE`, id))
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -320,7 +322,7 @@ func RunBulk(ctx context.Context, pool *pgxpool.Pool, id int64, opt BulkOptions)
 			if err != nil || a.State != ActionRunning {
 				return err
 			}
-			return a.batch(ctx, tx, opt.BatchSize)
+			return a.batch(ctx, tx, opt.BatchSize, adm.parked)
 		})
 		if retryable(err) && conflicts < maxBatchConflicts {
 			// Another transaction took the same keys' locks in another
@@ -355,7 +357,7 @@ func retryable(err error) bool {
 
 // batch does up to n of a's messages in tx, marks each with its outcome and
 // counts them on a; with none left, it finishes a.
-func (a *Action) batch(ctx context.Context, tx pgx.Tx, n int) error {
+func (a *Action) batch(ctx context.Context, tx pgx.Tx, n int, parked *outboxadmin.Admin) error {
 	rows, err := tx.Query(ctx, `SELECT quarantine_id FROM inbox_action_items
 		WHERE action_id = $1 AND outcome IS NULL ORDER BY quarantine_id LIMIT $2`, a.ID, n)
 	if err != nil {
@@ -370,7 +372,7 @@ func (a *Action) batch(ctx context.Context, tx pgx.Tx, n int) error {
 			WHERE id = $1 RETURNING state, finished_at, updated_at`, a.ID).Scan(&a.State, &a.FinishedAt, &a.UpdatedAt)
 	}
 	for _, qid := range todo {
-		outcome, note, err := a.do(ctx, tx, qid)
+		outcome, note, err := a.do(ctx, tx, qid, parked)
 		if err != nil {
 			return fmt.Errorf("message %d: %w", qid, err)
 		}
@@ -396,12 +398,12 @@ func (a *Action) batch(ctx context.Context, tx pgx.Tx, n int) error {
 // record over the outbox's limit, outbox.ErrMessageTooLarge) is refused,
 // whatever it wrote undone, and the batch goes on. Any other error ends the
 // batch, whose transaction then changes nothing.
-func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note string, err error) {
+func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64, parked *outboxadmin.Admin) (outcome, note string, err error) {
 	sp, err := tx.Begin(ctx) // a savepoint
 	if err != nil {
 		return "", "", err
 	}
-	outcome, note, err = a.doIn(ctx, sp, qid)
+	outcome, note, err = a.doIn(ctx, sp, qid, parked)
 	if errors.Is(err, ErrNotRedrivable) || errors.Is(err, outbox.ErrMessageTooLarge) {
 		if rerr := sp.Rollback(ctx); rerr != nil {
 			return "", "", rerr
@@ -414,12 +416,12 @@ func (a *Action) do(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note st
 	return outcome, note, sp.Commit(ctx)
 }
 
-func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note string, err error) {
+func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64, parked *outboxadmin.Admin) (outcome, note string, err error) {
 	if a.Selection.Parked {
-		return a.doParked(ctx, tx, qid)
+		return a.doParked(ctx, tx, qid, parked)
 	}
 	if a.Action == ActionDrop {
-		switch q, err := dropTx(ctx, tx, qid, a.Actor, a.Why); {
+		switch q, err := drop(ctx, tx, qid, a.Actor, a.Why); {
 		case errors.Is(err, pgx.ErrNoRows):
 			return OutcomeSkipped, "already resolved, or gone", nil
 		case err != nil:
@@ -428,7 +430,7 @@ func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note 
 			return OutcomeDone, fmt.Sprintf("discarded message %s", q.MessageID), nil
 		}
 	}
-	switch res, err := retryTx(ctx, tx, qid, a.Actor); {
+	switch res, err := retry(ctx, tx, qid, a.Actor); {
 	case errors.Is(err, ErrNotFound):
 		return OutcomeSkipped, "gone", nil
 	case err != nil:
@@ -441,16 +443,16 @@ func (a *Action) doIn(ctx context.Context, tx pgx.Tx, qid int64) (outcome, note 
 }
 
 // doParked retries or drops parked outbox row id in tx.
-func (a *Action) doParked(ctx context.Context, tx pgx.Tx, id int64) (outcome, note string, err error) {
+func (a *Action) doParked(ctx context.Context, tx pgx.Tx, id int64, parked *outboxadmin.Admin) (outcome, note string, err error) {
 	if a.Action == ActionDrop {
-		err = outbox.DropParkedTx(ctx, tx, id, a.Actor, a.Why)
+		err = parked.DropTx(ctx, tx, id, a.Actor, a.Why)
 		note = fmt.Sprintf("outbox row %d dropped (outbox_dropped keeps it)", id)
 	} else {
-		err = outbox.RetryParkedTx(ctx, tx, id)
+		err = parked.RetryTx(ctx, tx, id)
 		note = fmt.Sprintf("outbox row %d unparked: the relay sends it again", id)
 	}
 	switch {
-	case errors.Is(err, outbox.ErrNotParked):
+	case errors.Is(err, outboxadmin.ErrNotParked):
 		return OutcomeSkipped, "no longer parked", nil
 	case err != nil:
 		return "", "", err
@@ -462,14 +464,14 @@ func (a *Action) doParked(ctx context.Context, tx pgx.Tx, id int64) (outcome, no
 // stands), and its messages not done yet stay as they are (a new action's
 // dry run counts them). It waits for a batch running now to commit. An
 // action already finished or stopped is returned as it is.
-func StopBulk(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Action, error) {
+func (adm *Admin) StopBulk(ctx context.Context, id int64, by string) (Action, error) {
 	if strings.TrimSpace(by) == "" {
 		return Action{}, errors.New("inbox: StopBulk needs who stops it")
 	}
-	a, err := scanAction(pool.QueryRow(ctx, `UPDATE inbox_actions SET state = 'stopped', stopped_by = $2, finished_at = now(), updated_at = now()
+	a, err := scanAction(adm.pool.QueryRow(ctx, `UPDATE inbox_actions SET state = 'stopped', stopped_by = $2, finished_at = now(), updated_at = now()
 		WHERE id = $1 AND state = 'running' RETURNING `+actionColumns, id, by))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return GetAction(ctx, pool, id)
+		return adm.GetAction(ctx, id)
 	}
 	if err != nil {
 		return a, fmt.Errorf("inbox: stopping action %d: %w", id, err)
@@ -477,8 +479,8 @@ func StopBulk(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (Act
 	return a, nil
 }
 
-// recordOne records, in tx, the single-message action of RetryQuarantined
-// or DropQuarantined on q.
+// recordOne records, in tx, the single-message action of Retry
+// or Drop on q.
 func recordOne(ctx context.Context, tx pgx.Tx, q Quarantined, action, by, why string) error {
 	selection, err := json.Marshal(Selection{Consumer: q.Consumer, IDs: []int64{q.ID}})
 	if err != nil {
@@ -504,13 +506,13 @@ type ActionFilter struct {
 }
 
 // ListActions returns the history, newest first.
-func ListActions(ctx context.Context, pool *pgxpool.Pool, f ActionFilter) ([]Action, error) {
+func (adm *Admin) ListActions(ctx context.Context, f ActionFilter) ([]Action, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := pool.Query(ctx, `SELECT `+actionColumns+` FROM inbox_actions
+	rows, err := adm.pool.Query(ctx, `SELECT `+actionColumns+` FROM inbox_actions
 		WHERE ($1 = '' OR consumer = $1) AND (NOT $2 OR state = 'running') AND ($3 = 0 OR id < $3)
-		ORDER BY id DESC LIMIT $4`, planEachTime, f.Consumer, f.Running, f.Before, f.Limit)
+		ORDER BY id DESC LIMIT $4`, schema.PlanEachTime, f.Consumer, f.Running, f.Before, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing actions: %w", err)
 	}
@@ -522,8 +524,8 @@ func ListActions(ctx context.Context, pool *pgxpool.Pool, f ActionFilter) ([]Act
 }
 
 // GetAction returns one action.
-func GetAction(ctx context.Context, pool *pgxpool.Pool, id int64) (Action, error) {
-	a, err := scanAction(pool.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE id = $1`, id))
+func (adm *Admin) GetAction(ctx context.Context, id int64) (Action, error) {
+	a, err := scanAction(adm.pool.QueryRow(ctx, `SELECT `+actionColumns+` FROM inbox_actions WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, fmt.Errorf("%w: %d", ErrNoAction, id)
 	}
@@ -543,11 +545,11 @@ type ActionItem struct {
 
 // ListActionItems returns action id's messages after quarantine id after,
 // in id order, up to limit (100 when 0).
-func ListActionItems(ctx context.Context, pool *pgxpool.Pool, id, after int64, limit int) ([]ActionItem, error) {
+func (adm *Admin) ListActionItems(ctx context.Context, id, after int64, limit int) ([]ActionItem, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := pool.Query(ctx, `SELECT quarantine_id, coalesce(outcome, ''), coalesce(note, ''), done_at FROM inbox_action_items
+	rows, err := adm.pool.Query(ctx, `SELECT quarantine_id, coalesce(outcome, ''), coalesce(note, ''), done_at FROM inbox_action_items
 		WHERE action_id = $1 AND quarantine_id > $2 ORDER BY quarantine_id LIMIT $3`, id, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing action %d: %w", id, err)

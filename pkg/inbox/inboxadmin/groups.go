@@ -1,4 +1,4 @@
-package inbox
+package inboxadmin
 
 import (
 	"context"
@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Failure groups. A bad deploy dead-letters thousands of messages with one
@@ -16,7 +17,7 @@ import (
 // together (Bulk). A group is the open quarantined messages of a consumer
 // with the same
 //
-//   - kind (KindDeadLetter, KindPayloadConflict, KindInvalid),
+//   - kind (inbox.KindDeadLetter, inbox.KindPayloadConflict, inbox.KindInvalid),
 //   - reason pattern: the reason with its variable parts masked (quoted
 //     values become "…", UUIDs and ULIDs <id>, 0x… and runs of eight or
 //     more hex digits with a digit and a letter <hex>, numbers <n>),
@@ -50,8 +51,8 @@ type GroupFilter struct {
 
 // ListGroups returns the failure groups of the open quarantined messages,
 // the largest first.
-func ListGroups(ctx context.Context, pool *pgxpool.Pool, f GroupFilter) ([]Group, error) {
-	rows, err := pool.Query(ctx, `
+func (adm *Admin) ListGroups(ctx context.Context, f GroupFilter) ([]Group, error) {
+	rows, err := adm.pool.Query(ctx, `
 		WITH g AS (
 			SELECT consumer, failure_group, count(*) AS n, min(created_at) AS first, max(created_at) AS last, min(id) AS sample
 			FROM inbox_quarantine
@@ -62,7 +63,7 @@ func ListGroups(ctx context.Context, pool *pgxpool.Pool, f GroupFilter) ([]Group
 			q.topic, q.reason, g.n, g.first, g.last
 		FROM g JOIN inbox_quarantine q ON q.id = g.sample
 		WHERE ($2 = '' OR q.kind = $2) AND ($3 = '' OR coalesce(q.metadata->>'event_type', '') = $3)
-		ORDER BY g.n DESC, g.first, g.consumer, g.failure_group`, planEachTime, f.Consumer, f.Kind, f.EventType)
+		ORDER BY g.n DESC, g.first, g.consumer, g.failure_group`, schema.PlanEachTime, f.Consumer, f.Kind, f.EventType)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing failure groups: %w", err)
 	}
@@ -80,8 +81,8 @@ func ListGroups(ctx context.Context, pool *pgxpool.Pool, f GroupFilter) ([]Group
 
 // GetGroup returns failure group id of consumer, read from that group's
 // rows only; ok is false when it holds no open message.
-func GetGroup(ctx context.Context, pool *pgxpool.Pool, consumer, id string) (g Group, ok bool, err error) {
-	err = pool.QueryRow(ctx, `
+func (adm *Admin) GetGroup(ctx context.Context, consumer, id string) (g Group, ok bool, err error) {
+	err = adm.pool.QueryRow(ctx, `
 		WITH g AS (
 			SELECT count(*) AS n, min(created_at) AS first, max(created_at) AS last, min(id) AS sample
 			FROM inbox_quarantine WHERE consumer = $1 AND failure_group = $2 AND resolved_at IS NULL)
@@ -101,9 +102,9 @@ func GetGroup(ctx context.Context, pool *pgxpool.Pool, consumer, id string) (g G
 
 // ReasonPattern returns reason with its variable parts masked, as the
 // database masks it to group failures: what a Group's ReasonPattern shows.
-func ReasonPattern(ctx context.Context, pool *pgxpool.Pool, reason string) (string, error) {
+func (adm *Admin) ReasonPattern(ctx context.Context, reason string) (string, error) {
 	var p string
-	if err := pool.QueryRow(ctx, `SELECT inbox_reason_pattern($1)`, pgText(reason)).Scan(&p); err != nil {
+	if err := adm.pool.QueryRow(ctx, `SELECT inbox_reason_pattern($1)`, schema.Text(reason)).Scan(&p); err != nil {
 		return "", fmt.Errorf("inbox: masking a reason: %w", err)
 	}
 	return p, nil

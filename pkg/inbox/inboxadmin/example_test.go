@@ -1,4 +1,4 @@
-package inbox_test
+package inboxadmin_test
 
 import (
 	"context"
@@ -18,16 +18,17 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
 // A message the consumer cannot handle yet (its handler returns
 // inbox.Permanent) is dead-lettered at once, and its partition moves on. An
-// operator finds it with ListQuarantined; once the fix ships, RetryQuarantined writes
-// it back to its topic through the outbox, the relay publishes it, and the
-// consumer applies it.
-func ExampleRetryQuarantined() {
+// operator finds it with Admin.ListQuarantined; once the fix ships,
+// Admin.Retry writes it back to its topic through the outbox, the relay
+// publishes it, and the consumer applies it.
+func ExampleAdmin_Retry() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -89,8 +90,8 @@ func ExampleRetryQuarantined() {
 	})
 
 	// The relay publishes what is written to the outbox: the producer's
-	// events, the consumer's dead letters and the messages RetryQuarantined writes
-	// back. (Producer and consumer share one database and one relay here;
+	// events, the consumer's dead letters and the messages the operator's Retry
+	// writes back. (Producer and consumer share one database and one relay here;
 	// in a system each service runs its own.)
 	publisher, err := outboxkafka.New(outboxkafka.Config{Brokers: brokers, Sarama: conf, Marshaler: marshaler})
 	if err != nil {
@@ -124,7 +125,8 @@ func ExampleRetryQuarantined() {
 	}
 	fmt.Println("delivery:", next())
 
-	open, err := inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: "example-shipping"})
+	admin := inboxadmin.New(pool)
+	open, err := admin.ListQuarantined(ctx, inboxadmin.QuarantineFilter{Consumer: "example-shipping"})
 	if err != nil {
 		panic(err)
 	}
@@ -135,7 +137,7 @@ func ExampleRetryQuarantined() {
 	// The fix ships; the operator redrives what was quarantined.
 	knowsV2.Store(true)
 	for _, q := range open {
-		res, err := inbox.RetryQuarantined(ctx, pool, q.ID, "alice")
+		res, err := admin.Retry(ctx, q.ID, "alice")
 		if err != nil {
 			panic(err)
 		}
@@ -152,7 +154,7 @@ func ExampleRetryQuarantined() {
 		panic(err)
 	}
 	fmt.Println("shipped order-42 with", carrier)
-	open, err = inbox.ListQuarantined(ctx, pool, inbox.QuarantineFilter{Consumer: "example-shipping"})
+	open, err = admin.ListQuarantined(ctx, inboxadmin.QuarantineFilter{Consumer: "example-shipping"})
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package inbox
+package inboxadmin
 
 import (
 	"context"
@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Consumers that no longer run. Each consumer's sweep retires its own rows
@@ -17,13 +18,13 @@ import (
 // in, until someone retires it.
 
 var (
-	// ErrConsumerActive is returned by RetireConsumer for a consumer that
+	// ErrConsumerActive is returned by Retire for a consumer that
 	// wrote to the inbox within the idle time it was given.
 	ErrConsumerActive = errors.New("inbox: the consumer wrote to the inbox recently")
-	// ErrNoSuchConsumer is returned by RetireConsumer for a name with
+	// ErrNoSuchConsumer is returned by Retire for a name with
 	// nothing to retire: a typo, or a consumer already retired.
 	ErrNoSuchConsumer = errors.New("inbox: nothing to retire under that consumer name")
-	// ErrParkedMessages is returned by RetireConsumer for a consumer with
+	// ErrParkedMessages is returned by Retire for a consumer with
 	// parked messages, unless told to drop them: they were never applied,
 	// and the inbox may hold the only copy.
 	ErrParkedMessages = errors.New("inbox: the consumer has parked messages")
@@ -36,7 +37,7 @@ type ConsumerInfo struct {
 	// inbox row); nil when it has no inbox row left.
 	LastProcessed *time.Time
 	// OpenQuarantined counts its quarantined messages not yet redriven or
-	// discarded, HeldKeys the keys it holds (HoldKey), Parked the messages
+	// discarded, HeldKeys the keys it holds (inbox.HoldKey), Parked the messages
 	// parked behind them.
 	OpenQuarantined, HeldKeys, Parked int64
 }
@@ -46,8 +47,8 @@ type ConsumerInfo struct {
 // inbox_messages are read from its primary key by a skip scan (one probe
 // per name); a consumer's newest row costs a scan of the rows written after
 // it, so a long-retired consumer beside busy ones takes longest.
-func ListConsumers(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerInfo, error) {
-	rows, err := pool.Query(ctx, `
+func (adm *Admin) ListConsumers(ctx context.Context) ([]ConsumerInfo, error) {
+	rows, err := adm.pool.Query(ctx, `
 		WITH RECURSIVE names AS (
 			(SELECT consumer FROM inbox_messages ORDER BY consumer LIMIT 1)
 			UNION ALL
@@ -78,8 +79,8 @@ func ListConsumers(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerInfo, err
 	return list, nil
 }
 
-// Retire says which consumer RetireConsumer retires, and how.
-type Retire struct {
+// RetireParams says which consumer Retire retires, and how.
+type RetireParams struct {
 	// Consumer is the name of the consumer that no longer runs. Required.
 	Consumer string
 	// Idle is how long the consumer must not have written to the inbox (a
@@ -97,26 +98,26 @@ type Retire struct {
 	Progress func(rows int64)
 }
 
-// Retired says what RetireConsumer deleted, and what it left.
+// Retired says what Retire deleted, and what it left.
 type Retired struct {
 	// Rows counts the inbox rows deleted, Attempts the failed attempts of
 	// messages it never finished with, HeldKeys and Parked its holds and
 	// the messages parked behind them, Clearances the partitions it had
-	// cleared, KeySequences its continuity state (continuity.go; its
+	// cleared, KeySequences its continuity state (inbox continuity.go; its
 	// breaches stay, a record like the quarantine).
 	Rows, Attempts, HeldKeys, Parked, Clearances, KeySequences int64
 	// OpenQuarantined counts its quarantined messages still open: left in
 	// place, as the record of what it did not apply. Discard them
-	// (DropQuarantined): a redrive would write them back to a topic only
+	// (Drop): a redrive would write them back to a topic only
 	// other consumers read.
 	OpenQuarantined int64
 }
 
-// retireBatch is how many inbox rows one transaction of RetireConsumer
+// retireBatch is how many inbox rows one transaction of Retire
 // deletes.
 const retireBatch = 10_000
 
-// RetireConsumer deletes what the inbox keeps for a consumer that no longer
+// Retire deletes what the inbox keeps for a consumer that no longer
 // runs (r.Consumer): its inbox rows, its failed attempts, its held keys and
 // parked messages (only with r.DropParked when there are parked messages:
 // ErrParkedMessages), and its partitions' clearances; its quarantine stays.
@@ -127,17 +128,17 @@ const retireBatch = 10_000
 // retireBatch, walking the primary key, so a large inbox is retired without
 // one long transaction and without visiting the rows already deleted; one
 // stopped midway is finished by running it again.
-func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired, error) {
+func (adm *Admin) Retire(ctx context.Context, r RetireParams) (Retired, error) {
 	var res Retired
 	switch {
 	case r.Consumer == "":
-		return res, errors.New("inbox: RetireConsumer needs the consumer's name")
+		return res, errors.New("inbox: Retire needs the consumer's name")
 	case r.Idle < 0:
-		return res, fmt.Errorf("inbox: RetireConsumer: a negative Idle (%s)", r.Idle)
+		return res, fmt.Errorf("inbox: Retire: a negative Idle (%s)", r.Idle)
 	}
 	var found, active bool
 	var parked int64
-	err := pool.QueryRow(ctx, `
+	err := adm.pool.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM inbox_messages WHERE consumer = $1)
 		    OR EXISTS (SELECT 1 FROM inbox_attempts WHERE consumer = $1)
 		    OR EXISTS (SELECT 1 FROM inbox_held_keys WHERE consumer = $1)
@@ -148,7 +149,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 			(SELECT max(updated_at) FROM inbox_held_keys WHERE consumer = $1),
 			(SELECT max(parked_at) FROM inbox_parked WHERE consumer = $1)) > now() - $2::interval, false),
 		  (SELECT count(*) FROM inbox_parked WHERE consumer = $1)`,
-		planEachTime, r.Consumer, r.Idle).Scan(&found, &active, &parked)
+		schema.PlanEachTime, r.Consumer, r.Idle).Scan(&found, &active, &parked)
 	switch {
 	case err != nil:
 		return res, fmt.Errorf("inbox: reading what %s keeps: %w", r.Consumer, err)
@@ -165,7 +166,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 		var last *string
 		// One batch: the next ids in key order after the last batch's,
 		// planned for the table as it is now.
-		err := pool.QueryRow(ctx, `
+		err := adm.pool.QueryRow(ctx, `
 			WITH batch AS MATERIALIZED (
 				SELECT message_id FROM inbox_messages WHERE consumer = $1 AND ($2::text IS NULL OR message_id > $2)
 				ORDER BY message_id LIMIT $3
@@ -174,7 +175,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 				RETURNING 1
 			)
 			SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM batch), (SELECT max(message_id) FROM batch)`,
-			planEachTime, r.Consumer, after, retireBatch).Scan(&n, &taken, &last)
+			schema.PlanEachTime, r.Consumer, after, retireBatch).Scan(&n, &taken, &last)
 		if err != nil {
 			return res, fmt.Errorf("inbox: deleting %s's rows (%d deleted so far; run it again to go on): %w", r.Consumer, res.Rows, err)
 		}
@@ -187,7 +188,7 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 		}
 		after = last
 	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, adm.pool, func(tx pgx.Tx) error {
 		for _, d := range []struct {
 			count *int64
 			sql   string
@@ -203,12 +204,12 @@ func RetireConsumer(ctx context.Context, pool *pgxpool.Pool, r Retire) (Retired,
 			}
 			*d.count = tag.RowsAffected()
 		}
-		// Where its redrives went (Inbox.Run records it): a retired
+		// Where its redrives went (inbox.Inbox.Run records it): a retired
 		// consumer takes none.
 		if _, err := tx.Exec(ctx, `DELETE FROM inbox_consumers WHERE consumer = $1`, r.Consumer); err != nil {
 			return err
 		}
-		partitioned, err := isPartitioned(ctx, tx) // PartitionByIDTime made the clearances' table with the partitions
+		partitioned, err := schema.Partitioned(ctx, tx) // PartitionByIDTime made the clearances' table with the partitions
 		if err != nil {
 			return err
 		}

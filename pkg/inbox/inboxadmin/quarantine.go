@@ -1,4 +1,4 @@
-package inbox
+package inboxadmin
 
 import (
 	"cmp"
@@ -10,39 +10,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
-)
-
-// The kinds of quarantined message (inbox_quarantine.kind).
-const (
-	KindDeadLetter      = "dead_letter"      // the handler failed permanently or MaxAttempts times
-	KindPayloadConflict = "payload_conflict" // an id already applied arrived with another payload
-	KindInvalid         = "invalid"          // no message id, or a payload over the size limit
 )
 
 // The resolutions an operator records on a quarantined message.
 const (
 	ResolutionRedriven  = "redriven"
 	ResolutionDiscarded = "discarded"
-)
-
-// Metadata that RetryQuarantined adds to the message it writes back.
-const (
-	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
-	RedriveByMetadata = "inbox_redrive_by" // who redrove it
-	// RedriveTopicMetadata is the topic a redrive's copy came from, set
-	// when it is written to the consumer's RedriveTopic. Read only from
-	// that topic, which only the consumer writes.
-	RedriveTopicMetadata = "inbox_redrive_topic"
-	// ReleaseOfMetadata is set, instead, on the parked message a DropQuarantined
-	// writes back in the place of the dead letter that held its key: the
-	// inbox_quarantine id that was discarded.
-	ReleaseOfMetadata = "inbox_release_of"
 )
 
 var (
@@ -61,7 +42,7 @@ type Quarantined struct {
 	ID             int64
 	Consumer       string
 	MessageID      string
-	Kind           string // KindDeadLetter, KindPayloadConflict or KindInvalid
+	Kind           string // inbox.KindDeadLetter, inbox.KindPayloadConflict or inbox.KindInvalid
 	Reason         string
 	Attempts       int
 	Topic          string
@@ -137,17 +118,17 @@ func scanQuarantined(row pgx.Row) (Quarantined, error) {
 
 // ListQuarantined returns the quarantined messages f selects, oldest first:
 // by default the open ones, which an operator has yet to redrive or discard.
-func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter) ([]Quarantined, error) {
+func (adm *Admin) ListQuarantined(ctx context.Context, f QuarantineFilter) ([]Quarantined, error) {
 	if f.Limit <= 0 {
 		f.Limit = 1000
 	}
 	if f.Group != "" && f.Consumer == "" {
 		return nil, errors.New("inbox: QuarantineFilter.Group needs its Consumer")
 	}
-	rows, err := pool.Query(ctx, `SELECT `+quarantineColumns(`CASE WHEN $7 THEN NULL ELSE payload END`)+` FROM inbox_quarantine
+	rows, err := adm.pool.Query(ctx, `SELECT `+quarantineColumns(`CASE WHEN $7 THEN NULL ELSE payload END`)+` FROM inbox_quarantine
 		WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR kind = $2) AND ($3 OR resolved_at IS NULL)
 			AND ($4 = '' OR failure_group = $4) AND id > $5
-		ORDER BY id LIMIT $6`, planEachTime, f.Consumer, f.Kind, f.Resolved, f.Group, f.After, f.Limit, f.WithoutPayloads)
+		ORDER BY id LIMIT $6`, schema.PlanEachTime, f.Consumer, f.Kind, f.Resolved, f.Group, f.After, f.Limit, f.WithoutPayloads)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: listing quarantine: %w", err)
 	}
@@ -159,8 +140,14 @@ func ListQuarantined(ctx context.Context, pool *pgxpool.Pool, f QuarantineFilter
 }
 
 // GetQuarantined returns one quarantined message, resolved or not.
-func GetQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64) (Quarantined, error) {
-	q, err := scanQuarantined(pool.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1`, id))
+func (adm *Admin) GetQuarantined(ctx context.Context, id int64) (Quarantined, error) {
+	return getQuarantined(ctx, adm.pool, id)
+}
+
+func getQuarantined(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, id int64) (Quarantined, error) {
+	q, err := scanQuarantined(db.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q, fmt.Errorf("%w: %d", ErrNotFound, id)
 	}
@@ -170,18 +157,18 @@ func GetQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64) (Quaranti
 	return q, nil
 }
 
-// RedriveResult says what RetryQuarantined did.
+// RedriveResult says what Retry did.
 type RedriveResult struct {
 	Quarantined      // the row, as it was before Redrive
 	Redriven    bool // the message was written back to its topic
 	Note        string
 }
 
-// RetryQuarantined writes a dead-lettered message back, under its original
+// Retry writes a dead-lettered message back, under its original
 // message id, with its original payload, partition key and metadata, so the
 // consumer (its handler fixed meanwhile) applies it: to the consumer's
-// Config.RedriveTopic, naming the topic it came from (RedriveTopicMetadata),
-// when its Inbox.Run recorded one, or else to the topic it came from.
+// inbox.Config.RedriveTopic, naming the topic it came from (inbox.RedriveTopicMetadata),
+// when its inbox.Inbox.Run recorded one, or else to the topic it came from.
 // What is written is what the outbox can carry: a record that had no value
 // goes back with an empty one, and headers that were not text go back as
 // Metadata holds them (RawMetadata keeps them as they arrived).
@@ -204,18 +191,12 @@ type RedriveResult struct {
 // applied meanwhile (its inbox row is 'processed'), changes nothing: the
 // result has Redriven false and a Note that says why. Only dead letters can
 // be redriven (ErrNotRedrivable otherwise): a payload conflict or an invalid
-// message would only be quarantined again; DropQuarantined those.
-func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by string) (RedriveResult, error) {
-	if strings.TrimSpace(by) == "" {
-		return RedriveResult{}, errors.New("inbox: RetryQuarantined needs the operator's name")
-	}
+// message would only be quarantined again; Drop those.
+func (adm *Admin) Retry(ctx context.Context, id int64, by string) (RedriveResult, error) {
 	var res RedriveResult
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var err error
-		if res, err = retryTx(ctx, tx, id, by); err != nil || !res.Redriven {
-			return err
-		}
-		return recordOne(ctx, tx, res.Quarantined, ActionRetry, by, "")
+	err := pgx.BeginFunc(ctx, adm.pool, func(tx pgx.Tx) (err error) {
+		res, err = adm.RetryTx(ctx, tx, id, by)
+		return err
 	})
 	if err != nil {
 		return RedriveResult{}, err
@@ -223,8 +204,22 @@ func RetryQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by stri
 	return res, nil
 }
 
-// retryTx is RetryQuarantined in tx, which it leaves to its caller.
-func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult, error) {
+// RetryTx is Retry in tx: the message is written back, and the action
+// recorded in the history, if and only if tx commits.
+func (adm *Admin) RetryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult, error) {
+	if strings.TrimSpace(by) == "" {
+		return RedriveResult{}, errors.New("inbox: Retry needs the operator's name")
+	}
+	res, err := retry(ctx, tx, id, by)
+	if err != nil || !res.Redriven {
+		return res, err
+	}
+	return res, recordOne(ctx, tx, res.Quarantined, ActionRetry, by, "")
+}
+
+// retry is Retry's work in tx, without the history's record (a bulk
+// action records its own).
+func retry(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult, error) {
 	var res RedriveResult
 	err := func() error {
 		q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
@@ -239,7 +234,7 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 		case q.ResolvedAt != nil:
 			res.Note = fmt.Sprintf("already %s by %s at %s; nothing done", q.Resolution, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339))
 			return nil
-		case q.Kind != KindDeadLetter:
+		case q.Kind != inbox.KindDeadLetter:
 			return fmt.Errorf("%w: %d is a %s, which would only be quarantined again; discard it instead", ErrNotRedrivable, id, q.Kind)
 		}
 
@@ -250,7 +245,7 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 		var status string
 		var processedAt time.Time
 		err = tx.QueryRow(ctx, `SELECT status, processed_at FROM inbox_messages WHERE consumer = $1 AND message_id = $2 FOR UPDATE`,
-			planEachTime, q.Consumer, q.MessageID).Scan(&status, &processedAt)
+			schema.PlanEachTime, q.Consumer, q.MessageID).Scan(&status, &processedAt)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Swept by retention (or deduplication is off): nothing to clear.
@@ -268,7 +263,7 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 			return fmt.Errorf("%w: %d: message id %q is not a UUID, which the outbox needs to keep it", ErrNotRedrivable, id, q.MessageID)
 		}
 		if status != "" {
-			if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, planEachTime, q.Consumer, q.MessageID); err != nil {
+			if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, schema.PlanEachTime, q.Consumer, q.MessageID); err != nil {
 				return fmt.Errorf("inbox: clearing inbox row: %w", err)
 			}
 		}
@@ -280,14 +275,14 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 		for k, v := range q.Metadata {
 			msg.Metadata.Set(k, v)
 		}
-		msg.Metadata.Set(RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
-		msg.Metadata.Set(RedriveByMetadata, by)
+		msg.Metadata.Set(inbox.RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
+		msg.Metadata.Set(inbox.RedriveByMetadata, by)
 		to, err := redriveTopic(ctx, tx, q)
 		if err != nil {
 			return err
 		}
 		if to != q.Topic {
-			msg.Metadata.Set(RedriveTopicMetadata, q.Topic)
+			msg.Metadata.Set(inbox.RedriveTopicMetadata, q.Topic)
 		}
 		if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, to, msg); err != nil { // a copy: its producer numbered it
 			return err
@@ -299,7 +294,7 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 		if held {
 			// The key stays held until the message, back, is applied; its
 			// parked messages follow it then, in order.
-			if err := setHoldOf(ctx, tx, q, holdRedriven); err != nil {
+			if err := setHoldOf(ctx, tx, q, schema.HoldRedriven); err != nil {
 				return err
 			}
 			res.Note += fmt.Sprintf("; the %d messages parked behind it on its key follow once it is applied", parked)
@@ -319,7 +314,7 @@ func retryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult
 }
 
 // redriveTopic is where q's consumer takes its redrives from: its
-// Config.RedriveTopic as its Inbox.Run recorded it, or else the topic q
+// inbox.Config.RedriveTopic as its inbox.Inbox.Run recorded it, or else the topic q
 // came from.
 func redriveTopic(ctx context.Context, tx pgx.Tx, q Quarantined) (string, error) {
 	var to string
@@ -330,33 +325,40 @@ func redriveTopic(ctx context.Context, tx pgx.Tx, q Quarantined) (string, error)
 	return cmp.Or(to, q.Topic), nil
 }
 
-// DropQuarantined closes a quarantined message without applying it, and keeps the
+// Drop closes a quarantined message without applying it, and keeps the
 // audit record on its row: who, why, when. Redeliveries of a discarded dead
 // letter stay suppressed. It returns ErrResolved for a row already redriven
 // or discarded.
 //
-// A dead letter that holds its key (Config.OnDeadLetter = HoldKey) releases
+// A dead letter that holds its key (inbox.Config.OnDeadLetter = inbox.HoldKey) releases
 // it in the same transaction: the first message parked behind it is written
 // back to its topic through the outbox in its place, and the rest follow it
-// once it is applied, as after a RetryQuarantined (releaseDiscarded).
-func DropQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by, why string) (Quarantined, error) {
-	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
-		return Quarantined{}, errors.New("inbox: DropQuarantined needs who drops it and why")
-	}
+// once it is applied, as after a Retry (releaseDiscarded).
+func (adm *Admin) Drop(ctx context.Context, id int64, by, why string) (Quarantined, error) {
 	var q Quarantined
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var err error
-		if q, err = dropTx(ctx, tx, id, by, why); err != nil {
-			return err
-		}
-		return recordOne(ctx, tx, q, ActionDrop, by, why)
+	err := pgx.BeginFunc(ctx, adm.pool, func(tx pgx.Tx) (err error) {
+		q, err = adm.DropTx(ctx, tx, id, by, why)
+		return err
 	})
+	return q, err
+}
+
+// DropTx is Drop in tx: the message is closed, its key released and the
+// action recorded in the history if and only if tx commits.
+func (adm *Admin) DropTx(ctx context.Context, tx pgx.Tx, id int64, by, why string) (Quarantined, error) {
+	if strings.TrimSpace(by) == "" || strings.TrimSpace(why) == "" {
+		return Quarantined{}, errors.New("inbox: Drop needs who drops it and why")
+	}
+	q, err := drop(ctx, tx, id, by, why)
 	if errors.Is(err, pgx.ErrNoRows) {
-		prior, gerr := GetQuarantined(ctx, pool, id)
+		prior, gerr := getQuarantined(ctx, tx, id)
 		if gerr != nil {
 			return Quarantined{}, gerr
 		}
 		return prior, fmt.Errorf("%w: %d was %s by %s at %s", ErrResolved, id, prior.Resolution, prior.ResolvedBy, prior.ResolvedAt.Format(time.RFC3339))
+	}
+	if err == nil {
+		err = recordOne(ctx, tx, q, ActionDrop, by, why)
 	}
 	if err != nil {
 		return Quarantined{}, fmt.Errorf("inbox: discarding %d: %w", id, err)
@@ -364,8 +366,9 @@ func DropQuarantined(ctx context.Context, pool *pgxpool.Pool, id int64, by, why 
 	return q, nil
 }
 
-// dropTx is DropQuarantined in tx: pgx.ErrNoRows when id is not open.
-func dropTx(ctx context.Context, tx pgx.Tx, id int64, by, why string) (Quarantined, error) {
+// drop is Drop's work in tx, without the history's record:
+// pgx.ErrNoRows when id is not open.
+func drop(ctx context.Context, tx pgx.Tx, id int64, by, why string) (Quarantined, error) {
 	q, err := scanQuarantined(tx.QueryRow(ctx, `UPDATE inbox_quarantine
 		SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4
 		WHERE id = $1 AND resolved_at IS NULL
@@ -376,7 +379,7 @@ func dropTx(ctx context.Context, tx pgx.Tx, id int64, by, why string) (Quarantin
 	return q, releaseDiscarded(ctx, tx, q) // below
 }
 
-// What the operator sees of, and does to, held keys (HoldKey, hold.go).
+// What the operator sees of, and does to, held keys (inbox.HoldKey, inbox hold.go).
 
 // HeldKey is one key a consumer holds: a dead letter of it waits for an
 // operator, and the key's later messages wait, parked, behind it.
@@ -385,14 +388,14 @@ type HeldKey struct {
 	Topic    string
 	Key      string
 	// Holder is the message the key waits for: the dead letter, or, once
-	// redriven or after a DropQuarantined, the message written back in its place.
+	// redriven or after a Drop, the message written back in its place.
 	Holder string
 	// State is "held" (the holder is dead-lettered: redrive or discard
 	// DeadLetter), "redriven" (written back, not applied yet) or "released"
 	// (applied: the parked messages are being applied).
 	State string
-	// DeadLetter is the holder's open inbox_quarantine row, for RetryQuarantined and
-	// DropQuarantined (inboxctl redrive ID); 0 when none is open.
+	// DeadLetter is the holder's open inbox_quarantine row, for Retry and
+	// Drop (inboxctl redrive ID); 0 when none is open.
 	DeadLetter   int64
 	Parked       int        // messages parked behind the holder
 	OldestParked *time.Time // when the first of them arrived; nil when none
@@ -400,8 +403,8 @@ type HeldKey struct {
 }
 
 // ListHeld lists the keys consumer holds ("": every consumer), oldest first.
-func ListHeld(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]HeldKey, error) {
-	rows, err := pool.Query(ctx, `
+func (adm *Admin) ListHeld(ctx context.Context, consumer string) ([]HeldKey, error) {
+	rows, err := adm.pool.Query(ctx, `
 		SELECT h.consumer, h.topic, h.partition_key, h.holder, h.state, h.held_at,
 			coalesce((SELECT max(q.id) FROM inbox_quarantine q WHERE q.consumer = h.consumer AND q.message_id = h.holder
 				AND q.kind = 'dead_letter' AND q.resolved_at IS NULL), 0),
@@ -431,11 +434,11 @@ type HoldCounts struct {
 	Parked int64 // messages parked behind them
 }
 
-// ReadHoldStats counts consumer's held keys and parked messages: two index
+// HoldStats counts consumer's held keys and parked messages: two index
 // scans, for a metrics scrape.
-func ReadHoldStats(ctx context.Context, pool *pgxpool.Pool, consumer string) (HoldCounts, error) {
+func (adm *Admin) HoldStats(ctx context.Context, consumer string) (HoldCounts, error) {
 	var c HoldCounts
-	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM inbox_held_keys WHERE consumer = $1),
+	err := adm.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM inbox_held_keys WHERE consumer = $1),
 		(SELECT count(*) FROM inbox_parked WHERE consumer = $1)`, consumer).Scan(&c.Keys, &c.Parked)
 	if err != nil {
 		return c, fmt.Errorf("inbox: counting held keys: %w", err)
@@ -446,7 +449,7 @@ func ReadHoldStats(ctx context.Context, pool *pgxpool.Pool, consumer string) (Ho
 // lockHoldOf locks the hold the dead letter q holds, if any, and counts the
 // messages parked behind it.
 func lockHoldOf(ctx context.Context, tx pgx.Tx, q Quarantined) (parked int, held bool, err error) {
-	if q.Kind != KindDeadLetter {
+	if q.Kind != inbox.KindDeadLetter {
 		return 0, false, nil // a conflicting copy of a holder's id holds nothing
 	}
 	var key string
@@ -475,12 +478,12 @@ func setHoldOf(ctx context.Context, tx pgx.Tx, q Quarantined, state string) erro
 }
 
 // releaseDiscarded releases the key the discarded dead letter q held, in
-// DropQuarantined's transaction. Nothing parked: the hold is deleted. Else the first
+// Drop's transaction. Nothing parked: the hold is deleted. Else the first
 // parked message takes the dead letter's place, as if redriven: written back
 // to its topic through the outbox under its own id (its inbox row deleted,
 // so that it is applied when it comes back), and the hold waits for it; the
 // others follow it once it is applied. The release goes through Kafka, like
-// RetryQuarantined's, because only the consumer has the handler. A first parked
+// Retry's, because only the consumer has the handler. A first parked
 // message whose id the outbox cannot carry (not a UUID) stays parked and
 // the key is released at once: the key's next delivery applies the parked
 // messages before itself.
@@ -506,9 +509,9 @@ func releaseDiscarded(ctx context.Context, tx pgx.Tx, q Quarantined) error {
 		return fmt.Errorf("inbox: reading parked messages: %w", err)
 	}
 	if _, err := uuid.Parse(id); err != nil {
-		return setHoldOf(ctx, tx, q, holdReleased)
+		return setHoldOf(ctx, tx, q, schema.HoldReleased)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, planEachTime, q.Consumer, id); err != nil {
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`, schema.PlanEachTime, q.Consumer, id); err != nil {
 		return fmt.Errorf("inbox: releasing parked message %s: %w", id, err)
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE consumer = $1 AND message_id = $2`, q.Consumer, id); err != nil {
@@ -518,12 +521,12 @@ func releaseDiscarded(ctx context.Context, tx pgx.Tx, q Quarantined) error {
 	for k, v := range md {
 		msg.Metadata.Set(k, v)
 	}
-	msg.Metadata.Set(ReleaseOfMetadata, strconv.FormatInt(q.ID, 10))
+	msg.Metadata.Set(inbox.ReleaseOfMetadata, strconv.FormatInt(q.ID, 10))
 	if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, q.Topic, msg); err != nil { // a copy: its producer numbered it
 		return err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE inbox_held_keys SET holder = $4, state = $5, updated_at = now()
-		WHERE consumer = $1 AND topic = $2 AND holder = $3`, q.Consumer, q.Topic, q.MessageID, id, holdRedriven); err != nil {
+		WHERE consumer = $1 AND topic = $2 AND holder = $3`, q.Consumer, q.Topic, q.MessageID, id, schema.HoldRedriven); err != nil {
 		return fmt.Errorf("inbox: releasing the key of %s: %w", q.MessageID, err)
 	}
 	return nil
