@@ -25,7 +25,7 @@ import (
 // ("" when it can go on): an id the inbox cannot key on or that is not in
 // the issued format, or a payload over the limit.
 func (in *Inbox) read(msg *message.Message) (*delivery, string) {
-	topic := message.SubscribeTopicFromCtx(msg.Context())
+	topic := topicOf(msg)
 	d := &delivery{msg: msg, topic: topic, from: topic, start: time.Now(), sum: sha256.Sum256(msg.Payload)}
 	if in.cfg.Position != nil {
 		if p, o, ok := in.cfg.Position(msg); ok {

@@ -33,7 +33,7 @@ func (in *Inbox) startSpan(msg *message.Message) trace.Span {
 	if span.IsRecording() {
 		span.SetAttributes(
 			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(msg.Context())),
+			attribute.String("messaging.destination.name", topicOf(msg)),
 			attribute.String("messaging.message.id", msg.UUID),
 			attribute.String("messaging.consumer.group.name", in.cfg.Consumer),
 		)
