@@ -65,7 +65,8 @@ func machine(ctx context.Context, kill bool) error {
 		return err
 	}
 	defer pg.Stop() //nolint:errcheck // a throwaway cluster
-	broker, err := kafkatest.Start(ctx, kafkatest.Options{Partitions: 1}) // KAFKA_BROKERS, or an embedded broker
+	// KAFKA_BROKERS, or an embedded broker
+	broker, err := kafkatest.Start(ctx, kafkatest.Options{Partitions: 1})
 	if err != nil {
 		return err
 	}

@@ -5,10 +5,8 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
-	"net/http"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -16,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/services/events"
@@ -60,140 +57,6 @@ type Order struct {
 	// CaptureAttempts counts the captures asked for: 1, and one more for
 	// each retry a person made after a decline.
 	CaptureAttempts int `json:"capture_attempts,omitempty"`
-}
-
-func routes(mux *http.ServeMux, db platform.DB, cfg platform.Config) {
-	pool := db.Pool // reads
-	// Payments that arrive together commit together (API_BATCH_SIZE).
-	payments := platform.NewGroup(cfg.APIBatchSize, cfg.APIBatchWorkers, cfg.APIBatchLinger, 30*time.Second,
-		func(ctx context.Context, ids []string) ([]payment, error) { return payOrders(ctx, db, ids) })
-	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Lines []events.Line `json:"lines"`
-			Card  string        `json:"card,omitempty"` // a card token; tok_visa when absent
-		}
-		if err := platform.ReadJSON(w, r, 64<<10, &req); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = errors.New("no body: want {\"lines\": [...]}")
-			}
-			platform.WriteError(w, http.StatusBadRequest, "decoding order: "+err.Error())
-			return
-		}
-		if err := events.ValidateLines(req.Lines); err != nil {
-			platform.WriteError(w, http.StatusBadRequest, "order refused: "+err.Error())
-			return
-		}
-		if amount := events.Amount(req.Lines); amount > events.MaxAmount {
-			platform.WriteError(w, http.StatusBadRequest, fmt.Sprintf("order refused: it costs %d cents, more than the %d one payment may capture", amount, events.MaxAmount))
-			return
-		}
-		if req.Card == "" {
-			req.Card = defaultCard
-		}
-		if !cardPattern.MatchString(req.Card) {
-			platform.WriteError(w, http.StatusBadRequest, "order refused: card must be a card token (tok_ and 1 to 64 letters, digits or _)")
-			return
-		}
-		o, err := createOrder(r.Context(), db, req.Lines, req.Card)
-		if err != nil {
-			platform.WriteFailure(w, err)
-			return
-		}
-		platform.WriteJSON(w, http.StatusCreated, o)
-	})
-	mux.HandleFunc("POST /orders/{id}/pay", func(w http.ResponseWriter, r *http.Request) {
-		p, err := payments.Do(r.Context(), r.PathValue("id"))
-		if err == nil {
-			err = p.err
-		}
-		o := p.order
-		switch {
-		case errors.Is(err, errNotFound):
-			platform.WriteError(w, http.StatusNotFound, err.Error())
-		case err != nil:
-			platform.WriteFailure(w, err)
-		default:
-			failpoint.Hit(failpoint.AfterCommitBeforeResponse, o.ID)
-			platform.WriteJSON(w, http.StatusOK, o)
-		}
-	})
-	mux.HandleFunc("POST /orders/{id}/payment/retry", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Card string `json:"card,omitempty"` // the card to capture with now; the order's own when absent
-		}
-		if err := platform.ReadJSON(w, r, 4<<10, &req); err != nil && !errors.Is(err, io.EOF) {
-			platform.WriteError(w, http.StatusBadRequest, "decoding the retry: "+err.Error())
-			return
-		}
-		if req.Card != "" && !cardPattern.MatchString(req.Card) {
-			platform.WriteError(w, http.StatusBadRequest, "retry refused: card must be a card token (tok_ and 1 to 64 letters, digits or _)")
-			return
-		}
-		o, err := retryCapture(r.Context(), db, r.PathValue("id"), req.Card) // payment.go
-		var refused errRetryRefused
-		switch {
-		case errors.Is(err, errNotFound):
-			platform.WriteError(w, http.StatusNotFound, err.Error())
-		case errors.As(err, &refused):
-			platform.WriteError(w, http.StatusConflict, err.Error())
-		case err != nil:
-			platform.WriteFailure(w, err)
-		default:
-			platform.WriteJSON(w, http.StatusAccepted, o)
-		}
-	})
-	mux.HandleFunc("POST /orders/{id}/payment/refund", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Reason string `json:"reason"` // why the money goes back: the order's reject_reason says it
-		}
-		if err := platform.ReadJSON(w, r, 4<<10, &req); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = errors.New("no body: want {\"reason\": \"...\"}")
-			}
-			platform.WriteError(w, http.StatusBadRequest, "decoding the refund: "+err.Error())
-			return
-		}
-		if err := validReason(req.Reason); err != nil {
-			platform.WriteError(w, http.StatusBadRequest, "refund refused: "+err.Error())
-			return
-		}
-		o, err := requestRefund(r.Context(), db, r.PathValue("id"), req.Reason) // refund.go
-		var refused errRefundRefused
-		switch {
-		case errors.Is(err, errNotFound):
-			platform.WriteError(w, http.StatusNotFound, err.Error())
-		case errors.As(err, &refused):
-			platform.WriteError(w, http.StatusConflict, err.Error())
-		case err != nil:
-			platform.WriteFailure(w, err)
-		default:
-			platform.WriteJSON(w, http.StatusAccepted, o)
-		}
-	})
-	mux.HandleFunc("GET /orders/{id}", func(w http.ResponseWriter, r *http.Request) {
-		o, err := getOrder(r.Context(), pool, r.PathValue("id"))
-		switch {
-		case errors.Is(err, errNotFound):
-			platform.WriteError(w, http.StatusNotFound, err.Error())
-		case err != nil:
-			platform.WriteFailure(w, err)
-		default:
-			platform.WriteJSON(w, http.StatusOK, o)
-		}
-	})
-	mux.HandleFunc("GET /orders", func(w http.ResponseWriter, r *http.Request) {
-		byStatus, err := countByStatus(r.Context(), pool, "status")
-		if err != nil {
-			platform.WriteFailure(w, err)
-			return
-		}
-		byPayment, err := countByStatus(r.Context(), pool, "payment")
-		if err != nil {
-			platform.WriteFailure(w, err)
-			return
-		}
-		platform.WriteJSON(w, http.StatusOK, map[string]any{"by_status": byStatus, "by_payment": byPayment})
-	})
 }
 
 var errNotFound = errors.New("order not found")
@@ -385,36 +248,62 @@ var settleOrders = settler{}.apply
 // lettered: no redelivery explains it). Unguarded, every answer is recorded
 // as applied and the first one settles the order, as before the guard.
 func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-	type answer struct {
-		orderID, event, msgID, status string
-		reason                        *string
-		lines                         []events.Line // InventoryReserved's
+	answers, err := readAnswers(msgs)
+	if err != nil {
+		return err
 	}
-	answers := make([]answer, len(msgs))
-	var ids, statuses []string // the first answer per order settles it
-	var reasons []*string
-	first := map[string]bool{}
+	settled, err := settle(ctx, tx, answers)
+	if err != nil {
+		return err
+	}
+	return s.record(ctx, tx, answers, settled)
+}
+
+// stockAnswer is one of inventory's answers: reserved, with the lines it
+// reserved, or rejected, with why.
+type stockAnswer struct {
+	orderID, event, msgID, status string
+	reason                        *string
+	lines                         []events.Line // InventoryReserved's
+}
+
+// readAnswers decodes msgs; a message that is not one of inventory's
+// answers is a permanent error.
+func readAnswers(msgs []*message.Message) ([]stockAnswer, error) {
+	answers := make([]stockAnswer, len(msgs))
 	for i, msg := range msgs {
 		ev, err := events.Decode(msg.Payload)
 		if err != nil {
-			return inbox.Permanent(err)
+			return nil, inbox.Permanent(err)
 		}
-		a := answer{msgID: msg.UUID}
+		a := stockAnswer{msgID: msg.UUID}
 		switch e := ev.(type) {
 		case *events.InventoryReserved:
 			a.orderID, a.status, a.event, a.lines = e.OrderID, "reserved", e.Type, e.Lines
 		case *events.InventoryRejected:
 			a.orderID, a.status, a.event, a.reason = e.OrderID, "rejected", e.Type, &e.Reason
 		default:
-			return inbox.Permanent(fmt.Errorf("orders does not consume %s", events.TypeOf(ev)))
+			return nil, inbox.Permanent(fmt.Errorf("orders does not consume %s", events.TypeOf(ev)))
 		}
 		answers[i] = a
+	}
+	return answers, nil
+}
+
+// settle settles each paid order by its first answer in the batch, asks
+// for the captures of the reserved ones (payment.go), and returns the
+// orders it settled with their lines. An answer for an order not there or
+// never paid is a permanent error (checkUnsettled).
+func settle(ctx context.Context, tx pgx.Tx, answers []stockAnswer) (map[string][]events.Line, error) {
+	var ids, statuses []string // the first answer per order settles it
+	var reasons []*string
+	first := map[string]bool{}
+	for _, a := range answers {
 		if !first[a.orderID] {
 			first[a.orderID] = true
 			ids, statuses, reasons = append(ids, a.orderID), append(statuses, a.status), append(reasons, a.reason)
 		}
 	}
-
 	rows, err := tx.Query(ctx, `
 		UPDATE orders o SET status = u.status, reject_reason = u.reason, settled_at = now(),
 			payment = CASE WHEN u.status = 'reserved' THEN 'capturing' END
@@ -423,7 +312,7 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 		RETURNING o.id::text, o.status, o.lines, coalesce(o.amount, 0), o.card`,
 		platform.PlanEachTime, ids, statuses, reasons)
 	if err != nil {
-		return fmt.Errorf("settling orders: %w", err)
+		return nil, fmt.Errorf("settling orders: %w", err)
 	}
 	settled := map[string][]events.Line{} // the orders this batch settled, with their lines
 	var reserved []capture                // and the captures the reserved ones ask for
@@ -441,17 +330,23 @@ func (s settler) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) 
 		lines = nil
 		return nil
 	}); err != nil {
-		return fmt.Errorf("settling orders: %w", err)
+		return nil, fmt.Errorf("settling orders: %w", err)
 	}
 	if err := enqueueCaptures(ctx, tx, reserved); err != nil { // payment.go
-		return err
+		return nil, err
 	}
 	if len(settled) < len(ids) {
 		if err := checkUnsettled(ctx, tx, ids, settled); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	return settled, nil
+}
 
+// record writes each answer to order_events, or, refused by the domain
+// guard (its order settled already), to refusals with why. An
+// InventoryReserved whose lines are not its order's is a permanent error.
+func (s settler) record(ctx context.Context, tx pgx.Tx, answers []stockAnswer, settled map[string][]events.Line) error {
 	var evOrder, evName, evMsg []string
 	var refOrder, refMsg, refWhy []string
 	taken := map[string]string{} // order → the message that settled it in this batch

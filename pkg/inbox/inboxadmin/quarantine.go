@@ -220,97 +220,113 @@ func (adm *Admin) RetryTx(ctx context.Context, tx pgx.Tx, id int64, by string) (
 // retry is Retry's work in tx, without the history's record (a bulk
 // action records its own).
 func retry(ctx context.Context, tx pgx.Tx, id int64, by string) (RedriveResult, error) {
-	var res RedriveResult
-	err := func() error {
-		q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: %d", ErrNotFound, id)
-		}
-		if err != nil {
-			return fmt.Errorf("inbox: reading quarantined message %d: %w", id, err)
-		}
-		res = RedriveResult{Quarantined: q}
-		switch {
-		case q.ResolvedAt != nil:
-			res.Note = fmt.Sprintf("already %s by %s at %s; nothing done", q.Resolution, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339))
-			return nil
-		case q.Kind != inbox.KindDeadLetter:
-			return fmt.Errorf("%w: %d is a %s, which would only be quarantined again; discard it instead", ErrNotRedrivable, id, q.Kind)
-		}
-
-		parked, held, err := lockHoldOf(ctx, tx, q) // below
-		if err != nil {
-			return err
-		}
-		var status string
-		var processedAt time.Time
-		err = tx.QueryRow(ctx, `SELECT status, processed_at FROM inbox_messages WHERE consumer = $1 AND message_id = $2 FOR UPDATE`,
-			schema.PlanEachTime, q.Consumer, q.MessageID).Scan(&status, &processedAt)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			// Swept by retention (or deduplication is off): nothing to clear.
-		case err != nil:
-			return fmt.Errorf("inbox: reading inbox row: %w", err)
-		case status == "processed":
-			res.Note = fmt.Sprintf("message %s was applied by %s at %s, after it was dead-lettered; nothing done (discard the row to close it)",
-				q.MessageID, q.Consumer, processedAt.Format(time.RFC3339))
-			return nil
-		}
-		switch _, err := uuid.Parse(q.MessageID); {
-		case q.Topic == "":
-			return fmt.Errorf("%w: %d: the topic it came from is unknown", ErrNotRedrivable, id)
-		case err != nil:
-			return fmt.Errorf("%w: %d: message id %q is not a UUID, which the outbox needs to keep it", ErrNotRedrivable, id, q.MessageID)
-		}
-		if status != "" {
-			if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, schema.PlanEachTime, q.Consumer, q.MessageID); err != nil {
-				return fmt.Errorf("inbox: clearing inbox row: %w", err)
-			}
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, q.Consumer, q.MessageID); err != nil {
-			return fmt.Errorf("inbox: clearing attempts: %w", err)
-		}
-
-		msg := message.NewMessage(q.MessageID, q.Payload)
-		for k, v := range q.Metadata {
-			msg.Metadata.Set(k, v)
-		}
-		msg.Metadata.Set(inbox.RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
-		msg.Metadata.Set(inbox.RedriveByMetadata, by)
-		to, err := redriveTopic(ctx, tx, q)
-		if err != nil {
-			return err
-		}
-		if to != q.Topic {
-			msg.Metadata.Set(inbox.RedriveTopicMetadata, q.Topic)
-		}
-		if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, to, msg); err != nil { // a copy: its producer numbered it
-			return err
-		}
-		res.Note = fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, to)
-		if to != q.Topic {
-			res.Note += fmt.Sprintf(" (the consumer's redrive topic; it came from %s)", q.Topic)
-		}
-		if held {
-			// The key stays held until the message, back, is applied; its
-			// parked messages follow it then, in order.
-			if err := setHoldOf(ctx, tx, q, schema.HoldRedriven); err != nil {
-				return err
-			}
-			res.Note += fmt.Sprintf("; the %d messages parked behind it on its key follow once it is applied", parked)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE inbox_quarantine
-			SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4 WHERE id = $1`,
-			id, ResolutionRedriven, by, res.Note); err != nil {
-			return fmt.Errorf("inbox: marking %d redriven: %w", id, err)
-		}
-		res.Redriven = true
-		return nil
-	}()
+	q, err := scanQuarantined(tx.QueryRow(ctx, `SELECT `+quarantineColumns("payload")+` FROM inbox_quarantine WHERE id = $1 FOR UPDATE`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RedriveResult{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return RedriveResult{}, fmt.Errorf("inbox: reading quarantined message %d: %w", id, err)
+	}
+	res := RedriveResult{Quarantined: q}
+	switch {
+	case q.ResolvedAt != nil:
+		res.Note = fmt.Sprintf("already %s by %s at %s; nothing done", q.Resolution, q.ResolvedBy, q.ResolvedAt.Format(time.RFC3339))
+		return res, nil
+	case q.Kind != inbox.KindDeadLetter:
+		return RedriveResult{}, fmt.Errorf("%w: %d is a %s, which would only be quarantined again; discard it instead", ErrNotRedrivable, id, q.Kind)
+	}
+	parked, held, err := lockHoldOf(ctx, tx, q) // below
 	if err != nil {
 		return RedriveResult{}, err
 	}
+	status, applied, err := inboxRowOf(ctx, tx, q)
+	if err != nil {
+		return RedriveResult{}, err
+	}
+	if applied != "" {
+		res.Note = applied
+		return res, nil
+	}
+	switch _, err := uuid.Parse(q.MessageID); {
+	case q.Topic == "":
+		return RedriveResult{}, fmt.Errorf("%w: %d: the topic it came from is unknown", ErrNotRedrivable, id)
+	case err != nil:
+		return RedriveResult{}, fmt.Errorf("%w: %d: message id %q is not a UUID, which the outbox needs to keep it", ErrNotRedrivable, id, q.MessageID)
+	}
+	if res.Note, err = writeBack(ctx, tx, q, status, by); err != nil {
+		return RedriveResult{}, err
+	}
+	if held {
+		// The key stays held until the message, back, is applied; its
+		// parked messages follow it then, in order.
+		if err := setHoldOf(ctx, tx, q, schema.HoldRedriven); err != nil {
+			return RedriveResult{}, err
+		}
+		res.Note += fmt.Sprintf("; the %d messages parked behind it on its key follow once it is applied", parked)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE inbox_quarantine
+		SET resolved_at = now(), resolution = $2, resolved_by = $3, resolution_note = $4 WHERE id = $1`,
+		id, ResolutionRedriven, by, res.Note); err != nil {
+		return RedriveResult{}, fmt.Errorf("inbox: marking %d redriven: %w", id, err)
+	}
+	res.Redriven = true
 	return res, nil
+}
+
+// inboxRowOf locks the consumer's inbox row of q's message and returns its
+// status ("" when there is none: swept by retention, or deduplication is
+// off), and, when the message was applied after it was dead-lettered, a
+// note that says so: there is nothing to redrive then.
+func inboxRowOf(ctx context.Context, tx pgx.Tx, q Quarantined) (status, applied string, err error) {
+	var processedAt time.Time
+	err = tx.QueryRow(ctx, `SELECT status, processed_at FROM inbox_messages WHERE consumer = $1 AND message_id = $2 FOR UPDATE`,
+		schema.PlanEachTime, q.Consumer, q.MessageID).Scan(&status, &processedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", "", nil
+	case err != nil:
+		return "", "", fmt.Errorf("inbox: reading inbox row: %w", err)
+	case status == "processed":
+		return status, fmt.Sprintf("message %s was applied by %s at %s, after it was dead-lettered; nothing done (discard the row to close it)",
+			q.MessageID, q.Consumer, processedAt.Format(time.RFC3339)), nil
+	}
+	return status, "", nil
+}
+
+// writeBack clears what would suppress q's message when it comes back (its
+// inbox row, of status, and its attempts) and writes it to the outbox, to
+// the consumer's redrive topic or the one it came from; it returns what it
+// did, for the row's note.
+func writeBack(ctx context.Context, tx pgx.Tx, q Quarantined, status, by string) (string, error) {
+	if status != "" {
+		if _, err := tx.Exec(ctx, `DELETE FROM inbox_messages WHERE consumer = $1 AND message_id = $2`, schema.PlanEachTime, q.Consumer, q.MessageID); err != nil {
+			return "", fmt.Errorf("inbox: clearing inbox row: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, q.Consumer, q.MessageID); err != nil {
+		return "", fmt.Errorf("inbox: clearing attempts: %w", err)
+	}
+	msg := message.NewMessage(q.MessageID, q.Payload)
+	for k, v := range q.Metadata {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(inbox.RedriveOfMetadata, strconv.FormatInt(q.ID, 10))
+	msg.Metadata.Set(inbox.RedriveByMetadata, by)
+	to, err := redriveTopic(ctx, tx, q)
+	if err != nil {
+		return "", err
+	}
+	if to != q.Topic {
+		msg.Metadata.Set(inbox.RedriveTopicMetadata, q.Topic)
+	}
+	if err := (outbox.Writer{Unnumbered: true}).PublishTx(ctx, tx, to, msg); err != nil { // a copy: its producer numbered it
+		return "", err
+	}
+	note := fmt.Sprintf("message %s written back to %s through the outbox", q.MessageID, to)
+	if to != q.Topic {
+		note += fmt.Sprintf(" (the consumer's redrive topic; it came from %s)", q.Topic)
+	}
+	return note, nil
 }
 
 // redriveTopic is where q's consumer takes its redrives from: its

@@ -136,6 +136,23 @@ func (adm *Admin) Retire(ctx context.Context, r RetireParams) (Retired, error) {
 	case r.Idle < 0:
 		return res, fmt.Errorf("inbox: Retire: a negative Idle (%s)", r.Idle)
 	}
+	if err := adm.retirable(ctx, r); err != nil {
+		return res, err
+	}
+	var err error
+	if res.Rows, err = adm.deleteRows(ctx, r); err != nil {
+		return res, err
+	}
+	err = pgx.BeginFunc(ctx, adm.pool, func(tx pgx.Tx) error { return deleteTheRest(ctx, tx, r.Consumer, &res) })
+	if err != nil {
+		return res, fmt.Errorf("inbox: retiring %s: %w", r.Consumer, err)
+	}
+	return res, nil
+}
+
+// retirable refuses a consumer with nothing to retire, one that wrote
+// within r.Idle, and one with parked messages unless r.DropParked.
+func (adm *Admin) retirable(ctx context.Context, r RetireParams) error {
 	var found, active bool
 	var parked int64
 	err := adm.pool.QueryRow(ctx, `
@@ -152,14 +169,20 @@ func (adm *Admin) Retire(ctx context.Context, r RetireParams) (Retired, error) {
 		schema.PlanEachTime, r.Consumer, r.Idle).Scan(&found, &active, &parked)
 	switch {
 	case err != nil:
-		return res, fmt.Errorf("inbox: reading what %s keeps: %w", r.Consumer, err)
+		return fmt.Errorf("inbox: reading what %s keeps: %w", r.Consumer, err)
 	case !found:
-		return res, fmt.Errorf("%w: no inbox row, attempt, hold or parked message of %q", ErrNoSuchConsumer, r.Consumer)
+		return fmt.Errorf("%w: no inbox row, attempt, hold or parked message of %q", ErrNoSuchConsumer, r.Consumer)
 	case active:
-		return res, fmt.Errorf("%w: %s wrote to the inbox within the last %s", ErrConsumerActive, r.Consumer, r.Idle)
+		return fmt.Errorf("%w: %s wrote to the inbox within the last %s", ErrConsumerActive, r.Consumer, r.Idle)
 	case parked > 0 && !r.DropParked:
-		return res, fmt.Errorf("%w: %d of %s's messages are parked behind its held keys, never applied", ErrParkedMessages, parked, r.Consumer)
+		return fmt.Errorf("%w: %d of %s's messages are parked behind its held keys, never applied", ErrParkedMessages, parked, r.Consumer)
 	}
+	return nil
+}
+
+// deleteRows deletes r.Consumer's inbox rows in transactions of
+// retireBatch, walking the primary key, and returns how many.
+func (adm *Admin) deleteRows(ctx context.Context, r RetireParams) (deleted int64, err error) {
 	var after *string // the last batch's highest id
 	for {
 		var n, taken int64
@@ -177,54 +200,55 @@ func (adm *Admin) Retire(ctx context.Context, r RetireParams) (Retired, error) {
 			SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM batch), (SELECT max(message_id) FROM batch)`,
 			schema.PlanEachTime, r.Consumer, after, retireBatch).Scan(&n, &taken, &last)
 		if err != nil {
-			return res, fmt.Errorf("inbox: deleting %s's rows (%d deleted so far; run it again to go on): %w", r.Consumer, res.Rows, err)
+			return deleted, fmt.Errorf("inbox: deleting %s's rows (%d deleted so far; run it again to go on): %w", r.Consumer, deleted, err)
 		}
-		res.Rows += n
+		deleted += n
 		if r.Progress != nil && n > 0 {
-			r.Progress(res.Rows)
+			r.Progress(deleted)
 		}
 		if taken < retireBatch {
 			break
 		}
 		after = last
 	}
-	err = pgx.BeginFunc(ctx, adm.pool, func(tx pgx.Tx) error {
-		for _, d := range []struct {
-			count *int64
-			sql   string
-		}{
-			{&res.Attempts, `DELETE FROM inbox_attempts WHERE consumer = $1`},
-			{&res.Parked, `DELETE FROM inbox_parked WHERE consumer = $1`},
-			{&res.HeldKeys, `DELETE FROM inbox_held_keys WHERE consumer = $1`},
-			{&res.KeySequences, `DELETE FROM inbox_key_sequences WHERE consumer = $1`},
-		} {
-			tag, err := tx.Exec(ctx, d.sql, r.Consumer)
-			if err != nil {
-				return err
-			}
-			*d.count = tag.RowsAffected()
-		}
-		// Where its redrives went (inbox.Inbox.Run records it): a retired
-		// consumer takes none.
-		if _, err := tx.Exec(ctx, `DELETE FROM inbox_consumers WHERE consumer = $1`, r.Consumer); err != nil {
-			return err
-		}
-		partitioned, err := schema.Partitioned(ctx, tx) // PartitionByIDTime made the clearances' table with the partitions
+	return deleted, nil
+}
+
+// deleteTheRest deletes, in tx, what else the inbox keeps for consumer:
+// its attempts, holds, parked messages, continuity state, redrive topic and
+// clearances; and counts its quarantine still open, which stays.
+func deleteTheRest(ctx context.Context, tx pgx.Tx, consumer string, res *Retired) error {
+	for _, d := range []struct {
+		count *int64
+		sql   string
+	}{
+		{&res.Attempts, `DELETE FROM inbox_attempts WHERE consumer = $1`},
+		{&res.Parked, `DELETE FROM inbox_parked WHERE consumer = $1`},
+		{&res.HeldKeys, `DELETE FROM inbox_held_keys WHERE consumer = $1`},
+		{&res.KeySequences, `DELETE FROM inbox_key_sequences WHERE consumer = $1`},
+	} {
+		tag, err := tx.Exec(ctx, d.sql, consumer)
 		if err != nil {
 			return err
 		}
-		if partitioned {
-			tag, err := tx.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE consumer = $1`, r.Consumer)
-			if err != nil {
-				return err
-			}
-			res.Clearances = tag.RowsAffected()
-		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM inbox_quarantine WHERE consumer = $1 AND resolved_at IS NULL`,
-			r.Consumer).Scan(&res.OpenQuarantined)
-	})
-	if err != nil {
-		return res, fmt.Errorf("inbox: retiring %s: %w", r.Consumer, err)
+		*d.count = tag.RowsAffected()
 	}
-	return res, nil
+	// Where its redrives went (inbox.Inbox.Run records it): a retired
+	// consumer takes none.
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_consumers WHERE consumer = $1`, consumer); err != nil {
+		return err
+	}
+	partitioned, err := schema.Partitioned(ctx, tx) // PartitionByIDTime made the clearances' table with the partitions
+	if err != nil {
+		return err
+	}
+	if partitioned {
+		tag, err := tx.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE consumer = $1`, consumer)
+		if err != nil {
+			return err
+		}
+		res.Clearances = tag.RowsAffected()
+	}
+	return tx.QueryRow(ctx, `SELECT count(*) FROM inbox_quarantine WHERE consumer = $1 AND resolved_at IS NULL`,
+		consumer).Scan(&res.OpenQuarantined)
 }
