@@ -211,87 +211,111 @@ func (w Writer) PublishTx(ctx context.Context, tx pgx.Tx, topic string, msgs ...
 	if len(msgs) == 0 {
 		return nil
 	}
+	rows, err := w.encode(ctx, topic, msgs)
+	if err != nil {
+		return err
+	}
+	// One round trip (publishSQL): the keys' locks, their numbers, the rows
+	// and the relay's wake-up, which Postgres delivers only if and when tx
+	// commits.
+	_, err = tx.Exec(ctx, publishSQL, topic, rows.ids, rows.keys, rows.payloads, rows.metas,
+		notifyLockSpace, keyLockSpace, w.Unordered, w.Unnumbered)
+	if err != nil {
+		return fmt.Errorf("outbox: inserting %d rows: %w", len(msgs), err)
+	}
+	return nil
+}
+
+// outboxRows are messages as publishSQL takes them, a column each.
+type outboxRows struct {
+	ids      []uuid.UUID
+	keys     []string
+	payloads [][]byte
+	metas    []string
+}
+
+// encode gives each message without one a UUIDv7, stamps its metadata
+// (tracing.go), and refuses one over w's limit as a Kafka record.
+func (w Writer) encode(ctx context.Context, topic string, msgs []*message.Message) (outboxRows, error) {
 	limit := cmp.Or(w.MaxMessageBytes, DefaultMaxMessageBytes)
-	ids := make([]uuid.UUID, len(msgs))
-	keys := make([]string, len(msgs))
-	payloads := make([][]byte, len(msgs))
-	metas := make([]string, len(msgs))
+	r := outboxRows{make([]uuid.UUID, len(msgs)), make([]string, len(msgs)), make([][]byte, len(msgs)), make([]string, len(msgs))}
 	for i, msg := range msgs {
 		if msg.UUID == "" {
 			msg.UUID = uuid.Must(uuid.NewV7()).String()
 		}
 		id, err := uuid.Parse(msg.UUID)
 		if err != nil {
-			return fmt.Errorf("outbox: message id %q is not a UUID: %w", msg.UUID, err)
+			return r, fmt.Errorf("outbox: message id %q is not a UUID: %w", msg.UUID, err)
 		}
 		stamped := stampedMetadata(ctx, msg.Metadata) // tracing.go: + outbox_created_at, traceparent
-		delete(stamped, SequenceMetadata)             // the SQL below numbers the message, or leaves it unnumbered
+		delete(stamped, SequenceMetadata)             // publishSQL numbers the message, or leaves it unnumbered
 		n := recordBytes(msg.UUID, stamped, len(msg.Payload))
 		if msg.Metadata.Get(KeyMetadata) != "" && !w.Unordered && !w.Unnumbered {
 			n += sequenceHeaderBytes
 		}
 		if n > limit {
-			return fmt.Errorf("outbox: message %s to %s is %d bytes as a Kafka record (payload %d), over the %d-byte limit: %w",
+			return r, fmt.Errorf("outbox: message %s to %s is %d bytes as a Kafka record (payload %d), over the %d-byte limit: %w",
 				msg.UUID, topic, n, len(msg.Payload), limit, ErrMessageTooLarge)
 		}
 		meta, err := json.Marshal(stamped)
 		if err != nil {
-			return fmt.Errorf("outbox: encoding metadata: %w", err)
+			return r, fmt.Errorf("outbox: encoding metadata: %w", err)
 		}
 		payload := msg.Payload
 		if payload == nil {
 			payload = []byte{} // pgx sends a nil slice as NULL; payload is NOT NULL
 		}
-		ids[i], keys[i], payloads[i], metas[i] = id, msg.Metadata.Get(KeyMetadata), payload, string(meta)
+		r.ids[i], r.keys[i], r.payloads[i], r.metas[i] = id, msg.Metadata.Get(KeyMetadata), payload, string(meta)
 	}
-	// One round trip: insert every row and queue the wake-up notification,
-	// which Postgres delivers only if and when tx commits.
-	//
-	// A transaction that notifies holds a cluster-wide lock from its commit
-	// until its commit record is flushed, so if every producer notified,
-	// commits would queue behind each other's fsync instead of sharing one
-	// (measured here: "COMMIT waiting" on every backend). Only the one
-	// transaction at a time that holds a try-lock notifies; the others
-	// commit freely. A row committed just after that notification was
-	// consumed is picked up by the relay's short follow-up polls (see
-	// Relay.Run), or, at worst, by its regular poll.
-	//
-	// The key locks come first: the counters' upsert reads them (an
-	// uncorrelated subquery, run once before the first row is written), so
-	// the numbers and ids are taken only once every lock is held. Each key
-	// of msgs advances its counter by its count of messages in one upsert;
-	// its messages, in the order given, take the numbers up to the new
-	// value (SequenceMetadata).
-	_, err := tx.Exec(ctx, `
-		WITH locked AS MATERIALIZED (
-			SELECT count(pg_advisory_xact_lock($7, h)) AS n
-			FROM (SELECT DISTINCT hashtext(current_schema() || E'\n' || $1 || E'\n' || k) AS h
-			      FROM unnest($3::text[]) AS k WHERE k <> '' AND NOT $8 ORDER BY 1) AS keys
-		), numbered AS (
-			INSERT INTO outbox_key_sequences AS s (topic, partition_key, seq)
-			SELECT $1, k, count(*) FROM unnest($3::text[]) AS k
-			WHERE k <> '' AND NOT $8 AND NOT $9 AND (SELECT n FROM locked) >= 0
-			GROUP BY k ORDER BY k
-			ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq,
-				-- hourly: an update that leaves the indexed touched_at alone writes no index
-				touched_at = CASE WHEN s.touched_at < now() - interval '1 hour' THEN now() ELSE s.touched_at END
-			RETURNING partition_key, seq
-		), rows AS (
-			INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
-			SELECT m.id, $1, m.key, m.payload, CASE WHEN c.seq IS NULL THEN m.meta
-				ELSE m.meta || jsonb_build_object('`+SequenceMetadata+`', (SELECT id FROM outbox_stream)::text || ':' ||
-					(c.seq - count(*) OVER (PARTITION BY m.key) + row_number() OVER (PARTITION BY m.key ORDER BY m.ord)))
-				END
-			FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY AS m(id, key, payload, meta, ord)
-			LEFT JOIN numbered c ON c.partition_key = m.key
-			WHERE (SELECT n FROM locked) >= 0
-			ORDER BY m.ord
-		)
-		SELECT CASE WHEN pg_try_advisory_xact_lock($6, hashtext(current_schema()))
-			THEN pg_notify('outbox_' || md5(current_schema()), '') END`,
-		topic, ids, keys, payloads, metas, notifyLockSpace, keyLockSpace, w.Unordered, w.Unnumbered)
-	if err != nil {
-		return fmt.Errorf("outbox: inserting %d rows: %w", len(msgs), err)
-	}
-	return nil
+	return r, nil
 }
+
+// publishSQL writes a transaction's messages to one topic in four steps,
+// one statement: $1 the topic; $2..$5 the rows' ids, keys, payloads and
+// metadata; $6 and $7 the advisory lock spaces of the wake-up and the keys;
+// $8 Writer.Unordered, $9 Writer.Unnumbered.
+//
+//  1. locked: a transaction-scoped lock per distinct key, in a fixed order,
+//     so a key's writers take turns and its ids follow commit order;
+//  2. numbered: each key's counter advances by its count of messages, in
+//     one upsert; it reads locked (an uncorrelated subquery, run once
+//     before the first row is written), so numbers are taken only once
+//     every lock is held;
+//  3. rows: the outbox rows, a keyed message's metadata carrying its number
+//     (SequenceMetadata: the numbers up to the counter's new value, in the
+//     order given);
+//  4. the wake-up: a transaction that notifies holds a cluster-wide lock
+//     from its commit until its commit record is flushed, so if every
+//     producer notified, commits would queue behind each other's fsync
+//     instead of sharing one (measured here: "COMMIT waiting" on every
+//     backend). Only the one transaction at a time that holds a try-lock
+//     notifies; the others commit freely. A row committed just after that
+//     notification was consumed is picked up by the relay's short
+//     follow-up polls (see Relay.Run), or, at worst, by its regular poll.
+const publishSQL = `
+	WITH locked AS MATERIALIZED (
+		SELECT count(pg_advisory_xact_lock($7, h)) AS n
+		FROM (SELECT DISTINCT hashtext(current_schema() || E'\n' || $1 || E'\n' || k) AS h
+		      FROM unnest($3::text[]) AS k WHERE k <> '' AND NOT $8 ORDER BY 1) AS keys
+	), numbered AS (
+		INSERT INTO outbox_key_sequences AS s (topic, partition_key, seq)
+		SELECT $1, k, count(*) FROM unnest($3::text[]) AS k
+		WHERE k <> '' AND NOT $8 AND NOT $9 AND (SELECT n FROM locked) >= 0
+		GROUP BY k ORDER BY k
+		ON CONFLICT (topic, partition_key) DO UPDATE SET seq = s.seq + EXCLUDED.seq,
+			-- hourly: an update that leaves the indexed touched_at alone writes no index
+			touched_at = CASE WHEN s.touched_at < now() - interval '1 hour' THEN now() ELSE s.touched_at END
+		RETURNING partition_key, seq
+	), rows AS (
+		INSERT INTO outbox_messages (message_id, topic, partition_key, payload, metadata)
+		SELECT m.id, $1, m.key, m.payload, CASE WHEN c.seq IS NULL THEN m.meta
+			ELSE m.meta || jsonb_build_object('` + SequenceMetadata + `', (SELECT id FROM outbox_stream)::text || ':' ||
+				(c.seq - count(*) OVER (PARTITION BY m.key) + row_number() OVER (PARTITION BY m.key ORDER BY m.ord)))
+			END
+		FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[]) WITH ORDINALITY AS m(id, key, payload, meta, ord)
+		LEFT JOIN numbered c ON c.partition_key = m.key
+		WHERE (SELECT n FROM locked) >= 0
+		ORDER BY m.ord
+	)
+	SELECT CASE WHEN pg_try_advisory_xact_lock($6, hashtext(current_schema()))
+		THEN pg_notify('outbox_' || md5(current_schema()), '') END`

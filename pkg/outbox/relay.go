@@ -111,7 +111,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.lease(ctx) }()
 	}
+	r.loop(ctx)
+	return nil
+}
 
+// loop relays batches until ctx ends: at once while batches come full,
+// woken by a producer's notification, after a few short follow-up polls
+// once rows arrived, by the regular poll otherwise, and after a backoff
+// once a batch failed.
+func (r *Relay) loop(ctx context.Context) {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	followUps := 0
@@ -130,7 +138,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		switch {
 		case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
-			return nil // shutting down during the pending check
+			return // shutting down during the pending check
 		case err != nil:
 			failures++
 			r.stats.errors.Add(1)
@@ -138,13 +146,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cfg.log.Error("Relay batch failed; rows will be retried", err,
 				watermill.LogFields{"failures_in_a_row": failures, "retry_in": wait.String()})
 			if !ctxtime.Sleep(ctx, wait) {
-				return nil
+				return
 			}
 			continue
 		case n == r.cfg.BatchSize:
 			failures = 0
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
 			polled = false
 			continue // more rows are likely waiting
@@ -157,7 +165,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-r.wake:
 			polled = false
 		case <-poll.C:

@@ -161,11 +161,33 @@ type orderView struct {
 // first read saw is in the second).
 func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*orderView, error) {
 	views := map[string]*orderView{}
-	var salesSince pgtype.Timestamptz
 	for _, id := range ids {
 		views[id] = &orderView{reserved: map[string]int{}, sold: map[string]int{}}
 	}
-	err := snapshot(ctx, d.inventory, func(tx pgx.Tx) error {
+	salesSince, err := d.readInventory(ctx, ids, views)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range views {
+		switch {
+		case v.decision != "":
+		case len(v.reserved) > 0:
+			v.decision = "reserved"
+		case v.rejected:
+			v.decision = "rejected"
+		}
+	}
+	if err := d.readOrdersOf(ctx, ids, views, salesSince); err != nil {
+		return nil, err
+	}
+	return views, nil
+}
+
+// readInventory reads into views, in one snapshot of inventory's database,
+// what inventory decided for ids and what it reserved and sold, and
+// returns when it learnt to sell.
+func (d domain) readInventory(ctx context.Context, ids []string, views map[string]*orderView) (salesSince pgtype.Timestamptz, err error) {
+	err = snapshot(ctx, d.inventory, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT applied_at FROM schema_migrations WHERE component = 'inventory' AND version = 4), '-infinity')`).
 			Scan(&salesSince); err != nil {
 			return fmt.Errorf("reading when inventory learnt to sell: %w", err)
@@ -204,18 +226,11 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	for _, v := range views {
-		switch {
-		case v.decision != "":
-		case len(v.reserved) > 0:
-			v.decision = "reserved"
-		case v.rejected:
-			v.decision = "rejected"
-		}
-	}
+	return salesSince, err
+}
+
+// readOrdersOf reads into views what orders recorded of ids.
+func (d domain) readOrdersOf(ctx context.Context, ids []string, views map[string]*orderView, salesSince pgtype.Timestamptz) error {
 	var uuids []string // an id that is no order id is no order of orders
 	for _, id := range ids {
 		if events.ValidateOrderID(id) == nil {
@@ -228,7 +243,7 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 			coalesce(refund_at < now() - make_interval(secs => $2), false)
 		FROM orders WHERE id = ANY($1::uuid[])`, uuids, seconds(d.grace), salesSince)
 	if err != nil {
-		return nil, fmt.Errorf("reading orders: %w", err)
+		return fmt.Errorf("reading orders: %w", err)
 	}
 	var id, status, payment string
 	var raw []byte
@@ -248,9 +263,9 @@ func (d domain) readOrders(ctx context.Context, ids []string) (map[string]*order
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading orders: %w", err)
+		return fmt.Errorf("reading orders: %w", err)
 	}
-	return views, nil
+	return nil
 }
 
 // examine returns a check's examine: it reads the orders as both services

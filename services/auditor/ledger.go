@@ -179,43 +179,21 @@ func (s stockLine) balanced() bool {
 // balance is counted in full, its ledger corrected from the count, and
 // compared again.
 func balance(ctx context.Context, tx, st pgx.Tx, mark stockMark, skus []string) ([]audit.Finding, error) {
-	lines := map[string]*stockLine{}
-	rows, err := tx.Query(ctx, `SELECT sku, reserved, sold FROM stock WHERE $1::text[] IS NULL OR sku = ANY($1)`, skus)
-	if err != nil {
+	lines := stockLines{}
+	if err := lines.read(ctx, tx, `SELECT sku, reserved, sold FROM stock WHERE $1::text[] IS NULL OR sku = ANY($1)`, []any{skus},
+		nil); err != nil {
 		return nil, fmt.Errorf("reading stock: %w", err)
 	}
-	var sku string
-	var a, b int64
-	if _, err := pgx.ForEachRow(rows, []any{&sku, &a, &b}, func() error {
-		lines[sku] = &stockLine{reserved: a, sold: b}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("reading stock: %w", err)
-	}
-	read := func(q pgx.Tx, sql string, args []any, set func(*stockLine, int64, int64)) error {
-		rows, err := q.Query(ctx, sql, args...)
-		if err != nil {
-			return err
-		}
-		_, err = pgx.ForEachRow(rows, []any{&sku, &a, &b}, func() error {
-			if l := lines[sku]; l != nil {
-				set(l, a, b)
-			}
-			return nil
-		})
-		return err
-	}
-	if err := read(st, `SELECT sku, reservations, fulfilments FROM audit_stock_ledger WHERE $1::text[] IS NULL OR sku = ANY($1)`, []any{skus},
+	if err := lines.read(ctx, st, `SELECT sku, reservations, fulfilments FROM audit_stock_ledger WHERE $1::text[] IS NULL OR sku = ANY($1)`, []any{skus},
 		func(l *stockLine, r, f int64) { l.ledgerRes, l.ledgerFul = r, f }); err != nil {
 		return nil, fmt.Errorf("reading the stock ledger: %w", err)
 	}
-	if err := read(tx, `SELECT sku, sum(r), sum(f) FROM (
+	if err := lines.read(ctx, tx, `SELECT sku, sum(r), sum(f) FROM (
 			SELECT sku, quantity::bigint AS r, 0::bigint AS f FROM reservations WHERE id > $1
 			UNION ALL SELECT sku, 0, quantity FROM fulfilments WHERE id > $2) t GROUP BY sku`,
 		[]any{mark.reservation, mark.fulfilment}, func(l *stockLine, r, f int64) { l.tailRes, l.tailFul = r, f }); err != nil {
 		return nil, fmt.Errorf("reading the recent reservations and fulfilments: %w", err)
 	}
-
 	var suspects []string
 	for sku, l := range lines {
 		if !l.balanced() {
@@ -225,9 +203,38 @@ func balance(ctx context.Context, tx, st pgx.Tx, mark stockMark, skus []string) 
 	if len(suspects) == 0 {
 		return nil, nil
 	}
-	// Count the suspects in full (one scan of each table, only now), and
-	// set their ledger to what the rows up to the mark add up to.
-	if err := read(tx, `SELECT sku, sum(r), sum(f) FROM (
+	return lines.recount(ctx, tx, st, suspects)
+}
+
+// stockLines are the SKUs a balance compares, by SKU.
+type stockLines map[string]*stockLine
+
+// read runs sql, whose rows are (sku, a, b), on q: with set nil, each row
+// is a SKU's stock (reserved, sold); else set takes a and b of the SKUs
+// already read.
+func (lines stockLines) read(ctx context.Context, q pgx.Tx, sql string, args []any, set func(*stockLine, int64, int64)) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	var sku string
+	var a, b int64
+	_, err = pgx.ForEachRow(rows, []any{&sku, &a, &b}, func() error {
+		if set == nil {
+			lines[sku] = &stockLine{reserved: a, sold: b}
+		} else if l := lines[sku]; l != nil {
+			set(l, a, b)
+		}
+		return nil
+	})
+	return err
+}
+
+// recount counts the suspects in full (one scan of each table, only now),
+// sets their ledger to what the rows up to the mark add up to, and returns
+// a finding for each that still does not balance.
+func (lines stockLines) recount(ctx context.Context, tx, st pgx.Tx, suspects []string) ([]audit.Finding, error) {
+	if err := lines.read(ctx, tx, `SELECT sku, sum(r), sum(f) FROM (
 			SELECT sku, quantity::bigint AS r, 0::bigint AS f FROM reservations WHERE sku = ANY($1)
 			UNION ALL SELECT sku, 0, quantity FROM fulfilments WHERE sku = ANY($1)) t GROUP BY sku`,
 		[]any{suspects}, func(l *stockLine, r, f int64) { l.recountRes, l.recountFul = r, f }); err != nil {

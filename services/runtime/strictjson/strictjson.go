@@ -481,17 +481,7 @@ func (v *Value) into(path string, dst reflect.Value) error {
 		return fail(path, "null is not %s", describe(dst.Type()))
 	}
 	if dst.Type() == timeType {
-		// time.Time's own UnmarshalJSON takes more than RFC 3339 (an hour
-		// of one digit, found by the fuzzer against the second reader).
-		if v.Kind != String || !rfc3339.MatchString(v.Str) {
-			return fail(path, "want an RFC 3339 time (2006-01-02T15:04:05Z), got %s", clip(string(v.Raw)))
-		}
-		t, err := time.Parse(time.RFC3339Nano, v.Str)
-		if err != nil {
-			return fail(path, "%v", err)
-		}
-		dst.Set(reflect.ValueOf(t))
-		return nil
+		return v.intoTime(path, dst)
 	}
 	if reflect.PointerTo(dst.Type()).Implements(unmarshalerType) {
 		if err := dst.Addr().Interface().(json.Unmarshaler).UnmarshalJSON(v.Raw); err != nil {
@@ -499,6 +489,27 @@ func (v *Value) into(path string, dst reflect.Value) error {
 		}
 		return nil
 	}
+	return v.intoKind(path, dst)
+}
+
+// intoTime decodes an RFC 3339 time. time.Time's own UnmarshalJSON takes
+// more than RFC 3339 (an hour of one digit, found by the fuzzer against the
+// second reader).
+func (v *Value) intoTime(path string, dst reflect.Value) error {
+	if v.Kind != String || !rfc3339.MatchString(v.Str) {
+		return fail(path, "want an RFC 3339 time (2006-01-02T15:04:05Z), got %s", clip(string(v.Raw)))
+	}
+	t, err := time.Parse(time.RFC3339Nano, v.Str)
+	if err != nil {
+		return fail(path, "%v", err)
+	}
+	dst.Set(reflect.ValueOf(t))
+	return nil
+}
+
+// intoKind decodes v into dst by dst's kind: a value of another JSON kind,
+// or out of dst's range, is refused.
+func (v *Value) intoKind(path string, dst reflect.Value) error {
 	want := func(k Kind) error {
 		if v.Kind != k {
 			return fail(path, "want %s, got %s", describe(dst.Type()), v.Kind)
