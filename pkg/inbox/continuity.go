@@ -90,6 +90,20 @@ func (b Breach) String() string {
 		clip(b.Key), b.Topic, b.Got, b.Expected, b.PreviousID)
 }
 
+// numbered is the stage (stages.go) that reads d's place in its key's
+// history, after Verify, which covers it.
+func numbered(in *Inbox, d *delivery) string {
+	seq, err := readSequence(d.msg)
+	if err != nil {
+		return err.Error()
+	}
+	if seq != nil {
+		seq.key = storedKey(in.cfg.Key(d.msg))
+		d.seq = seq
+	}
+	return ""
+}
+
 // keySeq is a delivery's place in its key's history.
 type keySeq struct {
 	key    string // as stored (storedKey)

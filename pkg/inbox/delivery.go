@@ -22,8 +22,7 @@ import (
 )
 
 // read returns the delivery of msg, and why it must be quarantined unread
-// ("" when it can go on): an id the inbox cannot key on or that is not in
-// the issued format, or a payload over the limit.
+// ("" when it can go on): the first refusal of in.stages (stages.go).
 func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 	topic := topicOf(msg)
 	d := &delivery{msg: msg, topic: topic, from: topic, start: time.Now(), sum: sha256.Sum256(msg.Payload)}
@@ -32,61 +31,8 @@ func (in *Inbox) read(msg *message.Message) (*delivery, string) {
 			d.part, d.offset = &p, &o
 		}
 	}
-	id, err := in.cfg.MessageID(msg)
-	switch {
-	case err != nil:
-		return d, fmt.Sprintf("reading message id: %v", err)
-	case id == "":
-		return d, "message has no id"
-	case len(id) > maxIDBytes:
-		return d, fmt.Sprintf("message id of %d bytes exceeds the %d-byte limit", len(id), maxIDBytes)
-	case id != schema.Text(id):
-		return d, fmt.Sprintf("message id %q is not valid UTF-8 text", id)
-	}
-	d.id = id
-	if in.cfg.OnDeadLetter == HoldKey {
-		d.key = storedKey(in.cfg.Key(msg))
-	}
-	if in.cfg.CheckID != nil {
-		if err := in.cfg.CheckID(id); err != nil {
-			return d, fmt.Sprintf("message id %q is not in the issued format: %v", id, err)
-		}
-	}
-	if in.cfg.Verify != nil {
-		if err := in.cfg.Verify(msg); err != nil {
-			return d, fmt.Sprintf("not authenticated: %v", err)
-		}
-	}
-	if in.cfg.RedriveTopic != "" && d.from == in.cfg.RedriveTopic {
-		// A redrive's copy (admin.go), written by this consumer alone: it
-		// is the message of the topic it came from, read from here.
-		switch orig := msg.Metadata.Get(RedriveTopicMetadata); {
-		case orig == "":
-			return d, fmt.Sprintf("read from the redrive topic %q without the topic it came from (no %s header)", d.from, RedriveTopicMetadata)
-		case orig == d.from || orig == in.cfg.DeadLetterTopic || orig != schema.Text(orig):
-			return d, fmt.Sprintf("read from the redrive topic %q, it names %q as the topic it came from", d.from, schema.Text(orig))
-		default:
-			d.topic = orig
-		}
-	}
-	seq, err := readSequence(msg) // continuity.go; after Verify, which covers it
-	if err != nil {
-		return d, err.Error()
-	}
-	if seq != nil {
-		seq.key = storedKey(in.cfg.Key(msg))
-		d.seq = seq
-	}
-	if in.cfg.Partitions != nil {
-		if _, err := in.cfg.Partitions.Time(id); err != nil {
-			return d, fmt.Sprintf("message id %q carries no time to place its inbox row by (Config.Partitions): %v", id, err)
-		}
-	}
-	if len(msg.Payload) > in.cfg.MaxPayloadBytes {
-		return d, fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(msg.Payload), in.cfg.MaxPayloadBytes)
-	}
-	if in.cfg.Envelope != nil { // last: it reads the payload
-		if reason := in.disagreement(d); reason != "" {
+	for _, check := range in.stages {
+		if reason := check(in, d); reason != "" {
 			return d, reason
 		}
 	}

@@ -18,9 +18,10 @@ import (
 // one policy the delivery path asks (keyPolicy, in.keys), chosen when the
 // Inbox is built: skipKey, the default, only writes the inbox rows;
 // holdKey, the key-scoped poison hold whose promise is in doc.go ("Holding
-// a poisoned key"), writes them inside the key's hold. How each writes a
-// delivery's rows is in rows.go; this file holds the policy, and what a
-// released key does after the commit. The path (middleware.go) asks the
+// a poisoned key"), writes them inside the key's hold. The whole hold is in
+// this file: the policy, the rows holdKey writes inside the hold (lockHold,
+// park, hold, unpark), and what a released key does after the commit;
+// skipKey's rows, and the inbox's INSERT beneath both, are in rows.go. The path (middleware.go) asks the
 // policy at three points, and batch.go at one:
 //
 //	attempt        admit: the inbox row. holdKey locks the key's hold row
@@ -35,9 +36,9 @@ import (
 //	               through the same retry loop as any delivery
 //	batch.go       batchable: a held key's deliveries are left to go alone
 //
-// Beside the path, admin.go: inboxadmin.Admin.Retry marks the hold redriven;
-// inboxadmin.Admin.Drop writes the first parked message back in the dead
-// letter's place.
+// Beside the path, the operator's (package inboxadmin): Admin.Retry marks
+// the hold redriven; Admin.Drop writes the first parked message back in the
+// dead letter's place.
 
 // DeadLetterPolicy is what a dead letter does to the later messages of its
 // partition key (Config.OnDeadLetter).
@@ -62,6 +63,153 @@ func (p DeadLetterPolicy) String() string {
 		return "hold-key"
 	}
 	return fmt.Sprintf("DeadLetterPolicy(%d)", int(p))
+}
+
+// holdKey is HoldKey: skipKey's inbox rows, inside the hold of the key. A
+// message whose key is empty is never held: skipKey's alone.
+type holdKey struct{ skipKey }
+
+// admit locks the hold of d's key first, so that a release sees this
+// delivery's parking, or this delivery its release. A held key's messages
+// park, but for its holder, whose commit releases the key. A delivery that
+// releases the key, or finds it released, drains it after its commit
+// (d.release, afterCommit).
+func (h holdKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, string, error) {
+	if d.key == "" {
+		return h.skipKey.admit(ctx, tx, d)
+	}
+	holder, hold, err := h.lockHold(ctx, tx, d)
+	if err != nil {
+		return "", "", err
+	}
+	d.release = hold == schema.HoldReleased
+	if hold != "" && holder != d.id {
+		return h.park(ctx, tx, d, holder)
+	}
+	if settled, reason, err := h.skipKey.admit(ctx, tx, d); err != nil || settled != "" {
+		return settled, reason, err
+	}
+	if hold != "" && hold != schema.HoldReleased {
+		if err := h.setHold(ctx, tx, d, schema.HoldReleased); err != nil {
+			return "", "", err
+		}
+		d.release = true // once committed; a failed attempt finds the key held as before
+	}
+	return "", "", nil
+}
+
+// recordDeadLetter locks the hold of d's key first, as every delivery of
+// the key does, then writes the inbox row and the quarantine (skipKey's),
+// and holds the key with d as its holder.
+func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
+	if d.key == "" {
+		return h.skipKey.recordDeadLetter(ctx, tx, d, reason)
+	}
+	_, state, err := h.lockHold(ctx, tx, d)
+	if err != nil {
+		return "", "", err
+	}
+	if d.parked {
+		// A released key's parked message: its row is there. Unless
+		// another delivery settled it meanwhile, it holds the key again,
+		// and the messages parked behind it stay parked.
+		if state != schema.HoldReleased {
+			return "", "", nil // held again by another: it stays parked
+		}
+		if ok, err := h.unpark(ctx, tx, d, rowDeadLettered); err != nil || !ok {
+			return "", "", err
+		}
+	}
+	settled, seenReason, err := h.skipKey.recordDeadLetter(ctx, tx, d, reason)
+	if err != nil || settled != DeadLettered {
+		return settled, seenReason, err
+	}
+	return settled, "", h.hold(ctx, tx, d)
+}
+
+// lockHold reads the hold of d's key and locks its row until tx ends; state
+// is "" when the key is not held. Parking, releasing and the dead letter
+// that holds a key all lock the row first, so they take turns; a key that
+// is not held costs one index lookup and locks nothing (why that is enough
+// is in doc.go).
+func (h holdKey) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, state string, err error) {
+	in := h.in
+	err = tx.QueryRow(ctx, `SELECT holder, state FROM inbox_held_keys
+		WHERE consumer = $1 AND topic = $2 AND partition_key = $3 FOR UPDATE`,
+		in.cfg.Consumer, d.topic, d.key).Scan(&holder, &state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("inbox: reading the hold of key %q: %w", d.key, err)
+	}
+	return holder, state, nil
+}
+
+// setHold moves the hold of d's key to state.
+func (h holdKey) setHold(ctx context.Context, tx pgx.Tx, d *delivery, state string) error {
+	in := h.in
+	if _, err := tx.Exec(ctx, `UPDATE inbox_held_keys SET state = $4, updated_at = now()
+		WHERE consumer = $1 AND topic = $2 AND partition_key = $3`, in.cfg.Consumer, d.topic, d.key, state); err != nil {
+		return fmt.Errorf("inbox: marking key %q %s: %w", d.key, state, err)
+	}
+	return nil
+}
+
+// hold holds d's key with d as its holder, in the transaction that
+// dead-letters d. A key already held by another dead letter keeps that one.
+func (h holdKey) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	in := h.in
+	_, err := tx.Exec(ctx, `
+		INSERT INTO inbox_held_keys (consumer, topic, partition_key, holder) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (consumer, topic, partition_key) DO UPDATE
+		SET holder = EXCLUDED.holder, state = 'held', updated_at = now()
+		WHERE inbox_held_keys.state <> 'held' OR inbox_held_keys.holder = EXCLUDED.holder`,
+		in.cfg.Consumer, d.topic, d.key, d.id)
+	if err != nil {
+		return fmt.Errorf("inbox: holding key %q: %w", d.key, err)
+	}
+	return nil
+}
+
+// park writes d in tx, whose hold row it has locked, as parked: its inbox
+// row with status 'parked' (a redelivery is then a duplicate, or a conflict),
+// its payload and metadata in inbox_parked. It returns Parked, or how a copy
+// seen before settles.
+func (h holdKey) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string) (Outcome, string, error) {
+	in := h.in
+	fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowParked)
+	if err != nil {
+		return "", "", err
+	}
+	if len(fresh) == 0 {
+		return in.classifySeen(ctx, tx, d, "")
+	}
+	meta, err := metadataJSON(d.msg.Metadata)
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO inbox_parked (consumer, message_id, topic, partition_key, payload, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6)`, in.cfg.Consumer, d.id, d.topic, d.key, d.msg.Payload, meta); err != nil {
+		return "", "", fmt.Errorf("inbox: parking: %w", err)
+	}
+	return Parked, fmt.Sprintf("key %q is held by message %s", d.key, holder), nil
+}
+
+// unpark moves p's inbox row from 'parked' to status and deletes its parked
+// entry; ok is false when the row was no longer parked.
+func (h holdKey) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status string) (ok bool, err error) {
+	in := h.in
+	tag, err := tx.Exec(ctx, `UPDATE inbox_messages SET status = $3, processed_at = now()
+		WHERE consumer = $1 AND message_id = $2 AND status = 'parked'`+in.rowTime(p.id, 4), in.rowArgs(p.id, in.cfg.Consumer, p.id, status)...)
+	if err != nil {
+		return false, fmt.Errorf("inbox: unparking: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_parked WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, p.id); err != nil {
+		return false, fmt.Errorf("inbox: unparking: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []batchResult) ([]int, error) {

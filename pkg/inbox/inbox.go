@@ -39,6 +39,7 @@ type Inbox struct {
 	cfg      Config
 	spanName string    // "inbox <consumer>"
 	keys     keyPolicy // what a dead letter does to its key (Config.OnDeadLetter, hold.go)
+	stages   []stage   // what a delivery passes before its id is looked up (stages.go)
 	batch    batcher
 	running  atomic.Bool     // Run was called and has not returned
 	ready    atomic.Bool     // and its batch workers take deliveries
@@ -52,7 +53,7 @@ func New(cfg Config) (*Inbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	in := &Inbox{cfg: cfg, spanName: "inbox " + cfg.Consumer}
+	in := &Inbox{cfg: cfg, spanName: "inbox " + cfg.Consumer, stages: newStages(cfg)}
 	in.keys = newKeyPolicy(in)
 	return in, nil
 }

@@ -556,3 +556,12 @@ func (in *Inbox) checkPartitioned(ctx context.Context) error {
 }
 
 func quoteTime(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'" }
+
+// timeInID is the stage (stages.go) of a partitioned inbox: an id that
+// carries no time to place its row by is refused.
+func timeInID(in *Inbox, d *delivery) string {
+	if _, err := in.cfg.Partitions.Time(d.id); err != nil {
+		return fmt.Sprintf("message id %q carries no time to place its inbox row by (Config.Partitions): %v", d.id, err)
+	}
+	return ""
+}
