@@ -85,7 +85,8 @@ func Hit(n Name, subject string) {
 	if !Enabled || !active() {
 		return
 	}
-	hit(n, LoggedSubject(subject))
+	logged := LoggedSubject(subject)
+	hit(n, logged)
 }
 
 // LoggedSubject is subject as a trace or kill line writes it, one field of
