@@ -2,6 +2,22 @@
 // pkg/inbox: effects outside the database (a payment capture, a call to a
 // partner's API, an e-mail) made with idempotency keys.
 //
+// Record the intent in the domain's transaction; a runner calls with its
+// key as the idempotency key and records the outcome:
+//
+//	_, err := effect.EnqueueTx(ctx, tx, "capture", "capture-"+orderID, payload)
+//
+//	runner, err := effect.NewRunner(effect.Config[captured]{Pool: pool, Kind: "capture",
+//		Do: func(ctx context.Context, e effect.Effect) (captured, error) {
+//			return provider.Capture(ctx, e.Key, e.Payload) // e.Key: the idempotency key
+//		},
+//		Record: func(ctx context.Context, tx pgx.Tx, e effect.Effect, c captured, err error) error {
+//			_, err = tx.Exec(ctx, `UPDATE orders SET capture = $2 WHERE id = $1`, orderOf(e), c.ID)
+//			return err
+//		},
+//	})
+//	g.Go(func() error { return runner.Run(ctx) })
+//
 // The three rows, and what each guarantees:
 //
 //   - The outbox: a message leaves if and only if the transaction that wrote

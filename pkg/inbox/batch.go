@@ -37,8 +37,9 @@ import (
 //	  BatchFunc(the messages whose rows were inserted)                   -- set-based writes
 //	COMMIT
 //
-// If the BatchFunc fails, nothing of the batch commits and each message is
-// tried again alone, a batch of one, so a poison message fails by itself.
+// If the BatchFunc fails, nothing of the batch commits and each half is
+// tried again as a batch of its own, down to single messages, so the rest
+// still commit in batches and a poison message fails by itself.
 //
 // Batches run only while Inbox.Run runs: it starts BatchWorkers goroutines,
 // each running one batch transaction at a time on its own connection, and

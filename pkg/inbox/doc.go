@@ -1,6 +1,35 @@
 // Package inbox applies each consumed message at most once per consumer, and
 // acknowledges it only after its effects are committed.
 //
+// # Use
+//
+// Wrap the handler; it writes through the transaction the inbox opened,
+// in which the inbox row of (consumer, message id) is written too. Run the
+// inbox beside the router.
+//
+//	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: "inventory"})
+//	if err != nil {
+//		return err
+//	}
+//	router.AddConsumerHandler("reserve", "orders.events", subscriber, func(msg *message.Message) error {
+//		_, err := inbox.Tx(msg.Context()).Exec(msg.Context(),
+//			`UPDATE stock SET reserved = reserved + 1 WHERE sku = $1`, skuOf(msg))
+//		return err // nil: committed, then acked; an error: rolled back, retried, dead-lettered
+//	}).AddMiddleware(in.Middleware)
+//	g.Go(func() error { return in.Run(ctx) }) // batches and the retention sweep
+//
+// Without Watermill's router, hand each record to [Inbox.Deliver] and
+// commit its offset once it returns nil:
+//
+//	if err := in.Deliver(ctx, record.Topic, msg, reserve); err != nil {
+//		return err // not settled: leave the offset, the record comes again
+//	}
+//	client.CommitRecords(ctx, record)
+//
+// What an operator does to what the inbox quarantined (list, retry, drop,
+// in bulk) is package inboxadmin's. examples/killed-after-commit runs all of
+// it in one program, killed between the commit and the offset.
+//
 // # The guarantee
 //
 // [Inbox.Middleware] wraps a Watermill handler. For every delivery it opens one

@@ -1,6 +1,26 @@
 // Package outbox publishes messages if and only if the database transaction
 // that produced them commits.
 //
+// # Use
+//
+// Write the message in the transaction of the change it announces; run a
+// relay that publishes what committed.
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, id); err != nil {
+//			return err
+//		}
+//		return outbox.PublishTx(ctx, tx, "orders.events", outbox.NewMessage(id, payload)) // id: the partition key
+//	})
+//
+//	publisher, err := outboxkafka.New(outboxkafka.Config{Brokers: brokers,
+//		Marshaler: kafka.NewWithPartitioningMarshaler(outbox.PartitionKey)})
+//	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Publisher: publisher})
+//	g.Go(func() error { return relay.Run(ctx) })
+//
+// Rows the broker refused for good are parked; package outboxadmin lists,
+// retries and drops them.
+//
 // # The guarantee
 //
 // [PublishTx] writes messages as rows of outbox_messages inside the caller's

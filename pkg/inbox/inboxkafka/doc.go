@@ -4,6 +4,14 @@
 // (ReadLogStart, for inbox.Config.LogStart), and how late Kafka can hand a
 // message out again (CheckRetention, against inbox.Config.Retention).
 //
+//	if _, err := inboxkafka.CheckRetention(admin, cfg.Retention, "orders.events"); err != nil {
+//		return err // Kafka can redeliver later than the inbox keeps rows
+//	}
+//	cfg.Position = inboxkafka.Position // each row records where Kafka holds its message
+//	cfg.LogStart = func(ctx context.Context) (inbox.LogStart, error) {
+//		return inboxkafka.ReadLogStart(client, "orders.events") // rows kept while Kafka holds them
+//	}
+//
 // It is a package of its own so that pkg/inbox stays broker-agnostic: a
 // consumer of another broker never links Sarama.
 package inboxkafka
