@@ -3,6 +3,7 @@ package docs
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -89,4 +90,51 @@ func trimmed(lines []string) []string {
 		}
 	}
 	return out
+}
+
+// quotedFrom is a link to a file of the repository, as pattern.md names
+// the file of the quote that follows it.
+var quotedFrom = regexp.MustCompile(`\]\(\.\./([^)#]+)\)`)
+
+// TestPatternQuotes fails for each Go block of pattern.md that the file
+// linked last before it does not hold line for line (indentation aside): a
+// quote that the code no longer says.
+func TestPatternQuotes(t *testing.T) {
+	b, err := os.ReadFile("pattern.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quotes, file, in := 0, "", false
+	var block []string
+	for i, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```go"):
+			in, block = true, nil
+		case in && strings.HasPrefix(line, "```"):
+			in = false
+			quotes++
+			if file == "" {
+				t.Errorf("pattern.md:%d: a quote with no file linked before it", i+1)
+				continue
+			}
+			src, err := os.ReadFile(filepath.Join(repoRoot, filepath.FromSlash(file)))
+			if err != nil {
+				t.Errorf("pattern.md:%d: %v", i+1, err)
+				continue
+			}
+			have := "\n" + strings.Join(trimmed(strings.Split(string(src), "\n")), "\n") + "\n"
+			if want := "\n" + strings.Join(trimmed(block), "\n") + "\n"; !strings.Contains(have, want) {
+				t.Errorf("pattern.md:%d: %s does not say this (any more):\n%s", i+1, file, strings.Join(block, "\n"))
+			}
+		case in:
+			block = append(block, line)
+		default:
+			if m := quotedFrom.FindAllStringSubmatch(line, -1); m != nil {
+				file = m[len(m)-1][1]
+			}
+		}
+	}
+	if quotes < 10 {
+		t.Fatalf("pattern.md quotes %d blocks: the check checks little", quotes)
+	}
 }
