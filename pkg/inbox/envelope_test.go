@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,6 +115,39 @@ func TestEnvelopeRefusesWhatItsPayloadDenies(t *testing.T) {
 					require.Contains(t, reason, fmt.Sprintf(`read from topic %q, its type "B" travels on`, topic))
 				}
 			}
+		})
+	}
+}
+
+// TestEnvelopeHandsOnWhatItRead: what Config.Envelope puts in the message's
+// context (an event it decoded) reaches the handler, per message and in a
+// batch, so a payload is decoded once (the services' events.DecodeMessage).
+func TestEnvelopeHandsOnWhatItRead(t *testing.T) {
+	t.Parallel()
+	type decodedKey struct{}
+	envelope := func(msg *message.Message) (inbox.Envelope, bool) {
+		msg.SetContext(context.WithValue(msg.Context(), decodedKey{}, string(msg.Payload)))
+		return inbox.Envelope{}, true
+	}
+	for _, batch := range []int{1, 4} {
+		t.Run(fmt.Sprintf("BatchSize%d", batch), func(t *testing.T) {
+			t.Parallel()
+			in, b := setup(t, inbox.Config{BatchSize: batch, Envelope: envelope})
+			var seen atomic.Int64
+			h := in.Handler(func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+				for _, msg := range msgs {
+					if got, _ := msg.Context().Value(decodedKey{}).(string); got != string(msg.Payload) {
+						return inbox.Permanent(fmt.Errorf("the handler's message carries %q of its envelope, want %q", got, msg.Payload))
+					}
+					seen.Add(1)
+				}
+				return nil
+			})
+			mw := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+			for i := range 3 {
+				require.NoError(t, deliver(b.ctx, mw, newID(), []byte(fmt.Sprint("payload ", i))))
+			}
+			require.Equal(t, int64(3), seen.Load(), "outcomes: %v", b.events.all())
 		})
 	}
 }

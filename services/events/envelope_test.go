@@ -50,3 +50,40 @@ func TestMessageAgreesWithRecordEnvelope(t *testing.T) {
 		t.Error("a payload that does not decode said something")
 	}
 }
+
+// TestDecodeMessageOnce: the handler gets the very event the envelope check
+// decoded (no second parse), and a payload changed since is decoded anew.
+func TestDecodeMessageOnce(t *testing.T) {
+	const id = "01234567-89ab-7def-8123-456789abcdef"
+	msg, err := Message(OrderCaptured{Envelope: NewEnvelope(TypeOrderCaptured, id), CaptureID: "cap_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := RecordEnvelope(msg); !ok {
+		t.Fatal("its own payload says nothing")
+	}
+	first, err := DecodeMessage(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := DecodeMessage(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != again {
+		t.Error("DecodeMessage decoded the payload again: the envelope's event was not handed on")
+	}
+
+	other, err := Message(OrderCaptured{Envelope: NewEnvelope(TypeOrderCaptured, id), CaptureID: "cap_2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Payload = other.Payload
+	ev, err := DecodeMessage(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ev.(*OrderCaptured).CaptureID; got != "cap_2" {
+		t.Errorf("a changed payload decoded as %q, want cap_2: the stale event was handed on", got)
+	}
+}

@@ -7,6 +7,8 @@
 package events
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -311,11 +313,34 @@ func Message(ev Event) (*message.Message, error) {
 // (ordering per key, HoldKey, the topic's consumer) would otherwise look at
 // another order than the one the handler changes. A payload that does not
 // decode is left to the handler, which dead-letters it.
+//
+// The event it decoded rides in msg's context, so the handler does not
+// decode the payload again (DecodeMessage).
 func RecordEnvelope(msg *message.Message) (inbox.Envelope, bool) {
 	ev, err := Decode(msg.Payload)
 	if err != nil {
 		return inbox.Envelope{}, false
 	}
+	msg.SetContext(context.WithValue(msg.Context(), decodedKey{}, decoded{payload: msg.Payload, event: ev}))
 	h := ev.(Event).head()
 	return inbox.Envelope{Key: h.OrderID, Type: h.Type, Topics: []string{TopicOf(h.Type)}}, true
+}
+
+// decodedKey carries, in a message's context, the event RecordEnvelope
+// decoded from its payload.
+type decodedKey struct{}
+
+type decoded struct {
+	payload []byte // what it was decoded from
+	event   any
+}
+
+// DecodeMessage is Decode(msg.Payload), once: the event RecordEnvelope
+// decoded for the inbox's envelope check, when it did and the payload is
+// still the one it read.
+func DecodeMessage(msg *message.Message) (any, error) {
+	if d, ok := msg.Context().Value(decodedKey{}).(decoded); ok && bytes.Equal(d.payload, msg.Payload) {
+		return d.event, nil
+	}
+	return Decode(msg.Payload)
 }

@@ -190,7 +190,7 @@ func (r reserver) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message)
 	var caps []capture
 	var skus, orderIDs []string
 	for _, msg := range msgs {
-		ev, err := events.Decode(msg.Payload)
+		ev, err := events.DecodeMessage(msg)
 		if err != nil {
 			return inbox.Permanent(err)
 		}

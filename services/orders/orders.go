@@ -272,7 +272,7 @@ type stockAnswer struct {
 func readAnswers(msgs []*message.Message) ([]stockAnswer, error) {
 	answers := make([]stockAnswer, len(msgs))
 	for i, msg := range msgs {
-		ev, err := events.Decode(msg.Payload)
+		ev, err := events.DecodeMessage(msg)
 		if err != nil {
 			return nil, inbox.Permanent(err)
 		}
