@@ -70,9 +70,10 @@
 // up (package signature): a forgery under a fresh id is quarantined, never
 // applied. With [Config.Envelope] a record whose partition key, topic, type
 // header or id says otherwise than its payload is quarantined too, naming
-// the disagreement: a producer with a bug signs its bug. inboxadmin.Admin.ListQuarantined shows what was quarantined;
-// inboxadmin.Admin.Retry writes a dead letter back to its topic once the handler is
-// fixed, and inboxadmin.Admin.Drop closes one for good.
+// the disagreement: a producer with a bug signs its bug. The operator's
+// side (package inboxadmin) lists what was quarantined, writes a dead
+// letter back to its topic once the handler is fixed (Admin.Retry), and
+// closes one for good (Admin.Drop).
 //
 // # Batches
 //
@@ -157,15 +158,16 @@
 //     would have applied it (its inbox row with status 'parked', so a
 //     redelivery is a duplicate and another payload a conflict; its payload
 //     and metadata in inbox_parked), and acknowledged. Other keys flow.
-//   - inboxadmin.Admin.Retry of the dead letter writes it back through the outbox as
-//     before; when it comes back it alone goes through, and the commit that
+//   - a redrive of the dead letter (inboxadmin's Admin.Retry) writes it
+//     back through the outbox as before; when it comes back it alone goes
+//     through, and the commit that
 //     applies it releases the key. The delivery that released it then
 //     applies the parked messages, in arrival order, one transaction each,
 //     through the same handler and the same retry loop, before it is
 //     acknowledged; then the hold is gone. Each is applied exactly once: its
 //     inbox row turns from 'parked' to 'processed' in its own transaction.
-//   - inboxadmin.Admin.Drop of the dead letter releases the key too: the first parked
-//     message is written back through the outbox in its place (it carries
+//   - dropping the dead letter (Admin.Drop) releases the key too: the
+//     first parked message is written back through the outbox in its place (it carries
 //     [ReleaseOfMetadata]), and the others follow it as after a redrive.
 //     Release goes through Kafka because only the consumer has the handler.
 //   - a message that fails again, the redriven one or a released one, is
@@ -175,12 +177,12 @@
 //     delivery was not acknowledged, so it comes back (a duplicate) and,
 //     finding the key released, goes on where the release stopped.
 //
-// A message whose key is empty is never held. inboxadmin.Admin.ListHeld and inboxadmin.Admin.HoldStats show
-// what is held (inboxctl held). The key comes from Config.Key: the outbox's
+// A message whose key is empty is never held. inboxadmin's Admin.ListHeld
+// and Admin.HoldStats show what is held (inboxctl held). The key comes from Config.Key: the outbox's
 // partition_key metadata by default, or inboxkafka.Key, the Kafka record's.
 // A redriven or written-back message lands on its key's partition only when
 // its metadata holds that key (outbox.KeyMetadata, as the outbox's relay
-// leaves it), and only a UUID id can go back through the outbox: a inboxadmin.Admin.Drop
+// leaves it), and only a UUID id can go back through the outbox: a drop
 // whose first parked message has another id releases the key at once, and
 // the key's next delivery applies the parked messages before itself.
 // With Config.RedriveTopic, a redriven message comes back on the
