@@ -119,6 +119,7 @@ type Side struct {
 	Textbook      Result               `json:"textbook"`
 	Project       Result               `json:"project"`
 	ProjectNoDup  Result               `json:"project_dedupe_off"`
+	Signed        Result               `json:"project_signed"`  // the project build signing and verifying, as the demo runs
 	History       Result               `json:"project_history"` // the project build on tables holding history (-history)
 	Ratios        map[string]float64   `json:"ratios"`          // medians of each round's ratios
 	RatiosByRound []map[string]float64 `json:"ratios_by_round"`
@@ -145,8 +146,9 @@ type Report struct {
 
 // build is one configuration the benchmark measures.
 type build struct {
-	name    string   // textbook, project, project_dedupe_off, project_history, limit
+	name    string   // textbook, project, project_signed, project_dedupe_off, project_history, limit
 	env     []string // the services' extra environment
+	signed  bool     // each service signs what it publishes and verifies what it consumes
 	kafka   string   // stack.ImplKfake or stack.ImplApache; "" for limit
 	history int      // rows per table written before the load (history.go)
 }
@@ -196,7 +198,11 @@ func run(ctx context.Context) error {
 		p.LimitBatch = *limitBatch
 	}
 	p.WarmFor = warmup.Seconds()
-	want := func(build string) bool { return *only == "" || strings.Contains(","+*only+",", ","+build+",") }
+	// The signed build goes with the project build: what users run, beside
+	// what the comparisons measure.
+	want := func(build string) bool {
+		return *only == "" || strings.Contains(","+*only+",", ","+strings.TrimSuffix(build, "_signed")+",")
+	}
 	path := os.Getenv("BENCH_REPORT")
 	if path == "" {
 		path = "bench-report.json"
@@ -247,6 +253,7 @@ func run(ctx context.Context) error {
 		builds = append(builds,
 			build{name: "textbook", env: []string{"RELAY_DRIVER=textbook", "INBOX_BATCH_SIZE=1", "API_BATCH_SIZE=1"}, kafka: kafka},
 			build{name: "project", kafka: kafka},
+			build{name: "project_signed", signed: true, kafka: kafka},
 			build{name: "project_dedupe_off", env: []string{"INBOX_DISABLED=true"}, kafka: kafka})
 		if p.History > 0 {
 			builds = append(builds, build{name: "project_history", env: historyEnv, kafka: kafka, history: p.History})
@@ -365,7 +372,7 @@ func judge(kafka string, byBuild map[string][]Result, p params) Side {
 	for _, f := range []struct {
 		name string
 		dst  *Result
-	}{{"textbook", &s.Textbook}, {"project", &s.Project}, {"project_dedupe_off", &s.ProjectNoDup}, {"project_history", &s.History}} {
+	}{{"textbook", &s.Textbook}, {"project", &s.Project}, {"project_signed", &s.Signed}, {"project_dedupe_off", &s.ProjectNoDup}, {"project_history", &s.History}} {
 		if rs := rounds(f.name); len(rs) > 0 {
 			*f.dst = medianResult(rs)
 			s.Kafka = rs[0].Kafka
@@ -384,12 +391,15 @@ func judge(kafka string, byBuild map[string][]Result, p params) Side {
 			"project_vs_limit":    ratio(project, at(byBuild["limit"], round)),
 			"inbox_overhead":      overhead(project, at(rounds("project_dedupe_off"), round)),
 		}
+		if len(rounds("project_signed")) > 0 {
+			m["signed_vs_project"] = ratio(at(rounds("project_signed"), round), project)
+		}
 		if len(rounds("project_history")) > 0 {
 			m["history_vs_project"] = ratio(at(rounds("project_history"), round), project)
 		}
 		s.RatiosByRound = append(s.RatiosByRound, m)
 	}
-	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead", "history_vs_project"} {
+	for _, k := range []string{"project_vs_textbook", "project_vs_limit", "inbox_overhead", "signed_vs_project", "history_vs_project"} {
 		if _, ok := s.RatiosByRound[0][k]; !ok {
 			continue
 		}

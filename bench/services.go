@@ -43,10 +43,11 @@ func runServices(ctx context.Context, pg database, p params, round int, b build,
 		Env: append([]string{"LOG_LEVEL=warn", "DEBUG_PPROF=true"}, env...),
 		// A fresh broker per build, as for kfake: a single Apache node.
 		Kafka: stack.KafkaOptions{Partitions: p.Partitions, Impl: b.kafka, Nodes: 1},
-		// Every build unsigned: the textbook relay (Watermill's Forwarder)
-		// cannot sign, and the comparison is of the relays alone (no
-		// auditor reading beside them either).
-		Unsigned: true, WithoutAuditor: true,
+		// Unsigned but for project_signed: the textbook relay (Watermill's
+		// Forwarder) cannot sign, and the comparisons are of the relays
+		// alone (no auditor reading beside them either); project_signed
+		// prices what the demo, compose and the proof run.
+		Unsigned: !b.signed, WithoutAuditor: true,
 	})
 	if err != nil {
 		return res, err
