@@ -4,11 +4,10 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 

@@ -13,11 +13,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
 

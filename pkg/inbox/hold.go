@@ -8,10 +8,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 )
 
 // What a dead letter does to its partition key (Config.OnDeadLetter), as

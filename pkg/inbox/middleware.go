@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -16,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )

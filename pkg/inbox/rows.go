@@ -17,11 +17,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 )
 
 // The status an inbox row is written with: its message was applied,

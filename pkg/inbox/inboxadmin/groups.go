@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 )
 
 // Failure groups. A bad deploy dead-letters thousands of messages with one

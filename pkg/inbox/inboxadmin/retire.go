@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 )
 
 // Consumers that no longer run. Each consumer's sweep retires its own rows
