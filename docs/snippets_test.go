@@ -17,6 +17,7 @@ var snippetPages = []string{
 	"pkg/inbox/inboxadmin/doc.go",
 	"pkg/outbox/doc.go",
 	"pkg/effect/doc.go",
+	"pkg/audit/doc.go",
 }
 
 // TestSnippetsCompile fails for each Go block of snippetPages that

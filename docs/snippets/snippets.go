@@ -8,6 +8,7 @@ package snippets
 
 import (
 	"context"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
@@ -17,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxref/outbox-inbox/pkg/audit"
 	"github.com/outboxref/outbox-inbox/pkg/effect"
 	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxadmin"
@@ -177,5 +179,25 @@ func inboxadminUse(ctx context.Context, tx pgx.Tx, groups []inboxadmin.Group) er
 	a, err := adm.StartBulk(ctx, inboxadmin.ActionRetry, plan, "alice", "fixed in v1.4.2")
 	a, err = adm.RunBulk(ctx, a.ID, inboxadmin.BulkOptions{})
 	_ = a
+	return err
+}
+
+func paidBefore(ctx context.Context, from audit.Mark, before time.Time, limit int) ([]audit.Entity, error) {
+	return nil, nil
+}
+
+func unanswered(ctx context.Context, ids []string) ([]audit.Finding, error) { return nil, nil }
+
+// auditUse is pkg/audit/doc.go's code.
+func auditUse(ctx context.Context, state *pgxpool.Pool) error {
+	orders := audit.Entities("orders-answered",
+		func(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
+			return paidBefore(ctx, from, time.Now().Add(-grace), limit) // settled orders past the mark, in (time, key) order
+		},
+		func(ctx context.Context, ids []string) ([]audit.Finding, error) {
+			return unanswered(ctx, ids) // a Finding{Entity: id, Kind: "unanswered", Detail: ...} for each that is wrong
+		})
+	auditor, err := audit.New(state, audit.Config{Grace: time.Minute}, orders)
+	g.Go(func() error { return auditor.Run(ctx) }) // a round every Interval; findings in audit_findings
 	return err
 }

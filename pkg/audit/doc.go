@@ -4,6 +4,16 @@
 // wrong, so a breach is found within a round of it settling, and a finding
 // that was only late resolves itself.
 //
+//	orders := audit.Entities("orders-answered",
+//		func(ctx context.Context, from audit.Mark, grace time.Duration, limit int) ([]audit.Entity, error) {
+//			return paidBefore(ctx, from, time.Now().Add(-grace), limit) // settled orders past the mark, in (time, key) order
+//		},
+//		func(ctx context.Context, ids []string) ([]audit.Finding, error) {
+//			return unanswered(ctx, ids) // a Finding{Entity: id, Kind: "unanswered", Detail: ...} for each that is wrong
+//		})
+//	auditor, err := audit.New(state, audit.Config{Grace: time.Minute}, orders)
+//	g.Go(func() error { return auditor.Run(ctx) }) // a round every Interval; findings in audit_findings
+//
 // What it promises:
 //
 //   - Nothing settled is skipped, given a scan that never passes an entity
