@@ -18,7 +18,8 @@ const (
 	KindInvalid         = "invalid"          // no message id, or a payload over the size limit
 )
 
-// Metadata that a redrive (inboxadmin.Admin.Retry) adds to the message it writes back.
+// Metadata that a redrive (inboxadmin.Admin.Retry) adds to the message it
+// writes back.
 const (
 	RedriveOfMetadata = "inbox_redrive_of" // the inbox_quarantine id that was redriven
 	RedriveByMetadata = "inbox_redrive_by" // who redrove it

@@ -178,8 +178,9 @@
 //     finding the key released, goes on where the release stopped.
 //
 // A message whose key is empty is never held. inboxadmin's Admin.ListHeld
-// and Admin.HoldStats show what is held (inboxctl held). The key comes from Config.Key: the outbox's
-// partition_key metadata by default, or inboxkafka.Key, the Kafka record's.
+// and Admin.HoldStats show what is held (inboxctl held). The key comes from
+// Config.Key: the outbox's partition_key metadata by default, or
+// inboxkafka.Key, the Kafka record's.
 // A redriven or written-back message lands on its key's partition only when
 // its metadata holds that key (outbox.KeyMetadata, as the outbox's relay
 // leaves it), and only a UUID id can go back through the outbox: a drop

@@ -21,8 +21,8 @@ import (
 // a poisoned key"), writes them inside the key's hold. The whole hold is in
 // this file: the policy, the rows holdKey writes inside the hold (lockHold,
 // park, hold, unpark), and what a released key does after the commit;
-// skipKey's rows, and the inbox's INSERT beneath both, are in rows.go. The path (middleware.go) asks the
-// policy at three points, and batch.go at one:
+// skipKey's rows, and the inbox's INSERT beneath both, are in rows.go. The
+// path (middleware.go) asks the policy at three points, and batch.go at one:
 //
 //	attempt        admit: the inbox row. holdKey locks the key's hold row
 //	               first (nothing when the key is not held); a message other
