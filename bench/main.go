@@ -201,7 +201,8 @@ func run(ctx context.Context) error {
 	// The signed build goes with the project build: what users run, beside
 	// what the comparisons measure.
 	want := func(build string) bool {
-		return *only == "" || strings.Contains(","+*only+",", ","+strings.TrimSuffix(build, "_signed")+",")
+		has := func(name string) bool { return strings.Contains(","+*only+",", ","+name+",") }
+		return *only == "" || has(build) || has(strings.TrimSuffix(build, "_signed"))
 	}
 	path := os.Getenv("BENCH_REPORT")
 	if path == "" {

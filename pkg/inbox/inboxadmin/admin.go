@@ -2,6 +2,7 @@ package inboxadmin
 
 import (
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxadmin"
 )
 
