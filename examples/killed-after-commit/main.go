@@ -154,7 +154,11 @@ func services(ctx context.Context, kill bool) error {
 	// inventory: the inbox around the handler, which writes through the
 	// inbox's transaction.
 	settled, done := make(chan inbox.Outcome, 4), make(chan struct{})
-	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: "inventory", OnOutcome: func(e inbox.Event) { settled <- e.Outcome }})
+	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: "inventory", OnOutcome: func(e inbox.Event) {
+		if e.Outcome != inbox.Retried { // a failed attempt is told too; the delivery settles later
+			settled <- e.Outcome
+		}
+	}})
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,11 @@ func run(ctx context.Context) error {
 
 	settled := make(chan inbox.Outcome, 4)
 	in, err := inbox.New(inbox.Config{Pool: pool, Consumer: "inventory", MessageID: inbox.FromMetadata("message_id"),
-		OnOutcome: func(e inbox.Event) { settled <- e.Outcome }})
+		OnOutcome: func(e inbox.Event) {
+			if e.Outcome != inbox.Retried { // a failed attempt is told too; the delivery settles later
+				settled <- e.Outcome
+			}
+		}})
 	if err != nil {
 		return err
 	}
