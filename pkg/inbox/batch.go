@@ -53,28 +53,6 @@ import (
 // failed) is not retried as a batch: each of its messages is tried again
 // alone, so one message can never fail its companions twice.
 
-// batchItem is one delivery waiting for a batch.
-type batchItem struct {
-	d    *delivery
-	a    applier
-	done chan batchResult
-}
-
-// batchResult is what the batch did with one delivery.
-type batchResult struct {
-	outcome  Outcome // Applied, Duplicate or Conflict: committed with the batch
-	reason   string
-	herr     error // the handler failed; its savepoint was rolled back
-	fallback bool  // the batch failed as a whole: try the delivery alone
-}
-
-// batcher feeds deliveries to the workers Run starts (pkg/gather). queue is
-// nil while Run is not running; mu keeps a Put from meeting a closed queue.
-type batcher struct {
-	mu    sync.RWMutex
-	queue *gather.Queue[*batchItem]
-}
-
 // startBatches starts BatchWorkers batch workers and returns the function
 // that stops them: it stops taking deliveries into batches and returns once
 // the workers have run every batch already taken.

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/outbox-inbox/pkg/internal/check"
+	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
@@ -116,7 +117,7 @@ type Config struct {
 	// Position reports where a delivered message sits in its log: partition
 	// and offset (inboxkafka.Position reads them from a watermill-kafka
 	// delivery). The inbox row records them, for LogStart.
-	Position func(*message.Message) (partition int32, offset int64, ok bool)
+	Position func(*message.Message) (part int32, offset int64, ok bool)
 	// RetentionBatch is how many rows one sweep statement deletes.
 	// Defaults to DefaultRetentionBatch.
 	RetentionBatch int
@@ -269,7 +270,7 @@ func (c Config) Validate() error {
 	check.NotNegative(f, "RetentionInterval", c.RetentionInterval)
 	check.NotNegative(f, "TxTimeout", c.TxTimeout)
 	f.That(c.OnDeadLetter == SkipKey || c.OnDeadLetter == HoldKey, "OnDeadLetter %d is neither SkipKey nor HoldKey", c.OnDeadLetter)
-	f.That(c.OnDeadLetter != HoldKey || !c.disableDedupe, "OnDeadLetter HoldKey needs the inbox rows that WithoutDedupe skips")
+	f.That(c.OnDeadLetter != HoldKey || !c.disableDedupe, "OnDeadLetter HoldKey needs the inbox rows, and deduplication is off")
 	f.That(c.RedriveTopic == "" || c.RedriveTopic != c.DeadLetterTopic, "RedriveTopic %q is the DeadLetterTopic: a redrive would be read as a dead letter's copy", c.RedriveTopic)
 	f.That(c.LogStart == nil || c.Position != nil, "LogStart needs Config.Position: without positions every row goes by age alone")
 	if c.Partitions != nil {
@@ -316,3 +317,128 @@ func FromMetadata(key string) func(*message.Message) (string, error) {
 func KeyFromMetadata(name string) func(*message.Message) string {
 	return func(msg *message.Message) string { return msg.Metadata.Get(name) }
 }
+
+// Envelope is what a message's payload says about the record that carries
+// it, for Config.Envelope. A field left empty is not compared.
+//
+// A record's envelope (its partition key, the topic it travels on, a type
+// header, its id) decides where it goes and what the inbox and the
+// consumer's checks look at: the key its partition and order, and what
+// HoldKey holds; the topic who consumes it; the id what it is deduplicated
+// by. Its payload decides what the handler does. Where the two disagree,
+// the checks look at one entity and the handler changes another: an event
+// for order B under order A's key is ordered among A's events, not B's,
+// and parked with A's. A signature does not help (it proves who wrote the
+// record, and a producer with a bug signs its bug), so the inbox compares
+// them.
+type Envelope struct {
+	// Key is the partition key the payload belongs under (the entity it
+	// concerns), compared with the record's (Config.Key).
+	Key string
+	// Topics are the topics a message of its type may travel on, compared
+	// with the topic it was read from (where the router says which).
+	Topics []string
+	// Type is the payload's type, compared with the record's type header
+	// (Config.TypeHeader) where it carries one.
+	Type string
+	// ID is the message id the payload names, compared with the id the
+	// inbox deduplicates by (Config.MessageID).
+	ID string
+}
+
+// DeadLetterPolicy is what a dead letter does to the later messages of its
+// partition key (Config.OnDeadLetter).
+type DeadLetterPolicy int
+
+const (
+	// SkipKey applies a dead letter's later messages as they come: the
+	// partition goes on, and the dead letter, once redriven, is applied
+	// after them. The default.
+	SkipKey DeadLetterPolicy = iota
+	// HoldKey parks the later messages of a dead letter's key until the
+	// dead letter is redriven (and applied) or discarded; then they are
+	// applied in their arrival order. Other keys flow.
+	HoldKey
+)
+
+func (p DeadLetterPolicy) String() string {
+	switch p {
+	case SkipKey:
+		return "skip-key"
+	case HoldKey:
+		return "hold-key"
+	}
+	return fmt.Sprintf("DeadLetterPolicy(%d)", int(p))
+}
+
+// Partitioning is Config.Partitions: inbox_messages partitioned by the time
+// in each message's id (PartitionByIDTime converts the table), and retired
+// by dropping whole partitions.
+type Partitioning struct {
+	// Interval is the span of id times one partition holds. Partitions
+	// start at multiples of it since the Unix epoch (UTC). Defaults to
+	// DefaultPartitionInterval.
+	Interval time.Duration
+	// Ahead is how many partitions past the current one are kept made.
+	// Defaults to DefaultPartitionsAhead.
+	Ahead int
+	// Time returns the time a message id carries: every copy of a message
+	// must give the same. An id it returns an error for is quarantined as
+	// invalid. Defaults to UUIDv7Time, for ids from pkg/outbox.
+	Time func(id string) (time.Time, error)
+	// LockTimeout bounds the wait for the table's locks when a partition is
+	// made or dropped: deliveries queue behind that wait, so it is short,
+	// and a sweep that cannot have the locks tries again next time.
+	// Defaults to DefaultPartitionLockTimeout.
+	LockTimeout time.Duration
+}
+
+// The defaults of Partitioning's zero fields.
+const (
+	DefaultPartitionInterval    = 24 * time.Hour
+	DefaultPartitionsAhead      = 3
+	DefaultPartitionLockTimeout = 500 * time.Millisecond
+)
+
+func (p *Partitioning) setDefaults() {
+	p.Interval = cmp.Or(p.Interval, DefaultPartitionInterval)
+	p.Ahead = cmp.Or(p.Ahead, DefaultPartitionsAhead)
+	p.LockTimeout = cmp.Or(p.LockTimeout, DefaultPartitionLockTimeout)
+	if p.Time == nil {
+		p.Time = UUIDv7Time
+	}
+}
+
+func (p Partitioning) withDefaults() Partitioning {
+	p.setDefaults()
+	return p
+}
+
+func (p Partitioning) validate() error {
+	return pgtable.CheckPartitioning("inbox: Partitioning", p.Interval, p.Ahead, p.LockTimeout)
+}
+
+// UUIDv7Time returns the creation time a UUIDv7 carries in its first 48
+// bits (milliseconds since the Unix epoch), and an error for an id that is
+// not a UUIDv7 in canonical form.
+func UUIDv7Time(id string) (time.Time, error) {
+	if err := CanonicalUUID(id); err != nil {
+		return time.Time{}, err
+	}
+	u := uuid.MustParse(id)
+	if u.Version() != 7 || u.Variant() != uuid.RFC4122 {
+		return time.Time{}, fmt.Errorf("a UUID of version %d, not 7: it carries no creation time", u.Version())
+	}
+	ms := int64(u[0])<<40 | int64(u[1])<<32 | int64(u[2])<<24 | int64(u[3])<<16 | int64(u[4])<<8 | int64(u[5])
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+// clearedSlack is how long before the earliest clearance every row of a
+// partition must have been written for the partition to be dropped: a row
+// written after a consumer cleared the partition has a processed_at from
+// its transaction's start, and an inbox transaction lasts far less (its
+// TxTimeout, which Validate keeps below it). An hour, or half of Retention
+// when that is shorter (a test's, a soak's). Each consumer records its own
+// with its clearance, and a drop keeps the longest of those whose rows are
+// in the partition.
+func clearedSlack(retention time.Duration) time.Duration { return min(time.Hour, retention/2) }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -49,47 +48,6 @@ import (
 // (outbox.RelayConfig.KeySequenceRetention, 30 days by default): a key it
 // forgot starts again at 1, a rewind to a consumer that still remembers it.
 
-// BreachKind is the kind of a continuity breach.
-type BreachKind string
-
-// The kinds of breach. A late message is recorded beside them, not a
-// breach of its own: it fills a gap reported before.
-const (
-	Gap    BreachKind = "gap"
-	Rewind BreachKind = "rewind"
-	Late   BreachKind = "late"
-)
-
-// Breach is one continuity breach, seen on message MessageID: Expected was
-// the number due after PreviousID's (the key's last), Got is the number it
-// carried.
-type Breach struct {
-	Consumer   string
-	Kind       BreachKind
-	Topic      string
-	Key        string
-	Stream     string
-	Expected   int64
-	Got        int64
-	MessageID  string
-	PreviousID string
-	DetectedAt time.Time
-}
-
-// String says what the breach means, for logs.
-func (b Breach) String() string {
-	if b.Kind == Late {
-		return fmt.Sprintf("late on key %q of %s: number %d came after %d, filling a gap reported before",
-			clip(b.Key), b.Topic, b.Got, b.Expected-1)
-	}
-	if b.Kind == Gap {
-		return fmt.Sprintf("gap on key %q of %s: got number %d, %d expected; %d of the key's messages never arrived (after %s)",
-			clip(b.Key), b.Topic, b.Got, b.Expected, b.Got-b.Expected, b.PreviousID)
-	}
-	return fmt.Sprintf("rewind on key %q of %s: got number %d again under an id never seen, %d expected; the producer's history went back (after %s)",
-		clip(b.Key), b.Topic, b.Got, b.Expected, b.PreviousID)
-}
-
 // numbered is the stage (stages.go) that reads d's place in its key's
 // history, after Verify, which covers it.
 func numbered(in *Inbox, d *delivery) string {
@@ -102,13 +60,6 @@ func numbered(in *Inbox, d *delivery) string {
 		d.seq = seq
 	}
 	return ""
-}
-
-// keySeq is a delivery's place in its key's history.
-type keySeq struct {
-	key    string // as stored (storedKey)
-	stream string
-	n      int64
 }
 
 // readSequence reads msg's outbox.SequenceMetadata, if it has one. A value

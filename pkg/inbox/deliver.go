@@ -36,15 +36,3 @@ func (in *Inbox) Deliver(ctx context.Context, topic string, msg *message.Message
 	_, err := in.Middleware(h)(msg)
 	return err
 }
-
-// topicKey carries the topic Deliver was given in the message's context.
-type topicKey struct{}
-
-// topicOf is the topic msg was read from: Deliver's, or the one Watermill's
-// router put in its context.
-func topicOf(msg *message.Message) string {
-	if topic, ok := msg.Context().Value(topicKey{}).(string); ok {
-		return topic
-	}
-	return message.SubscribeTopicFromCtx(msg.Context())
-}

@@ -1,42 +1,28 @@
 package inbox
 
-// The bottom of the delivery path: what one delivery is, how it is read
-// from a message (and refused unread), the transaction context a handler
-// writes through, and how its texts are made storable. The path itself
-// (middleware.go, and beneath it batch.go, hold.go and rows.go) builds on
-// these.
+// The bottom of the delivery path: what moves along it. The Inbox's state;
+// one delivery, and a batch's item and result; the seams the path calls
+// through (applier: the handler; keyPolicy: what a dead letter does to its
+// key; stage: a check before the id is looked up); the transaction context
+// a handler writes through. The path (middleware.go and the files beneath
+// it) builds on these, and nothing here calls up into it.
 
 import (
 	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxref/outbox-inbox/pkg/gather"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 	"github.com/outboxref/outbox-inbox/pkg/standby"
 )
-
-// read returns the delivery of msg, and why it must be quarantined unread
-// ("" when it can go on): the first refusal of in.stages (stages.go).
-func (in *Inbox) read(msg *message.Message) (*delivery, string) {
-	topic := topicOf(msg)
-	d := &delivery{msg: msg, topic: topic, from: topic, start: time.Now(), sum: sha256.Sum256(msg.Payload)}
-	if in.cfg.Position != nil {
-		if p, o, ok := in.cfg.Position(msg); ok {
-			d.part, d.offset = &p, &o
-		}
-	}
-	for _, check := range in.stages {
-		if reason := check(in, d); reason != "" {
-			return d, reason
-		}
-	}
-	return d, ""
-}
 
 // maxIDBytes bounds a message id: it is a key of btree indexes, whose entries
 // Postgres caps at about 2.7 kB. A longer id is quarantined as invalid.
@@ -92,7 +78,7 @@ func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 func Tx(ctx context.Context) pgx.Tx {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		panic("inbox: no transaction in context; is the handler wrapped by Inbox.Middleware?")
+		panic("inbox: no transaction in context; is the handler behind the inbox's middleware?")
 	}
 	return tx
 }
@@ -105,4 +91,98 @@ func storedKey(key string) string {
 		return fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(key)))
 	}
 	return key
+}
+
+// Inbox deduplicates deliveries for one consumer. [Inbox.Middleware] wraps a
+// Watermill handler, [Inbox.Handler] a set-based [BatchFunc]; [Inbox.Run]
+// runs its background work: batch transactions and the retention sweep.
+type Inbox struct {
+	cfg      Config
+	spanName string    // "inbox <consumer>"
+	keys     keyPolicy // what a dead letter does to its key (Config.OnDeadLetter, hold.go)
+	stages   []stage   // what a delivery passes before its id is looked up (stages.go)
+	batch    batcher
+	running  atomic.Bool     // Run was called and has not returned
+	ready    atomic.Bool     // and its batch workers take deliveries
+	stats    [7]atomic.Int64 // indexed by outcomeIndex
+	shapeOK  atomic.Bool     // inbox_messages's shape matches Config.Partitions (partition.go)
+}
+
+// keySeq is a delivery's place in its key's history.
+type keySeq struct {
+	key    string // as stored (storedKey)
+	stream string
+	n      int64
+}
+
+// batchItem is one delivery waiting for a batch.
+type batchItem struct {
+	d    *delivery
+	a    applier
+	done chan batchResult
+}
+
+// batchResult is what the batch did with one delivery.
+type batchResult struct {
+	outcome  Outcome // Applied, Duplicate or Conflict: committed with the batch
+	reason   string
+	herr     error // the handler failed; its savepoint was rolled back
+	fallback bool  // the batch failed as a whole: try the delivery alone
+}
+
+// batcher feeds deliveries to the workers Run starts (pkg/gather). queue is
+// nil while Run is not running; mu keeps a Put from meeting a closed queue.
+type batcher struct {
+	mu    sync.RWMutex
+	queue *gather.Queue[*batchItem]
+}
+
+// applier applies messages new to the consumer in the inbox's transaction,
+// and must neither commit nor roll it back. An error fails every message of
+// the call.
+type applier interface {
+	apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
+	// setBased reports whether one call may take several messages; a
+	// per-message applier gets a savepoint per message in a batch.
+	setBased() bool
+}
+
+// keyPolicy is what the delivery path asks of a delivery's partition key:
+// Config.OnDeadLetter, chosen once when the Inbox is built.
+type keyPolicy interface {
+	// admit writes d's inbox row in tx (the one INSERT, insertRows) and
+	// returns "" when d is fresh: the attempt applies it. Otherwise it
+	// returns how d settles, written in tx, its handler not to run: seen
+	// before (classifySeen), or parked. It commits nothing.
+	admit(ctx context.Context, tx pgx.Tx, d *delivery) (settled Outcome, reason string, err error)
+	// recordDeadLetter writes, in tx, d's inbox row as dead-lettered and its
+	// quarantine, and returns DeadLettered; or how d settles against a row
+	// that was there first (classifySeen), its dead letter not written; or
+	// "" when another delivery settled it. It commits nothing.
+	recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (settled Outcome, seenReason string, err error)
+	// batchable returns the indexes of the items a batch may run in tx; it
+	// marks the others, in results, to be tried alone.
+	batchable(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error)
+	// afterCommit runs once d's transaction has committed, before d is
+	// acknowledged.
+	afterCommit(d *delivery, a applier) error
+}
+
+// A stage checks one thing of a delivery before its id is looked up, and
+// says why the delivery must be quarantined as invalid ("" to go on). A
+// delivery passes the stages its consumer's Config asks for, in the order
+// newStages lists them; a check that is not configured is not in the list
+// and costs nothing. Each optional stage lives in its feature's file.
+type stage func(in *Inbox, d *delivery) string
+
+// topicKey carries the topic Deliver was given in the message's context.
+type topicKey struct{}
+
+// topicOf is the topic msg was read from: Deliver's, or the one Watermill's
+// router put in its context.
+func topicOf(msg *message.Message) string {
+	if topic, ok := msg.Context().Value(topicKey{}).(string); ok {
+		return topic
+	}
+	return message.SubscribeTopicFromCtx(msg.Context())
 }

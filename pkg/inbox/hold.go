@@ -22,7 +22,7 @@ import (
 // this file: the policy, the rows holdKey writes inside the hold (lockHold,
 // park, hold, unpark), and what a released key does after the commit;
 // skipKey's rows, and the inbox's INSERT beneath both, are in rows.go. The
-// path (middleware.go) asks the policy at three points, and batch.go at one:
+// path asks the policy at three points, and batch.go at one:
 //
 //	attempt        admit: the inbox row. holdKey locks the key's hold row
 //	               first (nothing when the key is not held); a message other
@@ -40,56 +40,37 @@ import (
 // the hold redriven; Admin.Drop writes the first parked message back in the
 // dead letter's place.
 
-// DeadLetterPolicy is what a dead letter does to the later messages of its
-// partition key (Config.OnDeadLetter).
-type DeadLetterPolicy int
-
-const (
-	// SkipKey applies a dead letter's later messages as they come: the
-	// partition goes on, and the dead letter, once redriven, is applied
-	// after them. The default.
-	SkipKey DeadLetterPolicy = iota
-	// HoldKey parks the later messages of a dead letter's key until the
-	// dead letter is redriven (and applied) or discarded; then they are
-	// applied in their arrival order. Other keys flow.
-	HoldKey
-)
-
-func (p DeadLetterPolicy) String() string {
-	switch p {
-	case SkipKey:
-		return "skip-key"
-	case HoldKey:
-		return "hold-key"
-	}
-	return fmt.Sprintf("DeadLetterPolicy(%d)", int(p))
-}
-
 // holdKey is HoldKey: skipKey's inbox rows, inside the hold of the key. A
 // message whose key is empty is never held: skipKey's alone.
 type holdKey struct{ skipKey }
 
 // admit locks the hold of d's key first, so that a release sees this
-// delivery's parking, or this delivery its release. A held key's messages
-// park, but for its holder, whose commit releases the key. A delivery that
-// releases the key, or finds it released, drains it after its commit
-// (d.release, afterCommit).
+// delivery's parking, or this delivery its release; then writes d's inbox
+// row, parked when the key is held by another message. The holder itself is
+// admitted, and its commit releases the key. A delivery that releases the
+// key, or finds it released, drains it after its commit (d.release,
+// afterCommit).
 func (h holdKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, string, error) {
-	if d.key == "" {
-		return h.skipKey.admit(ctx, tx, d)
-	}
 	holder, hold, err := h.lockHold(ctx, tx, d)
 	if err != nil {
 		return "", "", err
 	}
 	d.release = hold == schema.HoldReleased
-	if hold != "" && holder != d.id {
-		return h.park(ctx, tx, d, holder)
+	parks := hold != "" && holder != d.id
+	status, meta := rowProcessed, []byte(nil)
+	if parks {
+		status = rowParked // a redelivery is then a duplicate, or a conflict
+		if meta, err = metadataJSON(d.msg.Metadata); err != nil {
+			return "", "", err
+		}
 	}
-	if settled, reason, err := h.skipKey.admit(ctx, tx, d); err != nil || settled != "" {
-		return settled, reason, err
+	if settled, reason, err := h.in.insertRow(ctx, tx, d, status); err != nil || settled != "" {
+		return settled, reason, err // rows.go: a copy seen before
 	}
-	if hold != "" && hold != schema.HoldReleased {
+	switch {
+	case parks:
+		return h.park(ctx, tx, d, holder, meta)
+	case hold != "" && hold != schema.HoldReleased:
 		if err := h.setHold(ctx, tx, d, schema.HoldReleased); err != nil {
 			return "", "", err
 		}
@@ -102,9 +83,6 @@ func (h holdKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, st
 // the key does, then writes the inbox row and the quarantine (skipKey's),
 // and holds the key with d as its holder.
 func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
-	if d.key == "" {
-		return h.skipKey.recordDeadLetter(ctx, tx, d, reason)
-	}
 	_, state, err := h.lockHold(ctx, tx, d)
 	if err != nil {
 		return "", "", err
@@ -121,7 +99,7 @@ func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, r
 		}
 	}
 	settled, seenReason, err := h.skipKey.recordDeadLetter(ctx, tx, d, reason)
-	if err != nil || settled != DeadLettered {
+	if err != nil || settled != DeadLettered || d.key == "" {
 		return settled, seenReason, err
 	}
 	return settled, "", h.hold(ctx, tx, d)
@@ -133,6 +111,9 @@ func (h holdKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, r
 // is not held costs one index lookup and locks nothing (why that is enough
 // is in doc.go).
 func (h holdKey) lockHold(ctx context.Context, tx pgx.Tx, d *delivery) (holder, state string, err error) {
+	if d.key == "" {
+		return "", "", nil // a message without a key is never held
+	}
 	in := h.in
 	err = tx.QueryRow(ctx, `SELECT holder, state FROM inbox_held_keys
 		WHERE consumer = $1 AND topic = $2 AND partition_key = $3 FOR UPDATE`,
@@ -172,23 +153,11 @@ func (h holdKey) hold(ctx context.Context, tx pgx.Tx, d *delivery) error {
 	return nil
 }
 
-// park writes d in tx, whose hold row it has locked, as parked: its inbox
-// row with status 'parked' (a redelivery is then a duplicate, or a conflict),
-// its payload and metadata in inbox_parked. It returns Parked, or how a copy
-// seen before settles.
-func (h holdKey) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string) (Outcome, string, error) {
+// park writes, in tx, the payload of d, whose inbox row is written as
+// parked, and its metadata (meta, as metadataJSON encodes it) in
+// inbox_parked, and returns Parked.
+func (h holdKey) park(ctx context.Context, tx pgx.Tx, d *delivery, holder string, meta []byte) (Outcome, string, error) {
 	in := h.in
-	fresh, err := in.insertRows(ctx, tx, []*delivery{d}, rowParked)
-	if err != nil {
-		return "", "", err
-	}
-	if len(fresh) == 0 {
-		return in.classifySeen(ctx, tx, d, "")
-	}
-	meta, err := metadataJSON(d.msg.Metadata)
-	if err != nil {
-		return "", "", err
-	}
 	if _, err := tx.Exec(ctx, `
 		INSERT INTO inbox_parked (consumer, message_id, topic, partition_key, payload, metadata)
 		VALUES ($1, $2, $3, $4, $5, $6)`, in.cfg.Consumer, d.id, d.topic, d.key, d.msg.Payload, meta); err != nil {
@@ -211,16 +180,6 @@ func (h holdKey) unpark(ctx context.Context, tx pgx.Tx, p *delivery, status stri
 	}
 	return tag.RowsAffected() == 1, nil
 }
-
-func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []batchResult) ([]int, error) {
-	live := make([]int, len(items))
-	for i := range live {
-		live[i] = i
-	}
-	return live, nil
-}
-
-func (s skipKey) afterCommit(*delivery, applier) error { return nil }
 
 // afterCommit drains the key d released, or found released (release).
 func (h holdKey) afterCommit(d *delivery, a applier) error {
@@ -325,7 +284,7 @@ func (h holdKey) applyParked(p *delivery, a applier) (herr, err error) {
 		}
 		return nil, err
 	}
-	return in.applyAndCommit(ctx, tx, p, a) // middleware.go, as any attempt ends
+	return in.applyAndCommit(ctx, tx, p, a) // attempt.go, as any attempt ends
 }
 
 // batchable marks, in results, the items of a batch whose key is held to be

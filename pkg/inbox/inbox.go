@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -30,21 +29,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("inbox: the outbox its dead letters go through: %w", err)
 	}
 	return migrate.Apply(ctx, pool, "inbox", Migrations)
-}
-
-// Inbox deduplicates deliveries for one consumer. [Inbox.Middleware] wraps a
-// Watermill handler, [Inbox.Handler] a set-based [BatchFunc]; [Inbox.Run]
-// runs its background work: batch transactions and the retention sweep.
-type Inbox struct {
-	cfg      Config
-	spanName string    // "inbox <consumer>"
-	keys     keyPolicy // what a dead letter does to its key (Config.OnDeadLetter, hold.go)
-	stages   []stage   // what a delivery passes before its id is looked up (stages.go)
-	batch    batcher
-	running  atomic.Bool     // Run was called and has not returned
-	ready    atomic.Bool     // and its batch workers take deliveries
-	stats    [7]atomic.Int64 // indexed by outcomeIndex
-	shapeOK  atomic.Bool     // inbox_messages's shape matches Config.Partitions (partition.go)
 }
 
 // New checks cfg and returns an Inbox.
@@ -119,3 +103,24 @@ func (in *Inbox) RedriveTopic() string { return in.cfg.RedriveTopic }
 // Running reports whether Run is running and its batch workers take
 // deliveries: for a readiness check, or a test that must not deliver before.
 func (in *Inbox) Running() bool { return in.ready.Load() }
+
+// newKeyPolicy returns the policy cfg.OnDeadLetter names.
+func newKeyPolicy(in *Inbox) keyPolicy {
+	if in.cfg.OnDeadLetter == HoldKey {
+		return holdKey{skipKey{in}}
+	}
+	return skipKey{in}
+}
+
+// Stats returns the outcome counters.
+func (in *Inbox) Stats() Stats {
+	return Stats{
+		Applied:      in.stats[0].Load(),
+		Duplicates:   in.stats[1].Load(),
+		Conflicts:    in.stats[2].Load(),
+		Invalid:      in.stats[3].Load(),
+		DeadLettered: in.stats[4].Load(),
+		Retries:      in.stats[5].Load(),
+		Parked:       in.stats[6].Load(),
+	}
+}

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -15,24 +17,28 @@ import (
 
 	"github.com/outboxref/outbox-inbox/pkg/failpoint"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
-	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
-// One delivery's path through the inbox, in the order a reader meets it.
-// This file holds the path itself, top to bottom: deliver reads the message,
-// run and retry loop over attempts, attempt is one transaction (the inbox
-// row, the applier, the commit), and every way a delivery ends is settled
-// here, in one place (settle). Beneath it, each asked at one point:
+// One delivery's path through the inbox, top to bottom. Each file uses only
+// the files beneath it, so the path reads downwards:
 //
-//	delivery.go    what a delivery is, read from its message
+//	middleware.go  Middleware and Handler; deliver reads the message, runs
+//	               its attempts, and waits for what its commit asks (run)
 //	batch.go       the first attempt, in a batch with others while Run runs
-//	hold.go        the key policy (in.keys): the inbox row, written inside
-//	               the key's hold under HoldKey; a dead letter's rows
-//	rows.go        the inbox row's one INSERT; a copy seen before →
-//	               classifySeen (duplicate, conflict); a quarantine row
-//	deadletter.go  the dead letter's message
-//	outcome.go     the outcomes, their counters and Event
+//	hold.go        HoldKey: the inbox row inside the key's hold; a released
+//	               key's parked messages, through the same retry loop
+//	retry.go       the retry loop; a dead letter; a quarantine unread
+//	attempt.go     one attempt: begin, the inbox row (in.keys.admit), the
+//	               applier, the commit
+//	stages.go      the checks a delivery passes before its id is looked up
+//	rows.go        the inbox row's one INSERT; a copy seen before
+//	               (classifySeen: duplicate, conflict); a quarantine row
+//	settle.go      where every delivery ends: counted, logged, traced, told
+//	delivery.go    what moves along the path: the Inbox, a delivery, a batch
+//	               item, and the seams the path calls (applier, keyPolicy)
+//	config.go      Config and the types it holds
+//	outcome.go     the outcomes, Event, Breach
 //
 // Middleware and Handler differ only in their applier: a Watermill handler
 // run per message, or a BatchFunc that takes every new message of a batch.
@@ -81,52 +87,6 @@ func (in *Inbox) Handler(fn BatchFunc) message.NoPublishHandlerFunc {
 		_, err := deliver(msg)
 		return err
 	}
-}
-
-// applier applies messages new to the consumer in the inbox's transaction,
-// and must neither commit nor roll it back. An error fails every message of
-// the call.
-type applier interface {
-	apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
-	// setBased reports whether one call may take several messages; a
-	// per-message applier gets a savepoint per message in a batch.
-	setBased() bool
-}
-
-// perMessage is Middleware's applier: the Watermill handler, one message at
-// a time, with the transaction in the message's context (TxFromContext).
-type perMessage struct{ h message.HandlerFunc }
-
-func (p *perMessage) setBased() bool { return false }
-
-func (p *perMessage) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-	for _, msg := range msgs {
-		out, err := callHandler(p.h, msg, context.WithValue(ctx, txKey{}, tx))
-		if err == nil && len(out) > 0 {
-			// The router would publish these after the commit, outside the
-			// transaction: lost if the process dies in between, since the
-			// redelivery is then a duplicate. Refuse them loudly.
-			err = Permanent(errors.New("the handler returned messages; write them with outbox.PublishTx on the inbox transaction instead"))
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// perBatch is Handler's applier: a BatchFunc, given every new message at once.
-type perBatch struct{ fn BatchFunc }
-
-func (p *perBatch) setBased() bool { return true }
-
-func (p *perBatch) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
-	}()
-	return p.fn(context.WithValue(ctx, txKey{}, tx), tx, msgs) // TxFromContext(ctx) works here too
 }
 
 // deliver is the handler Middleware and Handler return: it reads the
@@ -329,6 +289,14 @@ func (in *Inbox) heldByStandbys(d *delivery) error {
 	return nil
 }
 
+// clearAttempts deletes d's count of failed attempts in tx.
+func (in *Inbox) clearAttempts(ctx context.Context, tx pgx.Tx, d *delivery) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
+		return fmt.Errorf("inbox: clearing attempts: %w", err)
+	}
+	return nil
+}
+
 // recordAttempt counts a failed attempt in its own transaction (the handler's
 // was rolled back) and returns the total, which survives restarts.
 func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
@@ -346,14 +314,6 @@ func (in *Inbox) recordAttempt(d *delivery, herr error) (int, error) {
 	}
 	in.cfg.log.Info("Inbox handler failed; will retry", in.fields(d).Add(watermill.LogFields{"attempt": n, "err": herr.Error()}))
 	return n, nil
-}
-
-// clearAttempts deletes d's count of failed attempts in tx.
-func (in *Inbox) clearAttempts(ctx context.Context, tx pgx.Tx, d *delivery) error {
-	if _, err := tx.Exec(ctx, `DELETE FROM inbox_attempts WHERE consumer = $1 AND message_id = $2`, in.cfg.Consumer, d.id); err != nil {
-		return fmt.Errorf("inbox: clearing attempts: %w", err)
-	}
-	return nil
 }
 
 // deadLetter records the message as finished-but-not-applied and publishes
@@ -390,6 +350,61 @@ func (in *Inbox) deadLetter(d *delivery, attempts int, reason string) error {
 		in.settle(d, settled, seenReason)
 	}
 	return nil
+}
+
+// clipReason returns reason as text, cut at a character boundary to at most
+// maxDeadLetterReasonBytes, saying so when it was cut.
+func clipReason(reason string) string {
+	reason = schema.Text(reason)
+	if len(reason) <= maxDeadLetterReasonBytes {
+		return reason
+	}
+	cut := maxDeadLetterReasonBytes
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes in all; inbox_quarantine keeps the whole reason)", reason[:cut], len(reason))
+}
+
+// deadLetterMessage is the message published to the dead-letter topic: the
+// original payload and metadata, plus the dead_letter_* headers (the reason
+// clipped to maxDeadLetterReasonBytes). When that would not fit
+// outbox.DefaultMaxMessageBytes, the payload is left out, and then the
+// original metadata, and PayloadOmittedMetadata says so. A record that had
+// no value goes out with an empty one, as the outbox writes every payload;
+// inbox_quarantine keeps the difference (a NULL payload).
+func deadLetterMessage(d *delivery, consumer string, attempts int, reason string) *message.Message {
+	headers := message.Metadata{
+		"dead_letter_reason":     clipReason(reason),
+		"dead_letter_consumer":   consumer,
+		"dead_letter_message_id": d.id,
+		"dead_letter_topic":      d.topic,
+		"dead_letter_attempts":   fmt.Sprint(attempts),
+	}
+	build := func(payload []byte, original message.Metadata) *message.Message {
+		dlq := message.NewMessage(uuid.Must(uuid.NewV7()).String(), payload)
+		for k, v := range original {
+			dlq.Metadata.Set(schema.Text(k), schema.Text(v))
+		}
+		for k, v := range headers {
+			dlq.Metadata.Set(k, v)
+		}
+		return dlq
+	}
+	fits := func(m *message.Message) bool {
+		return outbox.RecordBytes(m)+deadLetterRoom <= outbox.DefaultMaxMessageBytes
+	}
+	if dlq := build(d.msg.Payload, d.msg.Metadata); fits(dlq) {
+		return dlq
+	}
+	kept := "inbox_quarantine keeps it (inboxctl show)"
+	headers[PayloadOmittedMetadata] = fmt.Sprintf("payload of %d bytes left out: too large for a dead letter; %s", len(d.msg.Payload), kept)
+	if dlq := build(nil, d.msg.Metadata); fits(dlq) {
+		return dlq
+	}
+	headers[PayloadOmittedMetadata] = fmt.Sprintf("payload of %d bytes and %d metadata entries left out: too large for a dead letter; %s",
+		len(d.msg.Payload), len(d.msg.Metadata), kept)
+	return build(nil, nil)
 }
 
 // quarantineInvalid records a message that cannot be deduplicated or read.
@@ -469,7 +484,12 @@ func (in *Inbox) fields(d *delivery) watermill.LogFields {
 // pause waits the backoff after failures failures of d, and reports false
 // when d's context ended first.
 func (in *Inbox) pause(d *delivery, failures int) bool {
-	return ctxtime.Sleep(d.msg.Context(), in.backoff(failures))
+	select {
+	case <-d.msg.Context().Done():
+		return false
+	case <-time.After(in.backoff(failures)):
+		return true
+	}
 }
 
 func (in *Inbox) backoff(attempts int) time.Duration {
@@ -478,6 +498,42 @@ func (in *Inbox) backoff(attempts int) time.Duration {
 		b *= 2
 	}
 	return min(b, in.cfg.MaxRetryBackoff)
+}
+
+// perMessage is Middleware's applier: the Watermill handler, one message at
+// a time, with the transaction in the message's context (TxFromContext).
+type perMessage struct{ h message.HandlerFunc }
+
+func (p *perMessage) setBased() bool { return false }
+
+func (p *perMessage) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	for _, msg := range msgs {
+		out, err := callHandler(p.h, msg, context.WithValue(ctx, txKey{}, tx))
+		if err == nil && len(out) > 0 {
+			// The router would publish these after the commit, outside the
+			// transaction: lost if the process dies in between, since the
+			// redelivery is then a duplicate. Refuse them loudly.
+			err = Permanent(errors.New("the handler returned messages; write them with outbox.PublishTx on the inbox transaction instead"))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// perBatch is Handler's applier: a BatchFunc, given every new message at once.
+type perBatch struct{ fn BatchFunc }
+
+func (p *perBatch) setBased() bool { return true }
+
+func (p *perBatch) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return p.fn(context.WithValue(ctx, txKey{}, tx), tx, msgs) // TxFromContext(ctx) works here too
 }
 
 // callHandler runs h with ctx as the message context, restores the original

@@ -1,7 +1,9 @@
 package inbox
 
 import (
+	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // Outcome is how a delivery was settled.
@@ -36,19 +38,6 @@ type Stats struct {
 	Applied, Duplicates, Conflicts, Invalid, DeadLettered, Retries, Parked int64
 }
 
-// Stats returns the outcome counters.
-func (in *Inbox) Stats() Stats {
-	return Stats{
-		Applied:      in.stats[0].Load(),
-		Duplicates:   in.stats[1].Load(),
-		Conflicts:    in.stats[2].Load(),
-		Invalid:      in.stats[3].Load(),
-		DeadLettered: in.stats[4].Load(),
-		Retries:      in.stats[5].Load(),
-		Parked:       in.stats[6].Load(),
-	}
-}
-
 func outcomeIndex(o Outcome) int {
 	switch o {
 	case Applied:
@@ -66,4 +55,59 @@ func outcomeIndex(o Outcome) int {
 	default:
 		return 5
 	}
+}
+
+// BreachKind is the kind of a continuity breach.
+type BreachKind string
+
+// The kinds of breach. A late message is recorded beside them, not a
+// breach of its own: it fills a gap reported before.
+const (
+	Gap    BreachKind = "gap"
+	Rewind BreachKind = "rewind"
+	Late   BreachKind = "late"
+)
+
+// Breach is one continuity breach, seen on message MessageID: Expected was
+// the number due after PreviousID's (the key's last), Got is the number it
+// carried.
+type Breach struct {
+	Consumer   string
+	Kind       BreachKind
+	Topic      string
+	Key        string
+	Stream     string
+	Expected   int64
+	Got        int64
+	MessageID  string
+	PreviousID string
+	DetectedAt time.Time
+}
+
+// String says what the breach means, for logs.
+func (b Breach) String() string {
+	if b.Kind == Late {
+		return fmt.Sprintf("late on key %q of %s: number %d came after %d, filling a gap reported before",
+			clip(b.Key), b.Topic, b.Got, b.Expected-1)
+	}
+	if b.Kind == Gap {
+		return fmt.Sprintf("gap on key %q of %s: got number %d, %d expected; %d of the key's messages never arrived (after %s)",
+			clip(b.Key), b.Topic, b.Got, b.Expected, b.Got-b.Expected, b.PreviousID)
+	}
+	return fmt.Sprintf("rewind on key %q of %s: got number %d again under an id never seen, %d expected; the producer's history went back (after %s)",
+		clip(b.Key), b.Topic, b.Got, b.Expected, b.PreviousID)
+}
+
+// clip shortens s for a reason, at a character boundary: a hostile key or
+// type may be long.
+func clip(s string) string {
+	const max = 120
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

@@ -20,13 +20,11 @@ package inbox
 // row in it was written since.
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,68 +32,6 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
 )
-
-// Partitioning is Config.Partitions: inbox_messages partitioned by the time
-// in each message's id (PartitionByIDTime converts the table), and retired
-// by dropping whole partitions.
-type Partitioning struct {
-	// Interval is the span of id times one partition holds. Partitions
-	// start at multiples of it since the Unix epoch (UTC). Defaults to
-	// DefaultPartitionInterval.
-	Interval time.Duration
-	// Ahead is how many partitions past the current one are kept made.
-	// Defaults to DefaultPartitionsAhead.
-	Ahead int
-	// Time returns the time a message id carries: every copy of a message
-	// must give the same. An id it returns an error for is quarantined as
-	// invalid. Defaults to UUIDv7Time, for ids from pkg/outbox.
-	Time func(id string) (time.Time, error)
-	// LockTimeout bounds the wait for the table's locks when a partition is
-	// made or dropped: deliveries queue behind that wait, so it is short,
-	// and a sweep that cannot have the locks tries again next time.
-	// Defaults to DefaultPartitionLockTimeout.
-	LockTimeout time.Duration
-}
-
-// The defaults of Partitioning's zero fields.
-const (
-	DefaultPartitionInterval    = 24 * time.Hour
-	DefaultPartitionsAhead      = 3
-	DefaultPartitionLockTimeout = 500 * time.Millisecond
-)
-
-func (p *Partitioning) setDefaults() {
-	p.Interval = cmp.Or(p.Interval, DefaultPartitionInterval)
-	p.Ahead = cmp.Or(p.Ahead, DefaultPartitionsAhead)
-	p.LockTimeout = cmp.Or(p.LockTimeout, DefaultPartitionLockTimeout)
-	if p.Time == nil {
-		p.Time = UUIDv7Time
-	}
-}
-
-func (p Partitioning) withDefaults() Partitioning {
-	p.setDefaults()
-	return p
-}
-
-func (p Partitioning) validate() error {
-	return pgtable.CheckPartitioning("inbox: Partitioning", p.Interval, p.Ahead, p.LockTimeout)
-}
-
-// UUIDv7Time returns the creation time a UUIDv7 carries in its first 48
-// bits (milliseconds since the Unix epoch), and an error for an id that is
-// not a UUIDv7 in canonical form.
-func UUIDv7Time(id string) (time.Time, error) {
-	if err := CanonicalUUID(id); err != nil {
-		return time.Time{}, err
-	}
-	u := uuid.MustParse(id)
-	if u.Version() != 7 || u.Variant() != uuid.RFC4122 {
-		return time.Time{}, fmt.Errorf("a UUID of version %d, not 7: it carries no creation time", u.Version())
-	}
-	ms := int64(u[0])<<40 | int64(u[1])<<32 | int64(u[2])<<24 | int64(u[3])<<16 | int64(u[4])<<8 | int64(u[5])
-	return time.UnixMilli(ms).UTC(), nil
-}
 
 // The tables of a partitioned inbox besides the partitions.
 const (
@@ -250,19 +186,19 @@ func dropInvalidIndexes(ctx context.Context, pool pgtable.DB) error {
 
 // partition is one partition of inbox_messages and its range of id times:
 // from is zero for the first (MINVALUE), both are zero for the default.
-type partition struct {
+type tablePartition struct {
 	name     string
 	from, to time.Time
 }
 
-func (p partition) isDefault() bool { return p.to.IsZero() }
+func (p tablePartition) isDefault() bool { return p.to.IsZero() }
 
 // listPartitions reads inbox_messages's partitions from the catalog. The
 // bounds are read back from their text, which follows the session's
 // DateStyle and TimeZone: both are pinned for the read, so a zone
 // abbreviation that reads back as another zone cannot come in.
-func listPartitions(ctx context.Context, q pgtable.DB) ([]partition, error) {
-	var parts []partition
+func listPartitions(ctx context.Context, q pgtable.DB) ([]tablePartition, error) {
+	var parts []tablePartition
 	err := pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
 		for _, set := range []string{`SET LOCAL DateStyle = 'ISO'`, `SET LOCAL TimeZone = 'UTC'`} {
 			if _, err := tx.Exec(ctx, set); err != nil {
@@ -279,8 +215,8 @@ func listPartitions(ctx context.Context, q pgtable.DB) ([]partition, error) {
 		if err != nil {
 			return err
 		}
-		parts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (partition, error) {
-			var p partition
+		parts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (tablePartition, error) {
+			var p tablePartition
 			var from, to *time.Time
 			err := r.Scan(&p.name, &from, &to)
 			if from != nil {
@@ -325,7 +261,7 @@ func makePartitions(ctx context.Context, pool *pgxpool.Pool, p Partitioning, now
 // end returns to, or the start of the first partition made after from and
 // before to: after Interval changed, the new partitions fill the gaps the
 // old ones left without overlapping them.
-func end(parts []partition, from, to time.Time) time.Time {
+func end(parts []tablePartition, from, to time.Time) time.Time {
 	for _, p := range parts {
 		if !p.isDefault() && !p.from.IsZero() && p.from.After(from) && p.from.Before(to) {
 			to = p.from
@@ -334,7 +270,7 @@ func end(parts []partition, from, to time.Time) time.Time {
 	return to
 }
 
-func covered(parts []partition, t time.Time) bool {
+func covered(parts []tablePartition, t time.Time) bool {
 	for _, p := range parts {
 		if !p.isDefault() && !t.Before(p.from) && t.Before(p.to) {
 			return true
@@ -388,75 +324,6 @@ func makePartition(ctx context.Context, pool *pgxpool.Pool, p Partitioning, name
 	}
 	return err
 }
-
-// sweepPartitions is Sweep's work on a partitioned inbox, once the
-// partitions ahead are made: it clears for this consumer the old partitions its rows
-// no longer need, drops those every consumer has cleared, and deletes the
-// default partition's rows past retention as the unpartitioned sweep does.
-func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []string, err error) {
-	p := *in.cfg.Partitions
-	now := time.Now()
-	parts, err := listPartitions(ctx, in.cfg.Pool)
-	if err != nil {
-		return nil, err
-	}
-	for _, part := range parts {
-		// A partition can hold a row past retention only once its newest id
-		// time is: a message is processed after it is made.
-		if part.isDefault() || now.Sub(part.to) < in.cfg.Retention {
-			continue
-		}
-		clear, err := in.clearPartition(ctx, part.name, ls)
-		if err != nil {
-			return dropped, err
-		}
-		if !clear {
-			continue
-		}
-		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name)
-		if err != nil {
-			return dropped, err
-		}
-		if ok {
-			dropped = append(dropped, part.name)
-		}
-	}
-	return dropped, nil
-}
-
-// clearPartition records that this consumer's rows in the partition may all
-// go, when its row sweep would delete every one of them, and reports it.
-func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) (bool, error) {
-	var keep bool
-	err := in.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{name}.Sanitize()+` m
-		WHERE m.consumer = $1 AND NOT coalesce(`+sweepable+`, false))`,
-		in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts).Scan(&keep)
-	if err != nil {
-		return false, fmt.Errorf("inbox: reading partition %s: %w", name, err)
-	}
-	if keep {
-		_, err = in.cfg.Pool.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE partition = $1 AND consumer = $2`, name, in.cfg.Consumer)
-		return false, err
-	}
-	_, err = in.cfg.Pool.Exec(ctx, `
-		INSERT INTO inbox_partitions_cleared (partition, consumer, slack) VALUES ($1, $2, $3)
-		ON CONFLICT (partition, consumer) DO UPDATE SET cleared_at = now(), slack = excluded.slack`,
-		name, in.cfg.Consumer, clearedSlack(in.cfg.Retention))
-	if err != nil {
-		return false, fmt.Errorf("inbox: clearing partition %s: %w", name, err)
-	}
-	return true, nil
-}
-
-// clearedSlack is how long before the earliest clearance every row of a
-// partition must have been written for the partition to be dropped: a row
-// written after a consumer cleared the partition has a processed_at from
-// its transaction's start, and an inbox transaction lasts far less (its
-// TxTimeout, which Validate keeps below it). An hour, or half of Retention
-// when that is shorter (a test's, a soak's). Each consumer records its own
-// with its clearance, and a drop keeps the longest of those whose rows are
-// in the partition.
-func clearedSlack(retention time.Duration) time.Duration { return min(time.Hour, retention/2) }
 
 // dropPartition drops the partition when every consumer with rows in it has
 // cleared it and no row in it was written since, and reports whether it

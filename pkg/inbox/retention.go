@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outbox-inbox/pkg/internal/ctxtime"
 	"github.com/outboxref/outbox-inbox/pkg/internal/pgtable"
@@ -133,4 +134,63 @@ func (in *Inbox) sweepEvery(ctx context.Context, interval time.Duration) {
 			in.cfg.log.Info("Inbox retention sweep", watermill.LogFields{"consumer": in.cfg.Consumer, "deleted": n})
 		}
 	})
+}
+
+// sweepPartitions is Sweep's work on a partitioned inbox, once the
+// partitions ahead are made: it clears for this consumer the old partitions its rows
+// no longer need, drops those every consumer has cleared, and deletes the
+// default partition's rows past retention as the unpartitioned sweep does.
+func (in *Inbox) sweepPartitions(ctx context.Context, ls logStarts) (dropped []string, err error) {
+	p := *in.cfg.Partitions
+	now := time.Now()
+	parts, err := listPartitions(ctx, in.cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	for _, part := range parts {
+		// A partition can hold a row past retention only once its newest id
+		// time is: a message is processed after it is made.
+		if part.isDefault() || now.Sub(part.to) < in.cfg.Retention {
+			continue
+		}
+		clear, err := in.clearPartition(ctx, part.name, ls)
+		if err != nil {
+			return dropped, err
+		}
+		if !clear {
+			continue
+		}
+		ok, err := dropPartition(ctx, in.cfg.Pool, p, part.name)
+		if err != nil {
+			return dropped, err
+		}
+		if ok {
+			dropped = append(dropped, part.name)
+		}
+	}
+	return dropped, nil
+}
+
+// clearPartition records that this consumer's rows in the partition may all
+// go, when its row sweep would delete every one of them, and reports it.
+func (in *Inbox) clearPartition(ctx context.Context, name string, ls logStarts) (bool, error) {
+	var keep bool
+	err := in.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{name}.Sanitize()+` m
+		WHERE m.consumer = $1 AND NOT coalesce(`+sweepable+`, false))`,
+		in.cfg.Consumer, in.cfg.Retention, ls.on, ls.topics, ls.parts, ls.starts).Scan(&keep)
+	if err != nil {
+		return false, fmt.Errorf("inbox: reading partition %s: %w", name, err)
+	}
+	if keep {
+		_, err = in.cfg.Pool.Exec(ctx, `DELETE FROM inbox_partitions_cleared WHERE partition = $1 AND consumer = $2`, name, in.cfg.Consumer)
+		return false, err
+	}
+	_, err = in.cfg.Pool.Exec(ctx, `
+		INSERT INTO inbox_partitions_cleared (partition, consumer, slack) VALUES ($1, $2, $3)
+		ON CONFLICT (partition, consumer) DO UPDATE SET cleared_at = now(), slack = excluded.slack`,
+		name, in.cfg.Consumer, clearedSlack(in.cfg.Retention))
+	if err != nil {
+		return false, fmt.Errorf("inbox: clearing partition %s: %w", name, err)
+	}
+	return true, nil
 }

@@ -1,6 +1,6 @@
 package inbox
 
-// The rows a delivery writes, in the order the path (middleware.go) asks for
+// The rows a delivery writes, in the order the path (attempt.go) asks for
 // them: first its key's policy (keyPolicy: skipKey here, or holdKey, which
 // writes inside the key's hold, all of it in hold.go), then beneath it the
 // inbox row, written by the inbox's one INSERT; what a copy whose row is
@@ -33,45 +33,23 @@ const (
 	rowParked       = "parked"
 )
 
-// keyPolicy is what the delivery path asks of a delivery's partition key:
-// Config.OnDeadLetter, chosen once when the Inbox is built.
-type keyPolicy interface {
-	// admit writes d's inbox row in tx (the one INSERT, insertRows) and
-	// returns "" when d is fresh: the attempt applies it. Otherwise it
-	// returns how d settles, written in tx, its handler not to run: seen
-	// before (classifySeen), or parked. It commits nothing.
-	admit(ctx context.Context, tx pgx.Tx, d *delivery) (settled Outcome, reason string, err error)
-	// recordDeadLetter writes, in tx, d's inbox row as dead-lettered and its
-	// quarantine, and returns DeadLettered; or how d settles against a row
-	// that was there first (classifySeen), its dead letter not written; or
-	// "" when another delivery settled it. It commits nothing.
-	recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (settled Outcome, seenReason string, err error)
-	// batchable returns the indexes of the items a batch may run in tx; it
-	// marks the others, in results, to be tried alone.
-	batchable(ctx context.Context, tx pgx.Tx, items []*batchItem, results []batchResult) ([]int, error)
-	// afterCommit runs once d's transaction has committed, before d is
-	// acknowledged.
-	afterCommit(d *delivery, a applier) error
-}
-
-// newKeyPolicy returns the policy cfg.OnDeadLetter names.
-func newKeyPolicy(in *Inbox) keyPolicy {
-	if in.cfg.OnDeadLetter == HoldKey {
-		return holdKey{skipKey{in}}
-	}
-	return skipKey{in}
-}
-
 // skipKey is SkipKey: a dead letter leaves its key alone, and the policy
 // only writes the inbox rows.
 type skipKey struct{ in *Inbox }
 
 func (s skipKey) admit(ctx context.Context, tx pgx.Tx, d *delivery) (Outcome, string, error) {
-	fresh, err := s.in.insertRows(ctx, tx, []*delivery{d}, rowProcessed)
+	return s.in.insertRow(ctx, tx, d, rowProcessed)
+}
+
+// insertRow writes d's inbox row with status and returns "" when it is
+// fresh; a copy seen before settles against the row that is there
+// (classifySeen), and it returns how.
+func (in *Inbox) insertRow(ctx context.Context, tx pgx.Tx, d *delivery, status string) (Outcome, string, error) {
+	fresh, err := in.insertRows(ctx, tx, []*delivery{d}, status)
 	if err != nil || len(fresh) > 0 {
 		return "", "", err
 	}
-	return s.in.classifySeen(ctx, tx, d, "")
+	return in.classifySeen(ctx, tx, d, "")
 }
 
 func (s skipKey) recordDeadLetter(ctx context.Context, tx pgx.Tx, d *delivery, reason string) (Outcome, string, error) {
@@ -320,3 +298,13 @@ func rawMetadataJSON(md message.Metadata) ([]byte, error) {
 	}
 	return out, nil
 }
+
+func (s skipKey) batchable(_ context.Context, _ pgx.Tx, items []*batchItem, _ []batchResult) ([]int, error) {
+	live := make([]int, len(items))
+	for i := range live {
+		live[i] = i
+	}
+	return live, nil
+}
+
+func (s skipKey) afterCommit(*delivery, applier) error { return nil }

@@ -1,17 +1,14 @@
 package inbox
 
 import (
+	"crypto/sha256"
 	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxref/outbox-inbox/pkg/inbox/internal/schema"
 )
-
-// A stage checks one thing of a delivery before its id is looked up, and
-// says why the delivery must be quarantined as invalid ("" to go on). A
-// delivery passes the stages its consumer's Config asks for, in the order
-// newStages lists them; a check that is not configured is not in the list
-// and costs nothing. Each optional stage lives in its feature's file.
-type stage func(in *Inbox, d *delivery) string
 
 // newStages is the ordered list of cfg's stages:
 //
@@ -74,4 +71,22 @@ func payloadSize(in *Inbox, d *delivery) string {
 		return fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(d.msg.Payload), in.cfg.MaxPayloadBytes)
 	}
 	return ""
+}
+
+// read returns the delivery of msg, and why it must be quarantined unread
+// ("" when it can go on): the first refusal of in.stages (stages.go).
+func (in *Inbox) read(msg *message.Message) (*delivery, string) {
+	topic := topicOf(msg)
+	d := &delivery{msg: msg, topic: topic, from: topic, start: time.Now(), sum: sha256.Sum256(msg.Payload)}
+	if in.cfg.Position != nil {
+		if p, o, ok := in.cfg.Position(msg); ok {
+			d.part, d.offset = &p, &o
+		}
+	}
+	for _, check := range in.stages {
+		if reason := check(in, d); reason != "" {
+			return d, reason
+		}
+	}
+	return d, ""
 }
