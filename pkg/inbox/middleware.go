@@ -20,23 +20,22 @@ import (
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
 
-// One delivery's path through the inbox, top to bottom. Each file uses only
-// the files beneath it, so the path reads downwards:
+// One delivery's path through the inbox, in the order a reader meets it.
+// This file is the path itself, top to bottom: deliver reads the message,
+// run and retry loop over attempts, attempt is one transaction (the inbox
+// row, the applier, the commit), a dead letter and a quarantine are written
+// here, and every way a delivery ends is settled here, in one place
+// (settle). What it asks, each at one point, is in the files beneath it,
+// and none of them calls back up (but batch.go, the first attempt's):
 //
-//	middleware.go  Middleware and Handler; deliver reads the message, runs
-//	               its attempts, and waits for what its commit asks (run)
 //	batch.go       the first attempt, in a batch with others while Run runs
-//	hold.go        HoldKey: the inbox row inside the key's hold; a released
-//	               key's parked messages, through the same retry loop
-//	retry.go       the retry loop; a dead letter; a quarantine unread
-//	attempt.go     one attempt: begin, the inbox row (in.keys.admit), the
-//	               applier, the commit
+//	hold.go        HoldKey's policy (in.keys): the inbox row inside the
+//	               key's hold; a released key's parked messages drained
 //	stages.go      the checks a delivery passes before its id is looked up
 //	rows.go        the inbox row's one INSERT; a copy seen before
 //	               (classifySeen: duplicate, conflict); a quarantine row
-//	settle.go      where every delivery ends: counted, logged, traced, told
 //	delivery.go    what moves along the path: the Inbox, a delivery, a batch
-//	               item, and the seams the path calls (applier, keyPolicy)
+//	               item, the seams the path calls (applier, keyPolicy, stage)
 //	config.go      Config and the types it holds
 //	outcome.go     the outcomes, Event, Breach
 //
