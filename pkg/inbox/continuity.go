@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -83,6 +84,138 @@ func readSequence(msg *message.Message) (*keySeq, error) {
 	}
 	return &keySeq{stream: id.String(), n: n}, nil
 }
+
+// rowsCheck is the continuity check of a set of deliveries folded into the
+// statement that writes their inbox rows (insertRows): the deliveries whose
+// row it inserts are checked there, one round trip for both. It serves
+// when no two numbered deliveries share an id or a key's history (the
+// statement moves each key's state once); else checkContinuity does, a
+// statement each, in order.
+type rowsCheck struct {
+	consumer string
+	ds       []*delivery // every delivery of the statement
+	ofs      []*delivery // the numbered ones
+}
+
+// checkWithRows returns the check to fold into the inbox rows' statement
+// of ds, or nil when none is to be folded: no delivery is numbered, or two
+// numbered ones share an id or a key's history.
+func checkWithRows(consumer string, ds []*delivery) *rowsCheck {
+	var ofs []*delivery
+	ids := map[string]bool{}
+	keys := map[[3]string]bool{}
+	for _, d := range ds {
+		if d.seq == nil {
+			continue
+		}
+		k := [3]string{d.topic, d.seq.key, d.seq.stream}
+		if ids[d.id] || keys[k] {
+			return nil
+		}
+		ids[d.id], keys[k] = true, true
+		ofs = append(ofs, d)
+	}
+	if len(ofs) == 0 {
+		return nil
+	}
+	return &rowsCheck{consumer: consumer, ds: ds, ofs: ofs}
+}
+
+// fold wraps insert, the inbox rows' INSERT ... RETURNING message_id with
+// args, in the check: the numbered deliveries whose row it inserted are
+// checked against their keys' states as continuitySQL checks one, and the
+// statement returns the ids it inserted, then the breaches it wrote.
+func (c *rowsCheck) fold(insert string, args []any) (string, []any) {
+	ids := make([]string, len(c.ofs))
+	topics := make([]string, len(c.ofs))
+	keys := make([]string, len(c.ofs))
+	streams := make([]string, len(c.ofs))
+	ns := make([]int64, len(c.ofs))
+	for i, d := range c.ofs {
+		ids[i], topics[i], keys[i], streams[i], ns[i] = d.id, d.topic, d.seq.key, d.seq.stream, d.seq.n
+	}
+	n := len(args)
+	return fmt.Sprintf(foldSQL, insert, n+1, n+2, n+3, n+4, n+5), append(args, ids, topics, keys, streams, ns)
+}
+
+// collect reads the statement fold made: it returns the ids inserted, and
+// keeps each checked delivery's breaches (every other delivery's are
+// cleared, as checkContinuity clears them).
+func (c *rowsCheck) collect(rows pgx.Rows) ([]string, error) {
+	for _, d := range c.ds {
+		d.breaches = nil
+	}
+	byID := make(map[string]*delivery, len(c.ofs))
+	for _, d := range c.ofs {
+		byID[d.id] = d
+	}
+	var inserted []string
+	var id string
+	var b struct {
+		kind, topic, key, stream, previous *string
+		expected, got                      *int64
+		at                                 *time.Time
+	}
+	_, err := pgx.ForEachRow(rows, []any{&id, &b.kind, &b.topic, &b.key, &b.stream, &b.expected, &b.got, &b.previous, &b.at}, func() error {
+		if b.kind == nil {
+			inserted = append(inserted, id)
+			return nil
+		}
+		d := byID[id]
+		if d == nil {
+			return fmt.Errorf("a breach of message %s, which was not checked", id)
+		}
+		d.breaches = append(d.breaches, Breach{
+			Consumer: c.consumer, Kind: BreachKind(*b.kind), Topic: *b.topic, Key: *b.key, Stream: *b.stream,
+			Expected: *b.expected, Got: *b.got, MessageID: id, PreviousID: *b.previous, DetectedAt: *b.at,
+		})
+		return nil
+	})
+	return inserted, err
+}
+
+// foldSQL is continuitySQL for a set of deliveries, around the inbox rows'
+// INSERT (%%s): %%d are the parameters of the numbered deliveries' ids,
+// topics, keys, streams and numbers; the consumer is $1. Each key's state
+// is read and locked by its primary key (prev: a lateral lookup per
+// delivery, which a join could turn into a scan of every key), compared
+// (kind), and moved (moved) as continuitySQL does for one.
+const foldSQL = `
+	WITH ins AS (%s
+	), seq AS (
+		SELECT q.id, q.topic, q.key, q.stream, q.n
+		FROM unnest($%d::text[], $%d::text[], $%d::text[], $%d::uuid[], $%d::bigint[]) AS q(id, topic, key, stream, n)
+		JOIN ins ON ins.message_id = q.id
+	), prev AS MATERIALIZED (
+		SELECT p.* FROM seq, LATERAL (
+			SELECT s.topic, s.partition_key, s.stream, s.seq, s.missing, s.message_id FROM inbox_key_sequences s
+			WHERE s.consumer = $1 AND s.topic = seq.topic AND s.partition_key = seq.key AND s.stream = seq.stream
+			FOR UPDATE) p
+	), kind AS (
+		SELECT seq.id, seq.topic, seq.key, seq.stream, seq.n, p.seq AS last, p.message_id AS previous_id,
+			CASE WHEN seq.n = p.seq + 1 THEN NULL
+				WHEN seq.n > p.seq + 1 THEN 'gap'
+				WHEN p.missing @> seq.n THEN 'late'
+				ELSE 'rewind' END AS kind
+		FROM seq JOIN prev p ON p.topic = seq.topic AND p.partition_key = seq.key AND p.stream = seq.stream
+	), moved AS (
+		INSERT INTO inbox_key_sequences AS s (consumer, topic, partition_key, stream, seq, message_id)
+		SELECT $1, topic, key, stream, n, id FROM seq
+		ON CONFLICT (consumer, topic, partition_key, stream) DO UPDATE SET
+			missing = CASE WHEN EXCLUDED.seq > s.seq + 1 THEN s.missing + int8multirange(int8range(s.seq + 1, EXCLUDED.seq))
+				WHEN EXCLUDED.seq <= s.seq THEN s.missing - int8multirange(int8range(EXCLUDED.seq, EXCLUDED.seq + 1))
+				ELSE s.missing END,
+			message_id = CASE WHEN EXCLUDED.seq > s.seq THEN EXCLUDED.message_id ELSE s.message_id END,
+			seq = greatest(s.seq, EXCLUDED.seq),
+			touched_at = ` + touchedAt + `
+	), breach AS (
+		INSERT INTO inbox_continuity_breaches (consumer, kind, topic, partition_key, stream, expected, got, message_id, previous_id)
+		SELECT $1, kind, topic, key, stream, last + 1, n, id, previous_id FROM kind WHERE kind IS NOT NULL
+		RETURNING kind, topic, partition_key, stream::text, expected, got, message_id, previous_id, detected_at
+	)
+	SELECT message_id, NULL::text, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text, NULL::timestamptz FROM ins
+	UNION ALL
+	SELECT message_id, kind, topic, partition_key, stream, expected, got, previous_id, detected_at FROM breach`
 
 // checkContinuity checks the numbered deliveries of ds[fresh], new to the
 // consumer, in arrival order, against their keys' state, in tx: it writes

@@ -8,22 +8,22 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// CheckContinuityOf runs the continuity check on msgs as one batch of
-// fresh deliveries in tx (read as the inbox reads them, on topic), and
+// CheckContinuityOf writes the inbox rows of msgs as one batch in tx (read
+// as the inbox reads them, on topic), which checks their continuity, and
 // returns each one's breaches: the batch statement, which a batch of the
-// router's meets only when several partitions deliver at once.
+// router's meets only when several partitions deliver at once (the check
+// folded into it, or, when two share a key, a statement each).
 func (in *Inbox) CheckContinuityOf(ctx context.Context, tx pgx.Tx, topic string, msgs []*message.Message) ([][]Breach, error) {
 	ds := make([]*delivery, len(msgs))
-	fresh := make([]int, len(msgs))
 	for i, msg := range msgs {
 		d, reason := in.read(msg)
 		if reason != "" {
 			return nil, fmt.Errorf("message %d: %s", i, reason)
 		}
 		d.topic = topic
-		ds[i], fresh[i] = d, i
+		ds[i] = d
 	}
-	if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil {
+	if _, err := in.insertRows(ctx, tx, ds, rowProcessed); err != nil {
 		return nil, err
 	}
 	out := make([][]Breach, len(ds))

@@ -91,18 +91,20 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		ids[j], sums[j], topics[j] = ds[i].id, ds[i].sum[:], ds[i].logTopic()
 		parts[j], offsets[j] = ds[i].part, ds[i].offset
 	}
-	var rows pgx.Rows
-	var err error
+	var insert string
+	var args []any
 	if in.cfg.Partitions == nil {
-		rows, err = tx.Query(ctx, `
+		insert = `
 			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status)
 			SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7
 			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, sum, topic, part, off)
 			ON CONFLICT DO NOTHING
-			RETURNING message_id`, in.cfg.Consumer, ids, sums, topics, parts, offsets, status)
+			RETURNING message_id`
+		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status}
 	} else {
 		times := make([]time.Time, len(ids))
 		for j, id := range ids {
+			var err error
 			if times[j], err = in.cfg.Partitions.Time(id); err != nil { // read quarantined such ids
 				return nil, fmt.Errorf("inbox: the time of message id %q: %w", id, err)
 			}
@@ -114,18 +116,35 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		// whatever its id's time. The ON CONFLICT has no target: it honours
 		// the first partition's own (consumer, message_id) index too
 		// (docs/partitioning.md).
-		rows, err = tx.Query(ctx, `
+		insert = `
 			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status, msg_time)
 			SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7, u.t
 			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::timestamptz[]) AS u(id, sum, topic, part, off, t)
 			WHERE NOT EXISTS (SELECT 1 FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = u.id AND o.msg_time = '-infinity')
 			ON CONFLICT DO NOTHING
-			RETURNING message_id`, schema.PlanEachTime, in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times)
+			RETURNING message_id`
+		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times}
 	}
+	// The numbered deliveries' continuity check rides in the same
+	// statement when it can (continuity.go): one round trip for the rows
+	// and the keys' histories.
+	check := checkWithRows(in.cfg.Consumer, ds)
+	if check != nil {
+		insert, args = check.fold(insert, args)
+	}
+	if in.cfg.Partitions != nil {
+		args = append([]any{schema.PlanEachTime}, args...)
+	}
+	rows, err := tx.Query(ctx, insert, args...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var inserted []string
+	if check != nil {
+		inserted, err = check.collect(rows) // and each delivery's breaches
+	} else {
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
 	}
@@ -137,8 +156,10 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		}
 	}
 	slices.Sort(fresh)
-	if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil { // continuity.go
-		return nil, err
+	if check == nil {
+		if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil { // continuity.go: a statement each
+			return nil, err
+		}
 	}
 	return fresh, nil
 }
