@@ -91,39 +91,9 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		ids[j], sums[j], topics[j] = ds[i].id, ds[i].sum[:], ds[i].logTopic()
 		parts[j], offsets[j] = ds[i].part, ds[i].offset
 	}
-	var insert string
-	var args []any
-	if in.cfg.Partitions == nil {
-		insert = `
-			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status)
-			SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7
-			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, sum, topic, part, off)
-			ON CONFLICT DO NOTHING
-			RETURNING message_id`
-		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status}
-	} else {
-		times := make([]time.Time, len(ids))
-		for j, id := range ids {
-			var err error
-			if times[j], err = in.cfg.Partitions.Time(id); err != nil { // read quarantined such ids
-				return nil, fmt.Errorf("inbox: the time of message id %q: %w", id, err)
-			}
-		}
-		// Each row goes to the partition of its id's time, where every copy
-		// of its message goes. A row written without a time (before the
-		// table was partitioned, or by a consumer without Config.Partitions)
-		// sorts before every time: a copy of its message is seen there,
-		// whatever its id's time. The ON CONFLICT has no target: it honours
-		// the first partition's own (consumer, message_id) index too
-		// (docs/partitioning.md).
-		insert = `
-			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status, msg_time)
-			SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7, u.t
-			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::timestamptz[]) AS u(id, sum, topic, part, off, t)
-			WHERE NOT EXISTS (SELECT 1 FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = u.id AND o.msg_time = '-infinity')
-			ON CONFLICT DO NOTHING
-			RETURNING message_id`
-		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times}
+	insert, args, err := in.insertSQL(ids, sums, topics, parts, offsets, status)
+	if err != nil {
+		return nil, err
 	}
 	// The numbered deliveries' continuity check rides in the same
 	// statement when it can (continuity.go): one round trip for the rows
@@ -162,6 +132,43 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		}
 	}
 	return fresh, nil
+}
+
+// insertSQL is the inbox rows' INSERT and its arguments: the rows' columns
+// in id order, and in a partitioned inbox each id's time.
+func (in *Inbox) insertSQL(ids []string, sums [][]byte, topics []string, parts []*int32, offsets []*int64, status string) (insert string, args []any, err error) {
+	if in.cfg.Partitions == nil {
+		insert = `
+			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status)
+			SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7
+			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, sum, topic, part, off)
+			ON CONFLICT DO NOTHING
+			RETURNING message_id`
+		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status}
+	} else {
+		times := make([]time.Time, len(ids))
+		for j, id := range ids {
+			if times[j], err = in.cfg.Partitions.Time(id); err != nil { // read quarantined such ids
+				return "", nil, fmt.Errorf("inbox: the time of message id %q: %w", id, err)
+			}
+		}
+		// Each row goes to the partition of its id's time, where every copy
+		// of its message goes. A row written without a time (before the
+		// table was partitioned, or by a consumer without Config.Partitions)
+		// sorts before every time: a copy of its message is seen there,
+		// whatever its id's time. The ON CONFLICT has no target: it honours
+		// the first partition's own (consumer, message_id) index too
+		// (docs/partitioning.md).
+		insert = `
+			INSERT INTO inbox_messages (consumer, message_id, payload_sha256, topic, kafka_partition, kafka_offset, status, msg_time)
+			SELECT $1, u.id, u.sum, u.topic, u.part, u.off, $7, u.t
+			FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::timestamptz[]) AS u(id, sum, topic, part, off, t)
+			WHERE NOT EXISTS (SELECT 1 FROM inbox_messages o WHERE o.consumer = $1 AND o.message_id = u.id AND o.msg_time = '-infinity')
+			ON CONFLICT DO NOTHING
+			RETURNING message_id`
+		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times}
+	}
+	return insert, args, nil
 }
 
 // classifySeen writes, in tx, what a delivery of an already-recorded id
