@@ -15,7 +15,7 @@ import (
 )
 
 // BenchmarkContinuityPrice: what checking each key's history costs a
-// delivery (continuity.go: folded into the inbox row's statement), side by
+// delivery (continuity.go: one more statement in its transaction), side by
 // side in one run: the same deliveries through the middleware, one message
 // per transaction with fsync on, numbered (the state of 1,000 keys read,
 // compared and moved) and not. Reported: deliveries per second; the price

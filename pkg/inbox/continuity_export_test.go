@@ -11,8 +11,7 @@ import (
 // CheckContinuityOf writes the inbox rows of msgs as one batch in tx (read
 // as the inbox reads them, on topic), which checks their continuity, and
 // returns each one's breaches: the batch statement, which a batch of the
-// router's meets only when several partitions deliver at once (the check
-// folded into it, or, when two share a key, a statement each).
+// router's meets only when several partitions deliver at once.
 func (in *Inbox) CheckContinuityOf(ctx context.Context, tx pgx.Tx, topic string, msgs []*message.Message) ([][]Breach, error) {
 	ds := make([]*delivery, len(msgs))
 	for i, msg := range msgs {

@@ -188,7 +188,7 @@ func TestContinuityOfABatch(t *testing.T) {
 	require.Equal(t, []string{"1:gap 6→7", "2:rewind 8→4", "3:late 8→6"}, kinds(msg("k", 4), msg("j", 7), msg("j", 4), msg("j", 6)))
 	require.Equal(t, []string{"0:gap 5→9", "1:rewind 8→6"}, kinds(msg("k", 9), msg("j", 6), msg("j", 8)),
 		"the state moved to each key's highest number, its gap filled")
-	// A batch whose keys differ is checked in the rows' own statement.
+	// A batch whose keys all differ.
 	require.Empty(t, kinds(msg("a", 1), msg("b", 1)))
 	require.Equal(t, []string{"0:gap 2→3", "1:rewind 2→1"}, kinds(msg("a", 3), msg("b", 1), msg("c", 1)))
 	require.Equal(t, []string{"0:late 4→2"}, kinds(msg("a", 2), msg("b", 2), msg("c", 2)), "a's gap filled; b and c in order")

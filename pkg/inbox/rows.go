@@ -95,13 +95,6 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 	if err != nil {
 		return nil, err
 	}
-	// The numbered deliveries' continuity check rides in the same
-	// statement when it can (continuity.go): one round trip for the rows
-	// and the keys' histories.
-	check := checkWithRows(in.cfg.Consumer, ds)
-	if check != nil {
-		insert, args = check.fold(insert, args)
-	}
 	if in.cfg.Partitions != nil {
 		args = append([]any{schema.PlanEachTime}, args...)
 	}
@@ -109,12 +102,7 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
 	}
-	var inserted []string
-	if check != nil {
-		inserted, err = check.collect(rows) // and each delivery's breaches
-	} else {
-		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: inserting inbox rows: %w", err)
 	}
@@ -126,10 +114,8 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		}
 	}
 	slices.Sort(fresh)
-	if check == nil {
-		if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil { // continuity.go: a statement each
-			return nil, err
-		}
+	if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil { // continuity.go
+		return nil, err
 	}
 	return fresh, nil
 }
