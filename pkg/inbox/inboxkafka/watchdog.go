@@ -14,6 +14,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
 )
 
 // ErrStalled is what Watchdog.Run returns when a partition this consumer
@@ -49,19 +51,48 @@ type WatchdogConfig struct {
 	Logger *slog.Logger
 	// OnRead, when set, is given each reading of the group (for metrics).
 	OnRead func([]PartitionLag)
+	// OnSkipped, when set, is given each range of records the broker lost
+	// under the group (PartitionLag.Skipped), at every reading that shows
+	// it: Inbox.RecordSkipped records it once. A truncation is given once
+	// per committed offset it was seen under.
+	OnSkipped func(inbox.SkippedRange)
 }
 
 // PartitionLag is where a consumer group stands on one partition.
 type PartitionLag struct {
 	Partition int32
 	Committed int64  // the group's committed offset; -1 when it committed none
+	Start     int64  // the log start offset: the first record Kafka still holds
 	End       int64  // the log end offset (high watermark)
 	Owner     string // the client.id of the member holding it; "" during a rebalance
 	Members   int    // how many members of the group have that client.id
 }
 
-// Lag is how many records lie past the committed offset.
-func (p PartitionLag) Lag() int64 { return p.End - max(p.Committed, 0) }
+// Lag is how many records Kafka holds past the committed offset: those the
+// group has still to read. Records deleted before it read them are not
+// (Skipped says which).
+func (p PartitionLag) Lag() int64 { return max(0, p.End-max(p.Committed, p.Start, 0)) }
+
+// Skipped returns the records of topic's partition the group will never
+// read, or whose log is gone from under its committed offset: the log
+// start past the committed offset (deleted before it read them), or the
+// log end below it (truncated: the topic recreated, or an unclean leader
+// election). A group that committed nothing skipped nothing: it starts at
+// the log start.
+func (p PartitionLag) Skipped(topic string) (inbox.SkippedRange, bool) {
+	r := inbox.SkippedRange{Topic: topic, Partition: p.Partition}
+	switch {
+	case p.Committed < 0:
+		return r, false
+	case p.Start > p.Committed:
+		r.From, r.To, r.Cause = p.Committed, p.Start, inbox.Deleted
+	case p.End < p.Committed:
+		r.From, r.To, r.Cause = p.End, p.Committed, inbox.Truncated
+	default:
+		return r, false
+	}
+	return r, true
+}
 
 // Watchdog notices a Kafka consumer that holds a partition with records
 // waiting and hands none of them to its handler: a stall that no error
@@ -83,6 +114,13 @@ func (p PartitionLag) Lag() int64 { return p.End - max(p.Committed, 0) }
 // session and new claims. A reading that fails, a rebalance, or a
 // partition moving to another member starts the clock again: the Watchdog
 // never acts on what it could not see.
+//
+// The same readings show what the broker lost under the group: a log start
+// past the committed offset (records deleted before the consumer read
+// them), a log end below it (the topic recreated, an unclean leader
+// election). Those are given to OnSkipped, and are no lag: a partition
+// whose every waiting record was deleted is not stalled (Sarama, started
+// again, begins such a partition at its log start).
 type Watchdog struct {
 	cfg WatchdogConfig
 
@@ -148,6 +186,7 @@ type watch struct {
 // stalls (an error wrapping ErrStalled, naming it).
 func (w *Watchdog) Run(ctx context.Context) error {
 	watched := map[int32]*watch{}
+	truncations := map[int32]int64{} // partition → the committed offset a truncation was told under
 	var client sarama.Client
 	defer func() {
 		if client != nil {
@@ -182,9 +221,31 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		if w.cfg.OnRead != nil {
 			w.cfg.OnRead(lags)
 		}
+		w.skipped(lags, truncations)
 		if err := w.check(lags, watched, time.Now()); err != nil {
 			return err
 		}
+	}
+}
+
+// skipped gives OnSkipped the ranges lags show the broker lost, a
+// truncation once per committed offset.
+func (w *Watchdog) skipped(lags []PartitionLag, truncations map[int32]int64) {
+	if w.cfg.OnSkipped == nil {
+		return
+	}
+	for _, l := range lags {
+		r, ok := l.Skipped(w.cfg.Topic)
+		if !ok {
+			continue
+		}
+		if r.Cause == inbox.Truncated {
+			if told, seen := truncations[l.Partition]; seen && told == l.Committed {
+				continue
+			}
+			truncations[l.Partition] = l.Committed
+		}
+		w.cfg.OnSkipped(r)
 	}
 }
 
@@ -207,6 +268,9 @@ func (w *Watchdog) check(lags []PartitionLag, watched map[int32]*watch, now time
 		if inFlight {
 			what = "a delivery has been in the handler all along"
 		}
+		if r, ok := l.Skipped(w.cfg.Topic); ok {
+			what += fmt.Sprintf("; before them, %s: a consumer started again begins at the log start", r)
+		}
 		stalled = append(stalled, fmt.Sprintf("%s/%d: %d records past the committed offset %d for %s, %s",
 			w.cfg.Topic, l.Partition, l.Lag(), l.Committed, quiet.Round(time.Second), what))
 	}
@@ -225,8 +289,8 @@ func latest(a, b time.Time) time.Time {
 }
 
 // ReadGroupLag reads where group stands on every partition of topic: its
-// committed offsets, the log end offsets, and the member (by client.id)
-// holding each partition.
+// committed offsets, the log start and end offsets, and the member (by
+// client.id) holding each partition.
 func ReadGroupLag(client sarama.Client, group, topic string) ([]PartitionLag, error) {
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
@@ -276,7 +340,11 @@ func ReadGroupLag(client sarama.Client, group, topic string) ([]PartitionLag, er
 		if err != nil {
 			return nil, fmt.Errorf("inboxkafka: reading %s/%d's end: %w", topic, p, err)
 		}
-		l := PartitionLag{Partition: p, Committed: -1, End: end, Owner: owners[p], Members: members[owners[p]]}
+		start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, fmt.Errorf("inboxkafka: reading %s/%d's log start: %w", topic, p, err)
+		}
+		l := PartitionLag{Partition: p, Committed: -1, Start: start, End: end, Owner: owners[p], Members: members[owners[p]]}
 		if b := committed.GetBlock(topic, p); b != nil {
 			if b.Err != sarama.ErrNoError {
 				return nil, fmt.Errorf("inboxkafka: reading group %s's offset of %s/%d: %w", group, topic, p, b.Err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 )
 
@@ -267,4 +269,150 @@ func (h sittingHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sar
 		sess.MarkMessage(msg, "")
 	}
 	return nil
+}
+
+// commit has group "g" commit, on each partition of b's topic, the offset
+// upTo gives it: a member reads up to it, marks, commits and leaves.
+func (b *watchdogBundle) commit(t *testing.T, upTo map[int32]int64) {
+	t.Helper()
+	group, err := sarama.NewConsumerGroup(b.brokers, "g", saramaConf("committer"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &markingHandler{upTo: upTo, left: len(upTo), done: cancel}
+	require.NoError(t, group.Consume(ctx, []string{b.topic}, h))
+	require.NoError(t, group.Close())
+	require.Zero(t, h.left, "the member left before it marked every offset")
+}
+
+// markingHandler marks each partition's records below upTo, commits, and
+// calls done once every partition has its offset.
+type markingHandler struct {
+	mu   sync.Mutex
+	upTo map[int32]int64
+	left int
+	done func()
+}
+
+func (*markingHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (*markingHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (h *markingHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	for msg := range claim.Messages() {
+		if msg.Offset >= h.upTo[claim.Partition()] {
+			continue
+		}
+		sess.MarkMessage(msg, "")
+		if msg.Offset+1 == h.upTo[claim.Partition()] {
+			sess.Commit()
+			h.mu.Lock()
+			if h.left--; h.left == 0 {
+				h.done()
+			}
+			h.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// deleteRecords deletes the records of partition p of b's topic before offset.
+func (b *watchdogBundle) deleteRecords(t *testing.T, p int32, before int64) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(b.brokers, saramaConf("admin"))
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.DeleteRecords(b.topic, map[int32]int64{p: before}))
+}
+
+// TestWatchdogSeesRecordsTheBrokerDeleted: records deleted past the group's
+// committed offset are a skipped range OnSkipped is given (and extended as
+// the log start moves on), and no lag: a member holding a partition whose
+// every waiting record was deleted is not stalled.
+func TestWatchdogSeesRecordsTheBrokerDeleted(t *testing.T) {
+	t.Parallel()
+	b := setupWatchdog(t)
+	b.commit(t, map[int32]int64{0: 5, 1: 2})
+	b.deleteRecords(t, 1, 4)
+	skipped := make(chan inbox.SkippedRange, 100)
+	wd, err := inboxkafka.NewWatchdog(inboxkafka.WatchdogConfig{
+		Brokers: b.brokers, Sarama: saramaConf("watchdog"), Group: "g", Topic: b.topic, ClientID: "sitter",
+		Timeout: time.Second, Interval: 100 * time.Millisecond,
+		OnRead: func(l []inboxkafka.PartitionLag) {
+			select {
+			case b.readings <- l:
+			default:
+			}
+		},
+		OnSkipped: func(r inbox.SkippedRange) { skipped <- r },
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	stalled := make(chan error, 1)
+	go func() { stalled <- wd.Run(ctx) }()
+	t.Cleanup(cancel)
+
+	next := func() inbox.SkippedRange {
+		t.Helper()
+		select {
+		case r := <-skipped:
+			return r
+		case <-time.After(30 * time.Second):
+			t.Fatal("no skipped range was given")
+			return inbox.SkippedRange{}
+		}
+	}
+	r := next()
+	require.Equal(t, inbox.SkippedRange{Topic: b.topic, Partition: 1, From: 2, To: 4, Cause: inbox.Deleted}, r)
+	require.Contains(t, r.String(), "2 records (offsets 2 to 3) were deleted before the consumer read them")
+	b.deleteRecords(t, 1, 5) // every record of partition 1
+	for r.To != 5 {
+		r = next()
+	}
+	require.Equal(t, inbox.SkippedRange{Topic: b.topic, Partition: 1, From: 2, To: 5, Cause: inbox.Deleted}, r)
+
+	// A member sits on partition 1, which has nothing left to read.
+	group, err := sarama.NewConsumerGroup(b.brokers, "g", saramaConf("sitter"))
+	require.NoError(t, err)
+	t.Cleanup(func() { group.Close() })
+	go group.Consume(ctx, []string{b.topic}, sittingHandler{sit: 1}) //nolint:errcheck // the test reads the watchdog
+	deadline := time.After(30 * time.Second)
+	var held time.Time
+	for held.IsZero() || time.Since(held) < 2500*time.Millisecond {
+		select {
+		case err := <-stalled:
+			t.Fatalf("the watchdog took deleted records for a stall: %v", err)
+		case <-deadline:
+			t.Fatal("partition 1 was never seen held")
+		case lags := <-b.readings:
+			for _, l := range lags {
+				if l.Partition == 1 && l.Owner == "sitter" && held.IsZero() {
+					require.Zero(t, l.Lag(), "deleted records are no lag: %+v", l)
+					held = time.Now()
+				}
+			}
+		}
+	}
+}
+
+// TestPartitionLagSkipped: what a reading says was lost, and its lag.
+func TestPartitionLagSkipped(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		lag     inboxkafka.PartitionLag
+		skipped inbox.SkippedRange
+		ok      bool
+		wait    int64
+	}{
+		{lag: inboxkafka.PartitionLag{Committed: 3, Start: 0, End: 9}, wait: 6},
+		{lag: inboxkafka.PartitionLag{Committed: -1, Start: 4, End: 9}, wait: 5}, // nothing committed: it starts at the log start
+		{lag: inboxkafka.PartitionLag{Committed: 3, Start: 7, End: 9}, skipped: inbox.SkippedRange{Topic: "t", From: 3, To: 7, Cause: inbox.Deleted}, ok: true, wait: 2},
+		{lag: inboxkafka.PartitionLag{Committed: 3, Start: 9, End: 9}, skipped: inbox.SkippedRange{Topic: "t", From: 3, To: 9, Cause: inbox.Deleted}, ok: true},
+		{lag: inboxkafka.PartitionLag{Committed: 9, Start: 0, End: 2}, skipped: inbox.SkippedRange{Topic: "t", From: 2, To: 9, Cause: inbox.Truncated}, ok: true},
+		{lag: inboxkafka.PartitionLag{Committed: 9, Start: 9, End: 9}},
+	} {
+		r, ok := tc.lag.Skipped("t")
+		require.Equal(t, tc.ok, ok, "%+v", tc.lag)
+		if ok {
+			require.Equal(t, tc.skipped, r, "%+v", tc.lag)
+		}
+		require.Equal(t, tc.wait, tc.lag.Lag(), "%+v", tc.lag)
+	}
 }
