@@ -89,6 +89,7 @@ const usage = `usage:
   inboxctl resume ID
   inboxctl held [-consumer NAME]
   inboxctl breaches [-consumer NAME] [-limit N]
+  inboxctl skipped [-consumer NAME] [-limit N]
   inboxctl consumers
   inboxctl retire -consumer NAME [-idle DURATION] [-drop-parked]
 DATABASE_URL names the consumer's database.`
@@ -107,9 +108,9 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	by := fs.String("by", opctl.Operator(getenv), "redrive, discard: who does it (recorded)")
 	why := fs.String("why", "", "discard: why (recorded)")
 	idle := fs.Duration("idle", 72*time.Hour, "retire: refuse a consumer that wrote to the inbox within this (keep it above its redelivery horizon)")
-	limit := fs.Int("limit", 50, "breaches, actions: how many, newest first")
+	limit := fs.Int("limit", 50, "breaches, skipped, actions: how many, newest first")
 	dropParked := fs.Bool("drop-parked", false, "retire: delete its parked messages too (never applied; look at them first with held)")
-	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "action", "stop", "resume", "held", "breaches", "consumers", "retire")
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "groups", "show", "redrive", "discard", "actions", "action", "stop", "resume", "held", "breaches", "skipped", "consumers", "retire")
 	if err != nil || help {
 		return err
 	}
@@ -149,6 +150,12 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		printBreaches(out, list)
+	case "skipped":
+		list, err := admin.ListSkipped(ctx, *consumer, *limit)
+		if err != nil {
+			return err
+		}
+		printSkipped(out, list)
 	case "show":
 		q, err := admin.GetQuarantined(ctx, id)
 		if err != nil {
@@ -246,7 +253,7 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 // idArg reads the one ID argument show, redrive, discard and resume need.
 func idArg(cmd string, rest []string, bulk bool) (int64, error) {
 	switch {
-	case cmd == "list" || cmd == "groups" || cmd == "actions" || cmd == "held" || cmd == "breaches" || cmd == "consumers" || cmd == "retire":
+	case cmd == "list" || cmd == "groups" || cmd == "actions" || cmd == "held" || cmd == "breaches" || cmd == "skipped" || cmd == "consumers" || cmd == "retire":
 		return 0, tool.NoArgs(cmd, rest)
 	case bulk:
 		if len(rest) > 0 {
@@ -435,6 +442,24 @@ func printBreaches(out io.Writer, list []inbox.Breach) {
 	for _, b := range list {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", b.Consumer, b.Kind, b.Topic, opctl.Clip(b.Key, 40), b.Expected, b.Got,
 			opctl.Clip(b.MessageID, 40), opctl.Clip(b.PreviousID, 40), time.Since(b.DetectedAt).Round(time.Second))
+	}
+	w.Flush()
+}
+
+func printSkipped(out io.Writer, list []inboxadmin.Skipped) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "no record skipped: the broker lost nothing under the consumer's committed offsets")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONSUMER\tTOPIC\tPARTITION\tFROM\tTO\tRECORDS\tCAUSE\tAGE\tREPAIRED")
+	for _, s := range list {
+		repaired := "no"
+		if s.RepairedAt != nil {
+			repaired = s.RepairedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Consumer, s.Topic, s.Partition, s.From, s.To-1, s.To-s.From,
+			s.Cause, time.Since(s.DetectedAt).Round(time.Second), repaired)
 	}
 	w.Flush()
 }

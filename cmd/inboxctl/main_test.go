@@ -373,3 +373,22 @@ func TestInboxctlUsage(t *testing.T) {
 	_, err := b.ctl("list")
 	require.ErrorContains(t, err, "DATABASE_URL is required")
 }
+
+// TestInboxctlSkipped: skipped lists the records the broker lost under a
+// consumer, with their range, count and cause.
+func TestInboxctlSkipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	out, err := b.ctl("skipped")
+	require.NoError(t, err)
+	require.Equal(t, "no record skipped: the broker lost nothing under the consumer's committed offsets\n", out)
+
+	in, err := inbox.New(inbox.Config{Pool: b.pool, Consumer: "billing"})
+	require.NoError(t, err)
+	_, err = in.RecordSkipped(b.ctx, inbox.SkippedRange{Topic: b.topic, Partition: 0, From: 105, To: 147, Cause: inbox.Deleted})
+	require.NoError(t, err)
+	out, err = b.ctl("skipped", "-consumer", "billing")
+	require.NoError(t, err)
+	require.Regexp(t, `billing\s+`+b.topic+`\s+0\s+105\s+146\s+42\s+deleted\s+\S+\s+no\n`, out)
+	require.Equal(t, 2, strings.Count(out, "\n"), "a header and one range:\n%s", out)
+}

@@ -52,9 +52,11 @@ func (r SkippedRange) String() string {
 }
 
 // RecordSkipped records r in the consumer's database (inbox_skipped_ranges)
-// and logs it, once: a range seen again is not recorded twice, one whose
-// log start moved on is extended (and logged again with its new end). It
-// reports whether r was new or extended.
+// and logs it, once: a range seen again is not recorded twice, and one that
+// overlaps or touches a range recorded before (its log start moved on, or
+// another process of the consumer saw it from a committed offset a little
+// lower) widens that one, logged again with its new bounds. It reports
+// whether r was new or widened a range.
 func (in *Inbox) RecordSkipped(ctx context.Context, r SkippedRange) (bool, error) {
 	switch {
 	case r.Topic == "" || r.From < 0 || r.To <= r.From:
@@ -62,21 +64,42 @@ func (in *Inbox) RecordSkipped(ctx context.Context, r SkippedRange) (bool, error
 	case r.Cause != Deleted && r.Cause != Truncated:
 		return false, fmt.Errorf("inbox: a skipped range's cause is %q or %q, not %q", Deleted, Truncated, r.Cause)
 	}
-	var to int64
-	err := in.cfg.Pool.QueryRow(ctx, `
-		INSERT INTO inbox_skipped_ranges AS s (consumer, topic, kafka_partition, from_offset, to_offset, cause)
-		VALUES ($1, $2, $3, $4, $5, $6)
-		ON CONFLICT (consumer, topic, kafka_partition, from_offset) DO UPDATE
-		SET to_offset = excluded.to_offset, updated_at = now()
-		WHERE s.to_offset < excluded.to_offset
-		RETURNING to_offset`, in.cfg.Consumer, r.Topic, r.Partition, r.From, r.To, string(r.Cause)).Scan(&to)
-	if err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil // seen before
+	var changed bool
+	err := pgx.BeginFunc(ctx, in.cfg.Pool, func(tx pgx.Tx) error {
+		// One writer at a time per partition: two readings that widen the
+		// same range take turns.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('inbox_skipped_ranges' || $1 || $2), $3)`,
+			in.cfg.Consumer, r.Topic, r.Partition); err != nil {
+			return err
 		}
+		var from, to int64
+		err := tx.QueryRow(ctx, `SELECT from_offset, to_offset FROM inbox_skipped_ranges
+			WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND from_offset <= $5 AND to_offset >= $4
+			ORDER BY from_offset LIMIT 1`, in.cfg.Consumer, r.Topic, r.Partition, r.From, r.To).Scan(&from, &to)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			changed = true
+			_, err = tx.Exec(ctx, `INSERT INTO inbox_skipped_ranges (consumer, topic, kafka_partition, from_offset, to_offset, cause)
+				VALUES ($1, $2, $3, $4, $5, $6)`, in.cfg.Consumer, r.Topic, r.Partition, r.From, r.To, string(r.Cause))
+			return err
+		case err != nil:
+			return err
+		case from <= r.From && to >= r.To:
+			return nil // seen before
+		}
+		changed = true
+		r.From, r.To = min(from, r.From), max(to, r.To)
+		_, err = tx.Exec(ctx, `UPDATE inbox_skipped_ranges SET from_offset = $5, to_offset = $6, updated_at = now(), repaired_at = NULL
+			WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND from_offset = $4`,
+			in.cfg.Consumer, r.Topic, r.Partition, from, r.From, r.To)
+		return err
+	})
+	if err != nil {
 		return false, fmt.Errorf("inbox: recording skipped records: %w", err)
 	}
-	in.cfg.log.Error("Inbox's consumer never read records the broker lost", errors.New(r.String()), watermill.LogFields{
-		"consumer": in.cfg.Consumer, "topic": r.Topic, "partition": r.Partition, "from_offset": r.From, "to_offset": r.To, "cause": string(r.Cause)})
-	return true, nil
+	if changed {
+		in.cfg.log.Error("Inbox's consumer never read records the broker lost", errors.New(r.String()), watermill.LogFields{
+			"consumer": in.cfg.Consumer, "topic": r.Topic, "partition": r.Partition, "from_offset": r.From, "to_offset": r.To, "cause": string(r.Cause)})
+	}
+	return changed, nil
 }

@@ -30,16 +30,20 @@ func TestRecordSkipped(t *testing.T) {
 	recorded, err = in.RecordSkipped(b.ctx, r)
 	require.NoError(t, err)
 	require.False(t, recorded, "a shorter reading of the same range")
+	r.From, r.To = 100, 106 // seen from a committed offset a little lower: widened
+	recorded, err = in.RecordSkipped(b.ctx, r)
+	require.NoError(t, err)
+	require.True(t, recorded, "widened down")
 	_, err = in.RecordSkipped(b.ctx, inbox.SkippedRange{Topic: "orders.events", Partition: 0, From: 7, To: 9, Cause: inbox.Truncated})
 	require.NoError(t, err)
 
 	counts, err := adm.Skipped(b.ctx, in.Consumer())
 	require.NoError(t, err)
-	require.Equal(t, inboxadmin.SkippedCounts{Ranges: 2, Records: 55 + 2, Unrepaired: 2}, counts)
+	require.Equal(t, inboxadmin.SkippedCounts{Ranges: 2, Records: 60 + 2, Unrepaired: 2}, counts)
 	list, err := adm.ListSkipped(b.ctx, in.Consumer(), 10)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
-	require.Equal(t, inbox.SkippedRange{Topic: "orders.events", Partition: 3, From: 105, To: 160, Cause: inbox.Deleted}, list[1].SkippedRange)
+	require.Equal(t, inbox.SkippedRange{Topic: "orders.events", Partition: 3, From: 100, To: 160, Cause: inbox.Deleted}, list[1].SkippedRange)
 	require.Nil(t, list[1].RepairedAt)
 
 	for _, bad := range []inbox.SkippedRange{

@@ -127,6 +127,21 @@ type Watchdog struct {
 	mu         sync.Mutex
 	deliveries map[int32]time.Time // partition → when a delivery of it last began or ended
 	inFlight   map[int32]int       // partition → deliveries in the handler now
+	// next is, per partition, the offset its next delivery should have:
+	// after the last delivery, or the committed offset read since. A
+	// delivery past it is a jump (Sarama, its committed offset out of
+	// range, starts the partition again at its log start, and says nothing
+	// but "Sarama internal error"): jumps waits for the next reading, which
+	// tells a range the broker deleted from a gap compaction left.
+	next  map[int32]int64
+	jumps []jump
+}
+
+// jump is a delivery at offset to where from was expected, at a time.
+type jump struct {
+	partition int32
+	from, to  int64
+	at        time.Time
 }
 
 // NewWatchdog returns a Watchdog; Run it beside the consumer and wrap the
@@ -145,20 +160,59 @@ func NewWatchdog(cfg WatchdogConfig) (*Watchdog, error) {
 	case cfg.Timeout < 0 || cfg.Interval <= 0 || cfg.Interval > cfg.Timeout:
 		return nil, fmt.Errorf("inboxkafka: WatchdogConfig.Interval (%s) must be positive and at most Timeout (%s)", cfg.Interval, cfg.Timeout)
 	}
-	return &Watchdog{cfg: cfg, deliveries: map[int32]time.Time{}, inFlight: map[int32]int{}}, nil
+	return &Watchdog{cfg: cfg, deliveries: map[int32]time.Time{}, inFlight: map[int32]int{}, next: map[int32]int64{}}, nil
 }
 
-// Middleware records, per partition, when a delivery began and ended.
+// Middleware records, per partition, when a delivery began and ended, and
+// a delivery past the offset the partition's next should have had.
 func (w *Watchdog) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		p, ok := kafka.MessagePartitionFromCtx(msg.Context())
 		if !ok {
 			return h(msg)
 		}
+		if o, ok := kafka.MessagePartitionOffsetFromCtx(msg.Context()); ok {
+			w.delivered(p, o)
+		}
 		w.delivery(p, +1)
 		defer w.delivery(p, -1)
 		return h(msg)
 	}
+}
+
+// delivered notes that a delivery of p at offset o began.
+func (w *Watchdog) delivered(p int32, o int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if next, ok := w.next[p]; ok && o > next {
+		w.jumps = append(w.jumps, jump{partition: p, from: next, to: o, at: time.Now()})
+	}
+	w.next[p] = max(w.next[p], o+1)
+}
+
+// nextOf is the offset partition p's next delivery should have, or -1.
+func (w *Watchdog) nextOf(p int32) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if next, ok := w.next[p]; ok {
+		return next
+	}
+	return -1
+}
+
+// expect moves each partition's next expected offset up to its committed
+// one, and returns the jumps noted since the last reading.
+func (w *Watchdog) expect(lags []PartitionLag) []jump {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range lags {
+		if next, ok := w.next[l.Partition]; l.Committed >= 0 && (!ok || l.Committed > next) {
+			w.next[l.Partition] = l.Committed
+		}
+	}
+	jumps := w.jumps
+	w.jumps = nil
+	return jumps
 }
 
 func (w *Watchdog) delivery(p int32, d int) {
@@ -187,6 +241,7 @@ type watch struct {
 func (w *Watchdog) Run(ctx context.Context) error {
 	watched := map[int32]*watch{}
 	truncations := map[int32]int64{} // partition → the committed offset a truncation was told under
+	var prevRead time.Time           // when the last reading began
 	var client sarama.Client
 	defer func() {
 		if client != nil {
@@ -195,17 +250,20 @@ func (w *Watchdog) Run(ctx context.Context) error {
 	}()
 	tick := time.NewTicker(w.cfg.Interval)
 	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
+	for first := true; ; first = false {
+		if !first { // the first reading at once: the offsets the consumer starts from
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
 		}
 		var err error
 		if client == nil {
 			client, err = sarama.NewClient(w.cfg.Brokers, w.cfg.Sarama)
 		}
 		var lags []PartitionLag
+		readAt := time.Now()
 		if err == nil {
 			lags, err = ReadGroupLag(client, w.cfg.Group, w.cfg.Topic)
 		}
@@ -221,23 +279,54 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		if w.cfg.OnRead != nil {
 			w.cfg.OnRead(lags)
 		}
-		w.skipped(lags, truncations)
+		w.skipped(lags, prevRead, readAt, w.expect(lags), truncations)
+		prevRead = readAt
 		if err := w.check(lags, watched, time.Now()); err != nil {
 			return err
 		}
 	}
 }
 
-// skipped gives OnSkipped the ranges lags show the broker lost, a
-// truncation once per committed offset.
-func (w *Watchdog) skipped(lags []PartitionLag, truncations map[int32]int64) {
+// skipped gives OnSkipped the ranges lags show the broker lost (a deleted
+// range once no delivery of its partition began or ended since prevRead, a
+// truncation once per committed offset), and the jumps a delivery made
+// over records the log start has since passed (deleted: Sarama started the
+// partition again at its log start, and may have committed past them
+// already).
+func (w *Watchdog) skipped(lags []PartitionLag, prevRead, readAt time.Time, jumps []jump, truncations map[int32]int64) {
 	if w.cfg.OnSkipped == nil {
 		return
+	}
+	starts := map[int32]int64{}
+	for _, l := range lags {
+		starts[l.Partition] = l.Start
+	}
+	for _, j := range jumps {
+		switch start, ok := starts[j.partition]; {
+		case ok && start > j.from:
+			w.cfg.OnSkipped(inbox.SkippedRange{Topic: w.cfg.Topic, Partition: j.partition, From: j.from, To: min(j.to, start), Cause: inbox.Deleted})
+		case j.at.After(readAt):
+			w.mu.Lock() // noted while the group was read: the next reading tells
+			w.jumps = append(w.jumps, j)
+			w.mu.Unlock()
+		}
 	}
 	for _, l := range lags {
 		r, ok := l.Skipped(w.cfg.Topic)
 		if !ok {
 			continue
+		}
+		if r.Cause == inbox.Deleted {
+			// Records a fetch brought in before the log start moved are
+			// delivered still: told once the partition is quiet, from the
+			// first offset it did not deliver.
+			if last, inFlight := w.lastDelivery(l.Partition); inFlight || last.After(prevRead) {
+				continue
+			}
+			r.From = max(r.From, w.nextOf(l.Partition)) // delivered, not committed yet: read
+			if r.From >= r.To {
+				continue
+			}
 		}
 		if r.Cause == inbox.Truncated {
 			if told, seen := truncations[l.Partition]; seen && told == l.Committed {

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/outboxref/outbox-inbox/pkg/inbox"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
 	"github.com/outboxref/outbox-inbox/services/runtime/kafkaconf"
 )
@@ -36,7 +37,7 @@ type feed struct {
 
 // newConsumer reads the service's topic in the service's consumer group,
 // and its redrive topic in a group of that name.
-func newConsumer(cfg Config, svc Service, mtr *metrics, log *slog.Logger) (consumer, error) {
+func newConsumer(cfg Config, svc Service, ibx *inbox.Inbox, mtr *metrics, log *slog.Logger) (consumer, error) {
 	wlog := newWatermillLogger(log)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
 	if err != nil {
@@ -47,7 +48,7 @@ func newConsumer(cfg Config, svc Service, mtr *metrics, log *slog.Logger) (consu
 		{svc.Name, svc.Topic, svc.Name + "-consumer-" + cfg.Instance},
 		{kafkaconf.RedriveTopic(svc.Name), kafkaconf.RedriveTopic(svc.Name), svc.Name + "-redrive-" + cfg.Instance},
 	} {
-		fd, err := newFeed(cfg, f.group, f.topic, clientID(f.client), mtr, log)
+		fd, err := newFeed(cfg, f.group, f.topic, clientID(f.client), recordSkipped(ibx, log), mtr, log)
 		if err != nil {
 			c.close()
 			return consumer{}, err
@@ -58,7 +59,7 @@ func newConsumer(cfg Config, svc Service, mtr *metrics, log *slog.Logger) (consu
 	return c, nil
 }
 
-func newFeed(cfg Config, group, topic, client string, mtr *metrics, log *slog.Logger) (feed, error) {
+func newFeed(cfg Config, group, topic, client string, onSkipped func(inbox.SkippedRange), mtr *metrics, log *slog.Logger) (feed, error) {
 	conf := kafkaconf.Sarama()
 	// Each replica's consumer names itself, so a group's description (and
 	// the lag an operator reads) says which replica holds a partition.
@@ -76,16 +77,31 @@ func newFeed(cfg Config, group, topic, client string, mtr *metrics, log *slog.Lo
 		return feed{}, fmt.Errorf("creating kafka subscriber for %s: %w", topic, err)
 	}
 	// A partition this replica holds with records waiting and none of them
-	// reaching the handler is a stall nothing else reports.
+	// reaching the handler is a stall nothing else reports; records the
+	// broker lost under the group, a skipped range nothing else sees.
 	watchdog, err := inboxkafka.NewWatchdog(inboxkafka.WatchdogConfig{
 		Brokers: cfg.KafkaBrokers, Sarama: kafkaconf.Sarama(), Group: group, Topic: topic, ClientID: client,
-		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(group, topic),
+		Timeout: cfg.KafkaStallTimeout, Logger: log, OnRead: mtr.onGroupRead(group, topic), OnSkipped: onSkipped,
 	})
 	if err != nil {
 		subscriber.Close()
 		return feed{}, err
 	}
 	return feed{topic: topic, subscriber: subscriber, watchdog: watchdog}, nil
+}
+
+// recordSkipped is a feed's WatchdogConfig.OnSkipped: each range the
+// broker lost under the group is recorded in the consumer's database
+// (inbox_skipped_ranges; inboxctl skipped), counted by the metrics and
+// logged once, by the inbox.
+func recordSkipped(ibx *inbox.Inbox, log *slog.Logger) func(inbox.SkippedRange) {
+	return func(r inbox.SkippedRange) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := ibx.RecordSkipped(ctx, r); err != nil {
+			log.Error("could not record records the broker lost; the next reading tries again", "range", r.String(), "err", err)
+		}
+	}
 }
 
 // close closes the subscribers of a consumer that will not run.

@@ -30,6 +30,8 @@ const (
 	metricHeldKeys           = "inbox_held_keys"
 	metricParkedMessages     = "inbox_parked_messages"
 	metricContinuity         = "inbox_continuity_breaches_total"
+	metricSkippedRecords     = "inbox_skipped_records_total"
+	metricSkippedUnrepaired  = "inbox_skipped_ranges_unrepaired"
 	metricEffectsPending     = "effects_pending"
 	metricEffectsRetrying    = "effects_retrying"
 	metricEffectsFailed      = "effects_failed"
@@ -123,6 +125,7 @@ func (m *metrics) register(ibx *inbox.Inbox, relay *outbox.Relay, shards int) {
 		inboxCollector{ibx},
 		holdCollector{pool: m.pool, log: m.log, consumer: ibx.Consumer()},
 		continuityCollector{pool: m.pool, log: m.log, consumer: ibx.Consumer()},
+		skippedCollector{pool: m.pool, log: m.log, consumer: ibx.Consumer()},
 		relayCounter(metricRelayed, "Outbox rows published and marked by this process's relay.",
 			func(s outbox.RelayStats) int64 { return s.Published }),
 		relayCounter(metricRelayBatches, "Relay transactions that published at least one row.",
@@ -402,4 +405,39 @@ func (c continuityCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Gaps), c.consumer, string(inbox.Gap))
 	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Rewinds), c.consumer, string(inbox.Rewind))
 	ch <- prometheus.MustNewConstMetric(continuityDesc, prometheus.CounterValue, float64(n.Late), c.consumer, string(inbox.Late))
+}
+
+// skippedCollector counts, on each scrape, the records the broker lost
+// under the consumer (inboxadmin.Admin.Skipped: a table that stays empty
+// while Kafka keeps what it acknowledged).
+type skippedCollector struct {
+	pool     *pgxpool.Pool
+	log      *slog.Logger
+	consumer string
+}
+
+var (
+	skippedRecordsDesc = prometheus.NewDesc(metricSkippedRecords,
+		"Records the consumer never read because the broker no longer held them (inbox_skipped_ranges; inboxctl skipped): deleted past its committed offset (retention, kafka-delete-records), or its log truncated below it (the topic recreated, an unclean leader election).",
+		[]string{"consumer"}, nil)
+	skippedUnrepairedDesc = prometheus.NewDesc(metricSkippedUnrepaired,
+		"Skipped ranges the producer has not sent again yet (docs/broker-loss.md).",
+		[]string{"consumer"}, nil)
+)
+
+func (c skippedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- skippedRecordsDesc
+	ch <- skippedUnrepairedDesc
+}
+
+func (c skippedCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), pendingQueryTimeout)
+	defer cancel()
+	n, err := inboxadmin.New(c.pool).Skipped(ctx, c.consumer)
+	if err != nil {
+		c.log.Warn("metrics: counting skipped records", "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(skippedRecordsDesc, prometheus.CounterValue, float64(n.Records), c.consumer)
+	ch <- prometheus.MustNewConstMetric(skippedUnrepairedDesc, prometheus.GaugeValue, float64(n.Unrepaired), c.consumer)
 }

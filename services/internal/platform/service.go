@@ -328,7 +328,7 @@ func newIncoming(cfg Config, svc Service, db DB, signing signing, partitions *in
 	if cfg.BadDeploy {
 		log.Warn("BAD DEPLOY: every message is dead-lettered, as a broken handler would")
 	}
-	consumer, err := newConsumer(cfg, svc, mtr, log) // consumer.go
+	consumer, err := newConsumer(cfg, svc, ibx, mtr, log) // consumer.go
 	if err != nil {
 		return incoming{}, err
 	}
