@@ -7,17 +7,23 @@
 //	outboxctl show ID
 //	outboxctl retry ID
 //	outboxctl drop -by WHO -why WHY ID
+//	outboxctl republish -topic T -since TIME -until TIME [-key K] -by WHO -why WHY [-expect N]
+//	outboxctl republishes
 //
 // A parked row holds back the later rows of its topic and partition key.
 // retry sends it again (fix what refused it first: the topic's
 // max.message.bytes, the producer's limit); drop moves it to outbox_dropped
 // with who and why, and lets its key go on without it.
+//
+// republish sends again the rows of a topic published in a window (the
+// records the broker lost: docs/broker-loss.md): without -expect it only
+// counts them; with -expect the count it printed, it marks them
+// unpublished and records who asked and why (republishes lists them).
 package main
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,7 +43,9 @@ var tool = opctl.Tool{
   outboxctl show ID
   outboxctl retry ID
   outboxctl drop -by WHO -why WHY ID
-DATABASE_URL names the producer's database.`,
+  outboxctl republish -topic T -since TIME -until TIME [-key K] -by WHO -why WHY [-expect N]
+  outboxctl republishes
+TIME is RFC 3339 (2026-12-01T10:00:00Z). DATABASE_URL names the producer's database.`,
 	Database: "the producer's database",
 }
 
@@ -45,14 +53,19 @@ func main() { tool.Main(run) }
 
 func run(ctx context.Context, args []string, out io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("outboxctl", flag.ContinueOnError)
-	by := fs.String("by", opctl.Operator(getenv), "drop: who drops the row (recorded)")
-	why := fs.String("why", "", "drop: why (recorded)")
-	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "retry", "drop")
+	by := fs.String("by", opctl.Operator(getenv), "drop, republish: who does it (recorded)")
+	why := fs.String("why", "", "drop, republish: why (recorded)")
+	topic := fs.String("topic", "", "republish: the topic")
+	since := fs.String("since", "", "republish: the rows published from this time (RFC 3339)")
+	until := fs.String("until", "", "republish: the rows published before this time (RFC 3339)")
+	key := fs.String("key", "", "republish: only this partition key")
+	expect := fs.Int64("expect", -1, "republish: the count the dry run printed; without it, only count")
+	cmd, rest, help, err := tool.Parse(fs, args, out, "list", "show", "retry", "drop", "republish", "republishes")
 	if err != nil || help {
 		return err
 	}
 	var id int64
-	if cmd == "list" {
+	if cmd == "list" || cmd == "republish" || cmd == "republishes" {
 		err = tool.NoArgs(cmd, rest)
 	} else {
 		id, err = tool.ID(cmd, rest)
@@ -60,8 +73,14 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 	if err != nil {
 		return err
 	}
-	if cmd == "drop" && strings.TrimSpace(*why) == "" {
-		return errors.New("drop needs -why: it is kept as the audit record")
+	if (cmd == "drop" || cmd == "republish" && *expect >= 0) && strings.TrimSpace(*why) == "" {
+		return fmt.Errorf("%s needs -why: it is kept as the audit record", cmd)
+	}
+	var window outboxadmin.RepublishFilter
+	if cmd == "republish" {
+		if window, err = republishWindow(*topic, *since, *until, *key); err != nil {
+			return err
+		}
 	}
 
 	ctx, pool, closeDB, err := tool.Connect(ctx, getenv, time.Minute)
@@ -98,8 +117,69 @@ func run(ctx context.Context, args []string, out io.Writer, getenv func(string) 
 			return err
 		}
 		fmt.Fprintf(out, "%d dropped by %s: kept in outbox_dropped\n", id, *by)
+	case "republish":
+		return republish(ctx, out, admin, window, *expect, *by, *why)
+	case "republishes":
+		list, err := admin.ListRepublishes(ctx, 50)
+		if err != nil {
+			return err
+		}
+		printRepublishes(out, list)
 	}
 	return nil
+}
+
+// republishWindow reads republish's flags.
+func republishWindow(topic, since, until, key string) (outboxadmin.RepublishFilter, error) {
+	f := outboxadmin.RepublishFilter{Topic: topic, Key: key}
+	if topic == "" || since == "" || until == "" {
+		return f, fmt.Errorf("republish needs -topic, -since and -until\n%s", tool.Usage)
+	}
+	var err error
+	if f.Since, err = time.Parse(time.RFC3339, since); err != nil {
+		return f, fmt.Errorf("republish: -since: %w", err)
+	}
+	if f.Until, err = time.Parse(time.RFC3339, until); err != nil {
+		return f, fmt.Errorf("republish: -until: %w", err)
+	}
+	return f, nil
+}
+
+// republish counts the rows f selects and, when expect is that count,
+// marks them unpublished: a count that moved since the dry run is refused.
+func republish(ctx context.Context, out io.Writer, admin *outboxadmin.Admin, f outboxadmin.RepublishFilter, expect int64, by, why string) error {
+	n, err := admin.CountRepublish(ctx, f)
+	if err != nil {
+		return err
+	}
+	if expect < 0 {
+		fmt.Fprintf(out, "%d rows of %s published from %s to %s would be sent again; run again with -expect %d -by WHO -why WHY\n",
+			n, f.Topic, f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339), n)
+		return nil
+	}
+	if n != expect {
+		return fmt.Errorf("republish: %d rows match now, not the %d expected: count again", n, expect)
+	}
+	done, err := admin.Republish(ctx, f, by, why)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%d rows of %s marked unpublished by %s: the relay sends them again\n", done, f.Topic, by)
+	return nil
+}
+
+func printRepublishes(out io.Writer, list []outboxadmin.Republished) {
+	if len(list) == 0 {
+		fmt.Fprintln(out, "nothing republished")
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tTOPIC\tKEY\tSINCE\tUNTIL\tROWS\tBY\tWHY\tAT")
+	for _, r := range list {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, r.Topic, opctl.Clip(r.Key, 40), r.Since.UTC().Format(time.RFC3339),
+			r.Until.UTC().Format(time.RFC3339), r.Rows, r.By, opctl.Clip(r.Why, 60), r.RequestedAt.UTC().Format(time.RFC3339))
+	}
+	w.Flush()
 }
 
 func printList(out io.Writer, list []outboxadmin.ParkedRow) {

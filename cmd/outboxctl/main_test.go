@@ -127,3 +127,41 @@ func TestOutboxctlUsage(t *testing.T) {
 	_, err := ctl(t.Context(), "", "list")
 	require.ErrorContains(t, err, "DATABASE_URL is required")
 }
+
+// TestOutboxctlRepublish: republish counts the rows of a topic published in
+// a window, refuses to send them without the count the dry run printed (or
+// who and why), marks them unpublished with it, and republishes lists what
+// was asked.
+func TestOutboxctlRepublish(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url, err := pg.CreateDatabase(ctx, "outboxctl_"+strings.ToLower(watermill.NewShortUUID()))
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, outbox.Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES
+		(gen_random_uuid(), 'orders.events', 'order-1', 'a', '2026-11-30T10:05:00Z'),
+		(gen_random_uuid(), 'orders.events', 'order-2', 'b', '2026-11-30T10:30:00Z'),
+		(gen_random_uuid(), 'orders.events', 'order-3', 'c', '2026-11-30T11:30:00Z')`)
+	require.NoError(t, err)
+	window := []string{"republish", "-topic", "orders.events", "-since", "2026-11-30T10:00:00Z", "-until", "2026-11-30T11:00:00Z"}
+
+	out, err := ctl(ctx, url, window...)
+	require.NoError(t, err)
+	require.Contains(t, out, "2 rows of orders.events published from 2026-11-30T10:00:00Z to 2026-11-30T11:00:00Z would be sent again")
+	_, err = ctl(ctx, url, append(window, "-expect", "3", "-by", "ana", "-why", "inventory skipped them")...)
+	require.ErrorContains(t, err, "2 rows match now, not the 3 expected")
+	_, err = ctl(ctx, url, append(window, "-expect", "2", "-by", "ana")...)
+	require.ErrorContains(t, err, "needs -why")
+	out, err = ctl(ctx, url, append(window, "-expect", "2", "-by", "ana", "-why", "inventory skipped them")...)
+	require.NoError(t, err)
+	require.Contains(t, out, "2 rows of orders.events marked unpublished by ana")
+	var unsent int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE published_at IS NULL`).Scan(&unsent))
+	require.Equal(t, 2, unsent)
+	out, err = ctl(ctx, url, "republishes")
+	require.NoError(t, err)
+	require.Regexp(t, `orders\.events\s+2026-11-30T10:00:00Z\s+2026-11-30T11:00:00Z\s+2\s+ana\s+inventory skipped them`, out)
+}

@@ -1,7 +1,8 @@
 // Package outboxadmin is the operator's side of pkg/outbox: the rows the
 // relay parked, listed, retried or dropped. The relay (package outbox)
 // parks a row the broker will never take, and holds its key's later rows
-// behind it; what to do with it is a person's call.
+// behind it; what to do with it is a person's call. And the rows a
+// broker lost after the relay sent them, sent again (Republish).
 //
 //	adm := outboxadmin.New(pool)
 //	parked, err := adm.ListParked(ctx, outboxadmin.ParkedFilter{Limit: 50})
