@@ -6,7 +6,8 @@
 -- below it (the topic deleted and created again, an unclean leader
 -- election: 'truncated'). One row per range's start: a log start that moves
 -- on while the offset stays extends the row. repaired_at is set once the
--- producer has sent the range's messages again.
+-- producer has sent the range's messages again. A role the consumer logs
+-- in as needs SELECT, INSERT and UPDATE on it; an operator's, SELECT.
 CREATE TABLE inbox_skipped_ranges (
     consumer        text        NOT NULL,
     topic           text        NOT NULL,

@@ -4,6 +4,7 @@
 -- partition_key is set. A republish marks those rows unpublished; the relay
 -- sends them again under their message ids, in their order, and each
 -- consumer's inbox suppresses what it had applied (docs/broker-loss.md).
+-- The operator's role needs INSERT on it and UPDATE on outbox_messages.
 CREATE TABLE outbox_republishes (
     id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     topic          text        NOT NULL,
