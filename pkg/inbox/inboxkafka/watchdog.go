@@ -201,11 +201,16 @@ func (w *Watchdog) nextOf(p int32) int64 {
 }
 
 // expect moves each partition's next expected offset up to its committed
-// one, and returns the jumps noted since the last reading.
+// one (and forgets it for a partition another member holds, whose deliveries
+// this one does not see), and returns the jumps noted since the last reading.
 func (w *Watchdog) expect(lags []PartitionLag) []jump {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, l := range lags {
+		if l.Owner != "" && l.Owner != w.cfg.ClientID {
+			delete(w.next, l.Partition) // another member reads it now: what it skips is its own to tell
+			continue
+		}
 		if next, ok := w.next[l.Partition]; l.Committed >= 0 && (!ok || l.Committed > next) {
 			w.next[l.Partition] = l.Committed
 		}
