@@ -205,10 +205,20 @@ func (p *Proc) Signal(sig syscall.Signal) error {
 	return syscall.Kill(pid, sig)
 }
 
-// Kill sends SIGKILL and waits for the process to be gone.
+// Kill sends SIGKILL and waits for the process to be gone: the incarnation
+// it signalled, whose exit it waits for is read with its pid, so a
+// supervisor that starts the next one at once does not leave Kill waiting
+// on the new one's exit (it did: TestSuperviseLeavesAStoppedProcessDown
+// hung under make test, the restarted sleeper alive).
 func (p *Proc) Kill() {
-	if p.Signal(syscall.SIGKILL) == nil {
-		<-p.Exited()
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	if syscall.Kill(cmd.Process.Pid, syscall.SIGKILL) == nil {
+		<-exited
 	}
 }
 
