@@ -211,8 +211,12 @@ func (w *Watchdog) expect(lags []PartitionLag) []jump {
 			delete(w.next, l.Partition) // another member reads it now: what it skips is its own to tell
 			continue
 		}
-		if next, ok := w.next[l.Partition]; l.Committed >= 0 && (!ok || l.Committed > next) {
+		next, ok := w.next[l.Partition]
+		switch {
+		case l.Committed >= 0 && (!ok || l.Committed > next):
 			w.next[l.Partition] = l.Committed
+		case l.Committed < 0 && !ok && l.Owner == w.cfg.ClientID:
+			w.next[l.Partition] = l.Start // nothing committed: its claim began at the log start (Offsets.Initial, the oldest)
 		}
 	}
 	jumps := w.jumps
@@ -318,6 +322,10 @@ func (w *Watchdog) skipped(lags []PartitionLag, prevRead, readAt time.Time, jump
 	}
 	for _, l := range lags {
 		r, ok := l.Skipped(w.cfg.Topic)
+		if next := w.nextOf(l.Partition); !ok && l.Committed < 0 && next >= 0 && l.Start > next {
+			// Nothing committed, but this member read from next on.
+			r, ok = inbox.SkippedRange{Topic: w.cfg.Topic, Partition: l.Partition, From: next, To: l.Start, Cause: inbox.Deleted}, true
+		}
 		if !ok {
 			continue
 		}

@@ -53,4 +53,10 @@ func TestWatchdogSeesWhatSaramaSkips(t *testing.T) {
 	w.delivered(1, 90)
 	read(PartitionLag{Partition: 1, Committed: 91, Start: 60, End: 91})
 	require.Empty(t, got, "a partition another member held, its offsets moved on")
+
+	// A partition this member holds and never committed: its claim began at
+	// the log start, and records deleted past it were never read.
+	read(PartitionLag{Partition: 2, Committed: -1, Start: 0, End: 0, Owner: "c"})
+	read(PartitionLag{Partition: 2, Committed: -1, Start: 2, End: 2, Owner: "c"})
+	require.Equal(t, []inbox.SkippedRange{{Topic: "t", Partition: 2, From: 0, To: 2, Cause: inbox.Deleted}}, got)
 }
