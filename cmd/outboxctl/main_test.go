@@ -46,15 +46,22 @@ func ctl(ctx context.Context, url string, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// newDB returns a fresh, migrated producer's database: its URL and a pool.
+func newDB(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	url, err := pg.CreateDatabase(t.Context(), "outboxctl_"+strings.ToLower(watermill.NewShortUUID()))
+	require.NoError(t, err)
+	pool, err := pgxpool.New(t.Context(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, outbox.Migrate(t.Context(), pool))
+	return url, pool
+}
+
 func TestOutboxctl(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url, err := pg.CreateDatabase(ctx, "outboxctl_"+strings.ToLower(watermill.NewShortUUID()))
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, outbox.Migrate(ctx, pool))
+	url, pool := newDB(t)
 
 	// Two parked rows as a relay leaves them, and a row of the first one's
 	// key waiting behind it.
@@ -69,7 +76,7 @@ func TestOutboxctl(t *testing.T) {
 			VALUES (gen_random_uuid(), 'orders', $1, 'big', now(), $2) RETURNING id`, r.key, r.reason).Scan(&id))
 		ids = append(ids, id)
 	}
-	_, err = pool.Exec(ctx, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload) VALUES (gen_random_uuid(), 'orders', 'order-1', 'next')`)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload) VALUES (gen_random_uuid(), 'orders', 'order-1', 'next')`)
 	require.NoError(t, err)
 	id1, id2 := fmt.Sprint(ids[0]), fmt.Sprint(ids[1])
 
@@ -135,13 +142,8 @@ func TestOutboxctlUsage(t *testing.T) {
 func TestOutboxctlRepublish(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	url, err := pg.CreateDatabase(ctx, "outboxctl_"+strings.ToLower(watermill.NewShortUUID()))
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, outbox.Migrate(ctx, pool))
-	_, err = pool.Exec(ctx, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES
+	url, pool := newDB(t)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_messages (message_id, topic, partition_key, payload, published_at) VALUES
 		(gen_random_uuid(), 'orders.events', 'order-1', 'a', '2026-11-30T10:05:00Z'),
 		(gen_random_uuid(), 'orders.events', 'order-2', 'b', '2026-11-30T10:30:00Z'),
 		(gen_random_uuid(), 'orders.events', 'order-3', 'c', '2026-11-30T11:30:00Z')`)
