@@ -76,8 +76,10 @@ func hostileRecords() []rawRecord {
 		invalid("IDWithNUL", []byte("abc\x00def"), nil, "not valid UTF-8"),
 		invalid("LongID", bytes.Repeat([]byte("i"), 2000), []byte("long id"), "exceeds the 1024-byte limit"),
 	}
-	// A record behind the first one's key: SkipKey dead-letters it like the
-	// first, HoldKey parks it, its payload NULL as it arrived.
+	// A record behind the first one's key, on its partition (produceRaw):
+	// SkipKey dead-letters it like the first, HoldKey parks it, its payload
+	// NULL as it arrived. On another partition it raced the first one's
+	// dead letter, and was sometimes tried before the key was held.
 	behind := dead("BehindTheTombstone", []byte("h-tomb"), nil)
 	behind.parkedUnderHold = true
 	rs = append(rs, behind)
@@ -214,8 +216,9 @@ func TestHostileRecordsThroughKafka(t *testing.T) {
 }
 
 // produceRaw writes rs in order with a Sarama producer, round robin over
-// topic's three partitions, so each record is followed on its partition by
-// the one after it.
+// topic's three partitions a pair at a time, so each record is followed on
+// its partition by the one after it; a key's later records go to the
+// partition of its first, as Kafka's partitioner puts them.
 func produceRaw(t *testing.T, topic string, rs []rawRecord) {
 	t.Helper()
 	conf := kafkatest.Sarama()
@@ -224,10 +227,15 @@ func produceRaw(t *testing.T, topic string, rs []rawRecord) {
 	prod, err := sarama.NewSyncProducer(kfk.Brokers(), conf)
 	require.NoError(t, err)
 	defer prod.Close()
+	partitionOf := map[string]int32{} // a key's records on one partition, as Kafka's partitioner puts them
 	for i, r := range rs {
 		m := &sarama.ProducerMessage{Topic: topic, Partition: int32(i/2) % 3}
 		if r.key != nil {
 			m.Key = sarama.ByteEncoder(r.key)
+			if p, ok := partitionOf[string(r.key)]; ok {
+				m.Partition = p
+			}
+			partitionOf[string(r.key)] = m.Partition
 		}
 		if r.value != nil {
 			m.Value = sarama.ByteEncoder(r.value)
