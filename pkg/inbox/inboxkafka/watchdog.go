@@ -321,32 +321,26 @@ func (w *Watchdog) skipped(lags []PartitionLag, prevRead, readAt time.Time, jump
 		}
 	}
 	for _, l := range lags {
-		r, ok := l.Skipped(w.cfg.Topic)
-		if next := w.nextOf(l.Partition); !ok && l.Committed < 0 && next >= 0 && l.Start > next {
-			// Nothing committed, but this member read from next on.
-			r, ok = inbox.SkippedRange{Topic: w.cfg.Topic, Partition: l.Partition, From: next, To: l.Start, Cause: inbox.Deleted}, true
-		}
-		if !ok {
+		// Deleted: the log start past where this member reads the
+		// partition from: its committed offset, or past what it delivered
+		// (not committed yet: read), or, committed nothing, the log start
+		// its claim began at (expect).
+		if pos := max(l.Committed, w.nextOf(l.Partition)); pos >= 0 && l.Start > pos {
+			// Records a fetch brought in before the log start moved are
+			// delivered still: told once the partition is quiet.
+			if last, inFlight := w.lastDelivery(l.Partition); !inFlight && !last.After(prevRead) {
+				w.cfg.OnSkipped(inbox.SkippedRange{Topic: w.cfg.Topic, Partition: l.Partition, From: pos, To: l.Start, Cause: inbox.Deleted})
+			}
 			continue
 		}
-		if r.Cause == inbox.Deleted {
-			// Records a fetch brought in before the log start moved are
-			// delivered still: told once the partition is quiet, from the
-			// first offset it did not deliver.
-			if last, inFlight := w.lastDelivery(l.Partition); inFlight || last.After(prevRead) {
-				continue
-			}
-			r.From = max(r.From, w.nextOf(l.Partition)) // delivered, not committed yet: read
-			if r.From >= r.To {
-				continue
-			}
+		r, ok := l.Skipped(w.cfg.Topic)
+		if !ok || r.Cause != inbox.Truncated {
+			continue
 		}
-		if r.Cause == inbox.Truncated {
-			if told, seen := truncations[l.Partition]; seen && told == l.Committed {
-				continue
-			}
-			truncations[l.Partition] = l.Committed
+		if told, seen := truncations[l.Partition]; seen && told == l.Committed {
+			continue
 		}
+		truncations[l.Partition] = l.Committed
 		w.cfg.OnSkipped(r)
 	}
 }
