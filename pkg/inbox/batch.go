@@ -74,34 +74,6 @@ func (in *Inbox) startBatches() (stop func()) {
 	}
 }
 
-// firstAttempt runs the first attempt of d in a batch when batches run
-// (BatchSize > 1 and Run running), alone otherwise. It returns like attempt.
-func (in *Inbox) firstAttempt(d *delivery, a applier) (herr, err error) {
-	if in.cfg.BatchSize < 2 {
-		return in.attempt(d, a)
-	}
-	item := &batchItem{d: d, a: a, done: make(chan batchResult, 1)}
-	in.batch.mu.RLock()
-	q := in.batch.queue
-	if q != nil {
-		q.Put(context.Background(), item)
-	}
-	in.batch.mu.RUnlock()
-	if q == nil {
-		return in.attempt(d, a)
-	}
-	res := <-item.done
-	q.Done()
-	switch {
-	case res.fallback:
-		return in.attempt(d, a)
-	case res.herr != nil:
-		return res.herr, nil
-	}
-	in.settle(d, res.outcome, res.reason)
-	return nil, nil
-}
-
 // runItems runs one batch of deliveries and hands each delivery its result:
 // the deliveries of every per-message applier (every Middleware) together,
 // a savepoint each, and those of each set-based applier (each Handler) in

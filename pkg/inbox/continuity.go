@@ -1,14 +1,12 @@
 package inbox
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 )
@@ -82,44 +80,6 @@ func readSequence(msg *message.Message) (*keySeq, error) {
 		return nil, fmt.Errorf("%s header %q: the number is not a positive integer", outbox.SequenceMetadata, clip(v))
 	}
 	return &keySeq{stream: id.String(), n: n}, nil
-}
-
-// checkContinuity checks the numbered deliveries of ds[fresh], new to the
-// consumer, in arrival order, against their keys' state, in tx: it writes
-// the breaches, moves the state, and keeps each delivery's breaches for
-// settle (the others' are cleared: an attempt that rolled back leaves
-// none). One statement per delivery, all sent in one round trip and run in
-// order, so a batch's messages of one key each meet the state the one
-// before left.
-func (in *Inbox) checkContinuity(ctx context.Context, tx pgx.Tx, ds []*delivery, fresh []int) error {
-	for _, d := range ds {
-		d.breaches = nil
-	}
-	var of []*delivery
-	batch := &pgx.Batch{}
-	for _, i := range fresh {
-		if d := ds[i]; d.seq != nil {
-			of = append(of, d)
-			batch.Queue(continuitySQL, in.cfg.Consumer, d.topic, d.seq.key, d.seq.stream, d.seq.n, d.id)
-		}
-	}
-	if len(of) == 0 {
-		return nil
-	}
-	results := tx.SendBatch(ctx, batch)
-	for _, d := range of {
-		rows, _ := results.Query() // an error comes back from CollectRows
-		found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Breach])
-		if err != nil {
-			_ = results.Close()
-			return fmt.Errorf("inbox: checking continuity: %w", err)
-		}
-		d.breaches = found
-	}
-	if err := results.Close(); err != nil {
-		return fmt.Errorf("inbox: checking continuity: %w", err)
-	}
-	return nil
 }
 
 // continuitySQL checks one message ($5, its number; $6, its id) of a key

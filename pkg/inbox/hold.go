@@ -284,7 +284,7 @@ func (h holdKey) applyParked(p *delivery, a applier) (herr, err error) {
 		}
 		return nil, err
 	}
-	return in.applyAndCommit(ctx, tx, p, a) // attempt.go, as any attempt ends
+	return in.applyAndCommit(ctx, tx, p, a) // as any attempt ends
 }
 
 // batchable marks, in results, the items of a batch whose key is held to be

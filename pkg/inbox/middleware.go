@@ -26,14 +26,15 @@ import (
 // row, the applier, the commit), a dead letter and a quarantine are written
 // here, and every way a delivery ends is settled here, in one place
 // (settle). What it asks, each at one point, is in the files beneath it,
-// and none of them calls back up (but batch.go, the first attempt's):
+// and none of them calls back up:
 //
-//	batch.go       the first attempt, in a batch with others while Run runs
+//	batch.go       the batches a first attempt joins while Run runs
 //	hold.go        HoldKey's policy (in.keys): the inbox row inside the
 //	               key's hold; a released key's parked messages drained
 //	stages.go      the checks a delivery passes before its id is looked up
-//	rows.go        the inbox row's one INSERT; a copy seen before
-//	               (classifySeen: duplicate, conflict); a quarantine row
+//	rows.go        the inbox row's one INSERT and its key's continuity;
+//	               a copy seen before (classifySeen: duplicate, conflict);
+//	               a quarantine row
 //	delivery.go    what moves along the path: the Inbox, a delivery, a batch
 //	               item, the seams the path calls (applier, keyPolicy, stage)
 //	config.go      Config and the types it holds
@@ -126,7 +127,7 @@ func (in *Inbox) deliver(a applier) message.HandlerFunc {
 func (in *Inbox) run(d *delivery, a applier) (committed bool, err error) {
 	return in.retry(d, func(first bool) (herr, err error) {
 		if first {
-			return in.firstAttempt(d, a) // batch.go: in a batch while Run runs
+			return in.firstAttempt(d, a) // in a batch while Run runs
 		}
 		return in.attempt(d, a)
 	})
@@ -179,6 +180,34 @@ func (in *Inbox) retry(d *delivery, try func(first bool) (herr, err error)) (com
 	}
 }
 
+// firstAttempt runs the first attempt of d in a batch when batches run
+// (BatchSize > 1 and Run running), alone otherwise. It returns like attempt.
+func (in *Inbox) firstAttempt(d *delivery, a applier) (herr, err error) {
+	if in.cfg.BatchSize < 2 {
+		return in.attempt(d, a)
+	}
+	item := &batchItem{d: d, a: a, done: make(chan batchResult, 1)}
+	in.batch.mu.RLock()
+	q := in.batch.queue
+	if q != nil {
+		q.Put(context.Background(), item)
+	}
+	in.batch.mu.RUnlock()
+	if q == nil {
+		return in.attempt(d, a)
+	}
+	res := <-item.done
+	q.Done()
+	switch {
+	case res.fallback:
+		return in.attempt(d, a)
+	case res.herr != nil:
+		return res.herr, nil
+	}
+	in.settle(d, res.outcome, res.reason)
+	return nil, nil
+}
+
 // attempt runs one delivery in a transaction of its own: the inbox row, the
 // applier, the commit. herr is the handler's error (rolled back); err is an
 // infrastructure error (the outcome is unknown or nothing ran).
@@ -209,7 +238,6 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 			in.settle(d, settled, reason)
 			return nil, nil
 		}
-		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
 	}
 	return in.applyAndCommit(ctx, tx, d, a)
 }
@@ -218,12 +246,18 @@ func (in *Inbox) attempt(d *delivery, a applier) (herr, err error) {
 // the attempts counted before, runs the applier, and commits. Cleared before
 // the handler runs, while the transaction is sure to be healthy (a handler
 // that swallowed a failed statement leaves it aborted); a failed attempt
-// rolls the clearing back with the rest.
+// rolls the clearing back with the rest. The handler runs between two crash
+// windows; a parked message opens neither: it was acknowledged when it
+// parked, and no redelivery follows a kill.
 func (in *Inbox) applyAndCommit(ctx context.Context, tx pgx.Tx, d *delivery, a applier) (herr, err error) {
 	if d.attempts > 0 {
 		if err := in.clearAttempts(ctx, tx, d); err != nil {
 			return nil, err
 		}
+	}
+	windows := !d.parked
+	if windows && !in.cfg.disableDedupe {
+		failpoint.Hit(failpoint.AfterInboxInsert, d.id)
 	}
 	if herr := a.apply(ctx, tx, []*message.Message{d.msg}); herr != nil {
 		// The caller's deferred rollback undoes the inbox row and every
@@ -233,7 +267,7 @@ func (in *Inbox) applyAndCommit(ctx context.Context, tx pgx.Tx, d *delivery, a a
 		}
 		return herr, nil
 	}
-	if !d.parked { // a parked message was acknowledged when it parked: no window to open
+	if windows {
 		failpoint.Hit(failpoint.AfterHandlerBeforeCommit, d.id)
 	}
 	if err := in.commit(ctx, tx, d); err != nil {

@@ -1,10 +1,11 @@
 package inbox
 
-// The rows a delivery writes, in the order the path (attempt.go) asks for
+// The rows a delivery writes, in the order the path (middleware.go) asks for
 // them: first its key's policy (keyPolicy: skipKey here, or holdKey, which
 // writes inside the key's hold, all of it in hold.go), then beneath it the
-// inbox row, written by the inbox's one INSERT; what a copy whose row is
-// there already leaves (a duplicate counted, a conflict quarantined); and a
+// inbox row, written by the inbox's one INSERT, and the continuity of the
+// keys of the rows it wrote (what it checks is in continuity.go); what a
+// copy whose row is there already leaves (a duplicate counted, a conflict quarantined); and a
 // quarantine row, its metadata encoded as a jsonb column takes it.
 
 import (
@@ -114,7 +115,7 @@ func (in *Inbox) insertRows(ctx context.Context, tx pgx.Tx, ds []*delivery, stat
 		}
 	}
 	slices.Sort(fresh)
-	if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil { // continuity.go
+	if err := in.checkContinuity(ctx, tx, ds, fresh); err != nil {
 		return nil, err
 	}
 	return fresh, nil
@@ -155,6 +156,45 @@ func (in *Inbox) insertSQL(ids []string, sums [][]byte, topics []string, parts [
 		args = []any{in.cfg.Consumer, ids, sums, topics, parts, offsets, status, times}
 	}
 	return insert, args, nil
+}
+
+// checkContinuity checks the numbered deliveries of ds[fresh], new to the
+// consumer, in arrival order, against their keys' state (continuitySQL,
+// continuity.go), in tx: it writes
+// the breaches, moves the state, and keeps each delivery's breaches for
+// settle (the others' are cleared: an attempt that rolled back leaves
+// none). One statement per delivery, all sent in one round trip and run in
+// order, so a batch's messages of one key each meet the state the one
+// before left.
+func (in *Inbox) checkContinuity(ctx context.Context, tx pgx.Tx, ds []*delivery, fresh []int) error {
+	for _, d := range ds {
+		d.breaches = nil
+	}
+	var of []*delivery
+	batch := &pgx.Batch{}
+	for _, i := range fresh {
+		if d := ds[i]; d.seq != nil {
+			of = append(of, d)
+			batch.Queue(continuitySQL, in.cfg.Consumer, d.topic, d.seq.key, d.seq.stream, d.seq.n, d.id)
+		}
+	}
+	if len(of) == 0 {
+		return nil
+	}
+	results := tx.SendBatch(ctx, batch)
+	for _, d := range of {
+		rows, _ := results.Query() // an error comes back from CollectRows
+		found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Breach])
+		if err != nil {
+			_ = results.Close()
+			return fmt.Errorf("inbox: checking continuity: %w", err)
+		}
+		d.breaches = found
+	}
+	if err := results.Close(); err != nil {
+		return fmt.Errorf("inbox: checking continuity: %w", err)
+	}
+	return nil
 }
 
 // classifySeen writes, in tx, what a delivery of an already-recorded id
