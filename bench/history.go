@@ -36,9 +36,10 @@ const (
 	outboxHistorySpan = 23 * time.Hour
 )
 
-// historyEnv is the history build's environment: the relay keeps published
-// rows for a day, so none of the history expires during the run.
-var historyEnv = []string{"RELAY_RETENTION=24h"}
+// historyEnv is the history build's environment: none of its own; the
+// relay keeps published rows 15 days (outbox.DefaultRetention), so none of
+// the history expires during the run.
+var historyEnv []string
 
 // historyPayload is what an OrderPaid of two lines weighs.
 var historyPayload = []byte(`{"v":1,"order_id":"00000000-0000-0000-0000-000000000000","lines":[{"sku":"sku-0001","quantity":2},{"sku":"sku-0002","quantity":1}],"paid_at":"2026-01-01T00:00:00Z"}`)

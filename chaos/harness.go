@@ -244,9 +244,9 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 			"KAFKA_STALL_TIMEOUT=20s",
 			"RELAY_POLL_INTERVAL=100ms",
 			"RELAY_LEASE_TTL=2s",
-			// Every outbox row stays for the judge: an applied event whose
-			// row is gone is a ghost (judge.NoGhosts), not one retention took.
-			"RELAY_RETENTION=24h",
+			// Every outbox row stays for the judge (the relay keeps them 15
+			// days by default): an applied event whose row is gone is a
+			// ghost (judge.NoGhosts), not one retention took.
 			"INBOX_RETRY_BACKOFF=20ms",
 			"INBOX_MAX_PAYLOAD_BYTES=65536",
 			fmt.Sprintf("INBOX_DISABLED=%t", !h.inbox),

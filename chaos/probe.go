@@ -102,7 +102,7 @@ func (w *probeWriter) ours(records []judge.Record) []judge.Record {
 // outbox, once the run is over: a transaction commits all of its rows or
 // none, so a row there means every message of it committed (then each must
 // be in Kafka), and none there means none did (then a copy in Kafka is a
-// phantom). Published rows stay RELAY_RETENTION (an hour by default),
+// phantom). Published rows stay RELAY_RETENTION (15 days by default),
 // longer than any profile runs.
 func (w *probeWriter) resolve(ctx context.Context, pool *pgxpool.Pool) error {
 	var ids []string

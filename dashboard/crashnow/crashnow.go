@@ -93,11 +93,11 @@ func (l *Lab) Busy() bool {
 // failpoint log and a trace line at every delivery, and rejoin their Kafka
 // consumer group within seconds of a restart (a 2s session timeout, which
 // the embedded broker is told to allow), so a lesson takes seconds, not the
-// default ten; published rows stay a day, so the page's outbox counts do
-// not shrink under a learner.
+// default ten. Published rows stay the relay's retention (15 days), so the
+// page's outbox counts do not shrink under a learner.
 func Prepare(opts *system.Options, fpLog string) {
 	opts.Env = append(opts.Env, "FAILPOINT_LOG="+fpLog, "FAILPOINT_TRACE="+string(failpoint.BeforeBegin),
-		"KAFKA_SESSION_TIMEOUT=2s", "KAFKA_REBALANCE_TIMEOUT=3s", "RELAY_RETENTION=24h", "EFFECT_LEASE=3s")
+		"KAFKA_SESSION_TIMEOUT=2s", "KAFKA_REBALANCE_TIMEOUT=3s", "EFFECT_LEASE=3s")
 	opts.Kafka.MinSessionTimeout = 500 * time.Millisecond
 }
 

@@ -89,7 +89,12 @@ type RelayConfig struct {
 	BatchTimeout time.Duration
 
 	// Retention is how long published rows are kept before the retention job
-	// deletes them. Defaults to DefaultRetention.
+	// deletes them: what Kafka loses can be sent again (outboxadmin.Republish)
+	// while its rows are kept. Keep it at least as long as Kafka keeps the
+	// topics' records (outboxkafka.CheckRetention), and at most as long as
+	// the consumers keep their inbox rows (inbox.Config.Retention), or a row
+	// sent again after a consumer forgot it is applied again. Defaults to
+	// DefaultRetention, which covers Kafka's default topic configs.
 	Retention time.Duration
 	// RetentionInterval is how often the retention job runs. Defaults to
 	// DefaultRetentionInterval.
@@ -133,7 +138,7 @@ const (
 	DefaultErrorBackoff         = 200 * time.Millisecond
 	DefaultMaxErrorBackoff      = 10 * time.Second
 	DefaultBatchTimeout         = 30 * time.Second
-	DefaultRetention            = time.Hour
+	DefaultRetention            = 15 * 24 * time.Hour // Kafka's default retention.ms and segment.ms (7 days each) and a day; inbox.DefaultRetention's
 	DefaultRetentionInterval    = time.Minute
 	DefaultRetentionBatch       = 5000
 	DefaultKeySequenceRetention = 30 * 24 * time.Hour

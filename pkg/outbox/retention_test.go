@@ -137,7 +137,7 @@ func TestRelayRetention(t *testing.T) {
 			eventually(t, waitTimeout, func() bool { return relay.Stats().Published == 3 })
 			require.Equal(t, 3, countRows(t, bundle.pool, "true"), "rows younger than Retention were deleted")
 
-			_, err := bundle.pool.Exec(ctx, `UPDATE outbox_messages SET published_at = published_at - interval '2 hours'`)
+			_, err := bundle.pool.Exec(ctx, `UPDATE outbox_messages SET published_at = published_at - $1::interval`, (outbox.DefaultRetention + time.Hour).String())
 			require.NoError(t, err)
 			eventually(t, waitTimeout, func() bool { return relay.Stats().Deleted == 3 }, "the retention job did not run")
 			require.Zero(t, countRows(t, bundle.pool, "true"))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxref/outbox-inbox/chaos/procs"
 	"github.com/outboxref/outbox-inbox/pkg/inbox/inboxkafka"
+	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
 
 // TestRunRefusesRetentionKafkaOutlasts: a service whose INBOX_RETENTION is
@@ -44,6 +45,35 @@ func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
 	require.ErrorIs(t, err, inboxkafka.ErrRetentionTooShort)
 	require.ErrorContains(t, err, "INBOX_RETENTION")
 	require.ErrorContains(t, err, "Config.Retention=96h0m0s")
+}
+
+// TestRunRefusesRelayRetentionKafkaOutlasts: a service whose RELAY_RETENTION
+// is shorter than Kafka keeps the topics it publishes to stops, with both
+// numbers in the error: a record Kafka deleted under a consumer that was
+// down could no longer be sent again from its outbox row.
+func TestRunRefusesRelayRetentionKafkaOutlasts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := "relayret-" + strings.ToLower(watermill.NewShortUUID()[:6])
+	url, err := pg.CreateDatabase(ctx, strings.ReplaceAll(name, "-", "_"))
+	require.NoError(t, err)
+	addr, err := procs.FreeAddr()
+	require.NoError(t, err)
+	cfg := defaults
+	cfg.DatabaseURL, cfg.HTTPAddr, cfg.Instance = url, addr, name
+	cfg.RelayRetention = time.Hour // the relay's default until this check
+
+	svc := Service{
+		Name: name, Topic: name, Migrations: fstest.MapFS{},
+		Routes: func(*http.ServeMux, DB, Config) {},
+		Apply:  always(func(context.Context, pgx.Tx, []*message.Message) error { return nil }),
+	}
+	err = Run(ctx, cfg, svc)
+	require.ErrorIs(t, err, outboxkafka.ErrRetentionTooShort)
+	require.ErrorContains(t, err, "RELAY_RETENTION")
+	require.ErrorContains(t, err, "RelayConfig.Retention=1h0m0s")
+	require.ErrorContains(t, err, name+".events")
 }
 
 // TestRunRefusesExposureWithoutToken: a service whose HTTP_ADDR is beyond

@@ -2,6 +2,7 @@ package platform
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -424,6 +425,7 @@ func serve(ctx context.Context, cfg Config, svc Service, pool *pgxpool.Pool, in 
 		return nil
 	})
 	g.Go(func() error { return runRelay(gctx, cfg, out.relay, pool, out.publisher, wlog) })
+	g.Go(func() error { return checkRelayRetention(gctx, cfg, log, kafkaconf.ProducedTopics(svc.Name)...) })
 	for _, w := range in.watchdogs {
 		g.Go(func() error { return watchStalls(gctx, w, log) })
 	}
@@ -477,31 +479,69 @@ func logStart(brokers []string, topics ...string) func(context.Context) (inbox.L
 // it, so a broker that is slow to answer (starting, or behind a network
 // fault) does not hold up a restart; reading is retried until it answers.
 func checkRetention(ctx context.Context, cfg Config, log *slog.Logger, topics ...string) error {
-	retention := cfg.InboxRetention
-	if retention == 0 {
-		retention = inbox.DefaultRetention // what the inbox keeps when the service gives 0
-	}
-	wait := time.Second
-	for {
-		k, err := func() (inboxkafka.Retention, error) {
-			admin, err := sarama.NewClusterAdmin(cfg.KafkaBrokers, kafkaconf.Sarama())
-			if err != nil {
-				return inboxkafka.Retention{}, err
-			}
-			defer admin.Close()
-			return inboxkafka.CheckRetention(admin, retention, topics...)
-		}()
-		switch {
-		case errors.Is(err, inboxkafka.ErrRetentionTooShort):
+	retention := cmp.Or(cfg.InboxRetention, inbox.DefaultRetention) // what the inbox keeps when the service gives 0
+	return askKafka(ctx, cfg, log, "the inbox sweep waits for it", topics, func(admin sarama.ClusterAdmin) error {
+		k, err := inboxkafka.CheckRetention(admin, retention, topics...)
+		if errors.Is(err, inboxkafka.ErrRetentionTooShort) {
 			log.Error("refusing to run: the inbox would forget messages Kafka can still redeliver", "err", err)
-			return fmt.Errorf("INBOX_RETENTION: %w", err)
-		case err == nil:
+			return refused{fmt.Errorf("INBOX_RETENTION: %w", err)}
+		}
+		if err == nil {
 			horizon, _, _ := k.Horizon()
 			log.Info("inbox retention covers Kafka's", "inbox_retention", retention.String(),
 				"kafka_horizon", horizon.String(), "offsets_retention", k.OffsetsRetention.String())
+		}
+		return err
+	})
+}
+
+// checkRelayRetention returns an error when Kafka keeps a topic the relay
+// publishes to longer than the relay keeps its published rows (see
+// outboxkafka.CheckRetention): what Kafka lost could then not be sent
+// again. Like checkRetention, it runs beside the relay until Kafka answers.
+func checkRelayRetention(ctx context.Context, cfg Config, log *slog.Logger, topics ...string) error {
+	retention := cmp.Or(cfg.RelayRetention, outbox.DefaultRetention)
+	return askKafka(ctx, cfg, log, "nothing waits for it", topics, func(admin sarama.ClusterAdmin) error {
+		horizon, forever, err := outboxkafka.CheckRetention(admin, retention, topics...)
+		switch {
+		case errors.Is(err, outboxkafka.ErrRetentionTooShort):
+			log.Error("refusing to run: the relay would delete rows whose records Kafka can still lose", "err", err)
+			return refused{fmt.Errorf("RELAY_RETENTION: %w", err)}
+		case err == nil && forever:
+			log.Info("a produced topic keeps records forever: the outbox can send again what Kafka loses only within its retention",
+				"relay_retention", retention.String())
+		case err == nil:
+			log.Info("relay retention covers Kafka's", "relay_retention", retention.String(), "kafka_horizon", horizon.String())
+		}
+		return err
+	})
+}
+
+// refused is a check's refusal to run, as opposed to Kafka not answering.
+type refused struct{ error }
+
+// askKafka runs check with an admin client of its own until it returns nil
+// or a refusal (returned unwrapped), retrying anything else with a backoff
+// and logging why; it returns nil once ctx ends.
+func askKafka(ctx context.Context, cfg Config, log *slog.Logger, meanwhile string, topics []string, check func(sarama.ClusterAdmin) error) error {
+	wait := time.Second
+	for {
+		err := func() error {
+			admin, err := sarama.NewClusterAdmin(cfg.KafkaBrokers, kafkaconf.Sarama())
+			if err != nil {
+				return err
+			}
+			defer admin.Close()
+			return check(admin)
+		}()
+		var r refused
+		switch {
+		case errors.As(err, &r):
+			return r.error
+		case err == nil:
 			return nil
 		}
-		log.Warn("reading the topics' retention from Kafka; the inbox sweep waits for it", "topics", strings.Join(topics, ","), "err", err, "retry_in", wait.String())
+		log.Warn("reading the topics' retention from Kafka; "+meanwhile, "topics", strings.Join(topics, ","), "err", err, "retry_in", wait.String())
 		select {
 		case <-ctx.Done():
 			return nil

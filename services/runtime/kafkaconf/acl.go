@@ -24,9 +24,18 @@ const ClusterResource = "kafka-cluster"
 // same name.
 func RedriveTopic(service string) string { return service + ".redrive" }
 
+// ProducedTopics are the topics a service's relay publishes to: its events
+// ("<service>.events"), its dead letters (inbox.Config.DeadLetterTopic's
+// default, "<service>.dlq") and its redrives. The relay keeps their rows as
+// long as Kafka keeps their records (outboxkafka.CheckRetention).
+func ProducedTopics(service string) []string {
+	return []string{service + ".events", service + ".dlq", RedriveTopic(service)}
+}
+
 // ServiceGrants are what a service of the example system may do on Kafka:
 // write the topics named after it ("<service>.": its events, its dead
-// letters, its redrives, the chaos harness's probe stream), read each topic
+// letters, its redrives, the chaos harness's probe stream) and read their
+// settings (the relay checks its retention against Kafka's), read each topic
 // it consumes and its redrive topic, and their settings (the inbox checks
 // its retention against Kafka's), join and commit its own consumer groups
 // (named as the service, and as its redrive topic), and read the brokers'
@@ -34,7 +43,7 @@ func RedriveTopic(service string) string { return service + ".redrive" }
 // writes where it may not is refused by the broker.
 func ServiceGrants(service string, consumes ...string) []Grant {
 	grants := []Grant{{Resource: sarama.AclResourceTopic, Name: service + ".", Prefixed: true,
-		Ops: []sarama.AclOperation{sarama.AclOperationWrite, sarama.AclOperationDescribe}}}
+		Ops: []sarama.AclOperation{sarama.AclOperationWrite, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}}}
 	for _, t := range append(consumes, RedriveTopic(service)) {
 		grants = append(grants, Grant{Resource: sarama.AclResourceTopic, Name: t,
 			Ops: []sarama.AclOperation{sarama.AclOperationRead, sarama.AclOperationDescribe, sarama.AclOperationDescribeConfigs}})
