@@ -8,8 +8,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outboxref/outbox-inbox/pkg/kafkatest"
 	"github.com/outboxref/outbox-inbox/pkg/outbox"
 	"github.com/outboxref/outbox-inbox/pkg/outbox/outboxkafka"
 )
@@ -21,21 +21,15 @@ import (
 // for two hours lost records nothing could send again.
 func TestCheckRetention(t *testing.T) {
 	t.Parallel()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	kfk, err := kafkatest.Start(t.Context(), kafkatest.Options{})
 	require.NoError(t, err)
-	t.Cleanup(cluster.Close)
-	conf := sarama.NewConfig()
-	conf.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin(cluster.ListenAddrs(), conf)
+	t.Cleanup(kfk.Close)
+	admin, err := sarama.NewClusterAdmin(kfk.Brokers(), kafkatest.Sarama())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = admin.Close() })
 	topic := func(config map[string]string) string {
 		name := "retention-" + strings.ToLower(watermill.NewShortUUID())
-		entries := map[string]*string{}
-		for k, v := range config {
-			entries[k] = &v
-		}
-		require.NoError(t, admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: entries}, false))
+		require.NoError(t, kfk.CreateTopicsWithConfig(t.Context(), 1, config, name))
 		return name
 	}
 	const day = 24 * time.Hour

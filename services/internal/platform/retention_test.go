@@ -24,24 +24,10 @@ import (
 // and sweeps nothing meanwhile.
 func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	name := "retention-" + strings.ToLower(watermill.NewShortUUID()[:6])
-	require.NoError(t, kfk.CreateTopicsWithConfig(ctx, 1, map[string]string{"retention.ms": fmt.Sprint((240 * time.Hour).Milliseconds())}, name))
-	url, err := pg.CreateDatabase(ctx, strings.ReplaceAll(name, "-", "_"))
-	require.NoError(t, err)
-	addr, err := procs.FreeAddr()
-	require.NoError(t, err)
-	cfg := defaults
-	cfg.DatabaseURL, cfg.HTTPAddr, cfg.Instance = url, addr, name
+	ctx, cfg, svc := serviceOnItsOwnTopic(t, "retention")
+	require.NoError(t, kfk.CreateTopicsWithConfig(ctx, 1, map[string]string{"retention.ms": fmt.Sprint((240 * time.Hour).Milliseconds())}, svc.Topic))
 	cfg.InboxRetention = 96 * time.Hour
-
-	svc := Service{
-		Name: name, Topic: name, Migrations: fstest.MapFS{},
-		Routes: func(*http.ServeMux, DB, Config) {},
-		Apply:  always(func(context.Context, pgx.Tx, []*message.Message) error { return nil }),
-	}
-	err = Run(ctx, cfg, svc)
+	err := Run(ctx, cfg, svc)
 	require.ErrorIs(t, err, inboxkafka.ErrRetentionTooShort)
 	require.ErrorContains(t, err, "INBOX_RETENTION")
 	require.ErrorContains(t, err, "Config.Retention=96h0m0s")
@@ -53,27 +39,34 @@ func TestRunRefusesRetentionKafkaOutlasts(t *testing.T) {
 // down could no longer be sent again from its outbox row.
 func TestRunRefusesRelayRetentionKafkaOutlasts(t *testing.T) {
 	t.Parallel()
+	ctx, cfg, svc := serviceOnItsOwnTopic(t, "relayret")
+	cfg.RelayRetention = time.Hour // the relay's default until this check
+	err := Run(ctx, cfg, svc)
+	require.ErrorIs(t, err, outboxkafka.ErrRetentionTooShort)
+	require.ErrorContains(t, err, "RELAY_RETENTION")
+	require.ErrorContains(t, err, "RelayConfig.Retention=1h0m0s")
+	require.ErrorContains(t, err, svc.Name+".events")
+}
+
+// serviceOnItsOwnTopic returns a service named prefix-<random>, consuming
+// the topic of its name, on a database of its own and a free address, and
+// a context that ends within a minute.
+func serviceOnItsOwnTopic(t *testing.T, prefix string) (context.Context, Config, Service) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	name := "relayret-" + strings.ToLower(watermill.NewShortUUID()[:6])
+	t.Cleanup(cancel)
+	name := prefix + "-" + strings.ToLower(watermill.NewShortUUID()[:6])
 	url, err := pg.CreateDatabase(ctx, strings.ReplaceAll(name, "-", "_"))
 	require.NoError(t, err)
 	addr, err := procs.FreeAddr()
 	require.NoError(t, err)
 	cfg := defaults
 	cfg.DatabaseURL, cfg.HTTPAddr, cfg.Instance = url, addr, name
-	cfg.RelayRetention = time.Hour // the relay's default until this check
-
-	svc := Service{
+	return ctx, cfg, Service{
 		Name: name, Topic: name, Migrations: fstest.MapFS{},
 		Routes: func(*http.ServeMux, DB, Config) {},
 		Apply:  always(func(context.Context, pgx.Tx, []*message.Message) error { return nil }),
 	}
-	err = Run(ctx, cfg, svc)
-	require.ErrorIs(t, err, outboxkafka.ErrRetentionTooShort)
-	require.ErrorContains(t, err, "RELAY_RETENTION")
-	require.ErrorContains(t, err, "RelayConfig.Retention=1h0m0s")
-	require.ErrorContains(t, err, name+".events")
 }
 
 // TestRunRefusesExposureWithoutToken: a service whose HTTP_ADDR is beyond
