@@ -415,7 +415,8 @@ func profile(ctx context.Context, sys *system.System, dir, build string, say fun
 }
 
 // statements, for working on speed, prints where Postgres's time went in
-// each build's saturation phase. It needs pg_stat_statements loaded:
+// each build's saturation phase. It needs pg_stat_statements loaded (and
+// track_planning on for the planning times):
 //
 //	STACK_POSTGRES_CONF="shared_preload_libraries = 'pg_stat_statements'" go run ./bench -statements
 var statements = flag.Bool("statements", false, "print the top statements by total time per build (needs pg_stat_statements, see bench/services.go)")
@@ -428,8 +429,8 @@ func resetStatements(ctx context.Context, pool *pgxpool.Pool, say func(string, .
 
 func printStatements(ctx context.Context, pool *pgxpool.Pool, roundTrips int, say func(string, ...any)) {
 	rows, err := pool.Query(ctx, `
-		SELECT calls, total_exec_time, max_exec_time, rows, regexp_replace(left(query, 100), '\s+', ' ', 'g')
-		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25`)
+		SELECT calls, total_exec_time, total_plan_time, max_exec_time, rows, wal_bytes, regexp_replace(left(query, 100), '\s+', ' ', 'g')
+		FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25`)
 	if err != nil {
 		say("statements: %v", err)
 		return
@@ -437,13 +438,14 @@ func printStatements(ctx context.Context, pool *pgxpool.Pool, roundTrips int, sa
 	defer rows.Close()
 	for rows.Next() {
 		var calls, n int64
-		var ms, maxMS float64
+		var ms, planMS, maxMS, wal float64
 		var q string
-		if err := rows.Scan(&calls, &ms, &maxMS, &n, &q); err != nil {
+		if err := rows.Scan(&calls, &ms, &planMS, &maxMS, &n, &wal, &q); err != nil {
 			say("statements: %v", err)
 			return
 		}
-		say("  %7d calls %6.3f/rt %8.1f ms (max %6.1f) %7d rows  %s", calls, float64(calls)/float64(roundTrips), ms, maxMS, n, q)
+		say("  %7d calls %6.3f/rt %8.1f ms (max %6.1f) planned %6.1f ms %7d rows %6.0f WAL B/rt  %s",
+			calls, float64(calls)/float64(roundTrips), ms, maxMS, planMS, n, wal/float64(roundTrips), q)
 	}
 }
 
