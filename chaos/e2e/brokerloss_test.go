@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"syscall"
@@ -56,6 +59,20 @@ func TestRecordsTheBrokerDeletedAreRecorded(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, warm.Paid, 20)
 	quiet()
+	// What is sent again comes from the outbox: each service found that its
+	// relay keeps published rows as long as Kafka keeps their records (its
+	// principal may read its own topics' settings).
+	for _, p := range b.sys.All() {
+		for {
+			log, err := os.ReadFile(filepath.Join(b.sys.Work, p.Name+".log"))
+			require.NoError(t, err)
+			if bytes.Contains(log, []byte(`msg="relay retention covers Kafka's"`)) {
+				break
+			}
+			require.NoError(t, ctx.Err(), "%s never checked its relay's retention against Kafka's", p.Name)
+			time.Sleep(100 * time.Millisecond) // polling a condition
+		}
+	}
 	client, err := sarama.NewClient(b.sys.Kafka.Brokers(), kafkaconf.SaramaAs(b.sys.Kafka.Admin()))
 	require.NoError(t, err)
 	defer client.Close()
