@@ -40,7 +40,8 @@ type Retention struct {
 // Horizon is the longest time after a record was written that Kafka may
 // still hand it to a consumer: the longest retention.ms + segment.ms of the
 // topics, plus the check interval, and the topic that sets it. forever is
-// true when a topic never deletes by age; then no Retention is safe.
+// true when a topic never deletes by age (it stops at the first such
+// topic): then Kafka may hand a record out again at any age.
 func (k Retention) Horizon() (horizon time.Duration, topic Topic, forever bool) {
 	for _, t := range k.Topics {
 		if t.Forever {

@@ -60,8 +60,13 @@ func TestCheckRetention(t *testing.T) {
 	require.ErrorIs(t, err, outboxkafka.ErrRetentionTooShort)
 	require.ErrorContains(t, err, "not created yet")
 
-	// A topic that never deletes by age loses nothing to retention.
+	// A topic that never deletes by age loses nothing to retention, and
+	// sets no horizon: the others beside it still do.
 	_, everKept, err := outboxkafka.CheckRetention(admin, time.Hour, forever)
 	require.NoError(t, err)
+	require.True(t, everKept)
+	_, everKept, err = outboxkafka.CheckRetention(admin, time.Hour, forever, twoDays)
+	require.ErrorIs(t, err, outboxkafka.ErrRetentionTooShort)
+	require.ErrorContains(t, err, twoDays)
 	require.True(t, everKept)
 }
