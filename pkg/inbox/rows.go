@@ -5,8 +5,9 @@ package inbox
 // writes inside the key's hold, all of it in hold.go), then beneath it the
 // inbox row, written by the inbox's one INSERT, and the continuity of the
 // keys of the rows it wrote (what it checks is in continuity.go); what a
-// copy whose row is there already leaves (a duplicate counted, a conflict quarantined); and a
-// quarantine row, its metadata encoded as a jsonb column takes it.
+// copy whose row is there already leaves (a duplicate counted, a conflict
+// quarantined); and a quarantine row, its metadata encoded as a jsonb
+// column takes it.
 
 import (
 	"bytes"
@@ -160,12 +161,11 @@ func (in *Inbox) insertSQL(ids []string, sums [][]byte, topics []string, parts [
 
 // checkContinuity checks the numbered deliveries of ds[fresh], new to the
 // consumer, in arrival order, against their keys' state (continuitySQL,
-// continuity.go), in tx: it writes
-// the breaches, moves the state, and keeps each delivery's breaches for
-// settle (the others' are cleared: an attempt that rolled back leaves
-// none). One statement per delivery, all sent in one round trip and run in
-// order, so a batch's messages of one key each meet the state the one
-// before left.
+// continuity.go), in tx: it writes the breaches, moves the state, and keeps
+// each delivery's breaches for settle (the others' are cleared: an attempt
+// that rolled back leaves none). One statement per delivery, all sent in
+// one round trip and run in order, so a batch's messages of one key each
+// meet the state the one before left.
 func (in *Inbox) checkContinuity(ctx context.Context, tx pgx.Tx, ds []*delivery, fresh []int) error {
 	for _, d := range ds {
 		d.breaches = nil

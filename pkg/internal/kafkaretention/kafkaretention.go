@@ -47,11 +47,19 @@ func (k Retention) Horizon() (horizon time.Duration, topic Topic, forever bool) 
 		if t.Forever {
 			return 0, t, true
 		}
-		if h := t.Retention + t.Segment + k.CheckInterval; h > horizon {
+		if h := k.Kept(t); h > horizon {
 			horizon, topic = h, t
 		}
 	}
 	return horizon, topic, false
+}
+
+// Kept is the longest a record of t (not Forever) stays in the log: its
+// segment is deleted once the newest record in it is older than
+// retention.ms, and a segment stays open up to segment.ms, found by a
+// check every CheckInterval.
+func (k Retention) Kept(t Topic) time.Duration {
+	return t.Retention + t.Segment + k.CheckInterval
 }
 
 // Read reads, through the Kafka admin API (DescribeConfigs),

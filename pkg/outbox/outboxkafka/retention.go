@@ -36,7 +36,7 @@ func CheckRetention(admin sarama.ClusterAdmin, retention time.Duration, topics .
 	for _, t := range k.Topics {
 		if t.Forever {
 			forever = true
-		} else if h := t.Retention + t.Segment + k.CheckInterval; h > horizon {
+		} else if h := k.Kept(t); h > horizon {
 			horizon, topic = h, t
 		}
 	}
