@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -86,6 +89,80 @@ func TestArmCountsNoHostileKillAsAMeeting(t *testing.T) {
 	for range 10 {
 		if w := armedWindow(t, h, "orders"); w != failpoint.AfterCommitBeforeAck {
 			t.Fatalf("orders armed %s, want %s: it has not met it with a message of its own", w, failpoint.AfterCommitBeforeAck)
+		}
+	}
+}
+
+// TestShortNamesWhatTheRunHasNotReached: the top-up (topUp) goes on while a
+// window its services reach is below the profile's kills, or the kills in
+// all are, as the failpoint log counts them; a window no service reaches
+// with the inbox off is not waited for.
+func TestShortNamesWhatTheRunHasNotReached(t *testing.T) {
+	h := newHarness(profile{MinPerWindow: 2, MinKills: 30}, 7, true, true, true)
+	h.fpLog = t.TempDir() + "/failpoints.log"
+	var log strings.Builder
+	kill := func(w failpoint.Name, n int) {
+		for range n {
+			fmt.Fprintf(&log, "failpoint %s fired: SIGKILL pid 100 subject s-%d\n", w, log.Len())
+		}
+	}
+	write := func() {
+		t.Helper()
+		if err := os.WriteFile(h.fpLog, []byte(log.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log.Reset()
+	for _, w := range failpoint.All {
+		n := 2
+		if w == failpoint.AfterEffectBeforeRecord {
+			n = 1
+		}
+		kill(w, n)
+	}
+	write()
+	want := []string{"after-effect-before-record fired 1 of 2", fmt.Sprintf("%d kills of 30", 2*len(failpoint.All)-1)}
+	if got := h.short(); !slices.Equal(got, want) {
+		t.Errorf("short = %q, want %q", got, want)
+	}
+	h.randomKills.Store(int64(30 - 2*len(failpoint.All)))
+	kill(failpoint.AfterEffectBeforeRecord, 1)
+	write()
+	if got := h.short(); len(got) != 0 {
+		t.Errorf("every window at its minimum and %d kills in all: short = %q, want nothing", 30, got)
+	}
+
+	off := newHarness(profile{MinPerWindow: 2}, 7, false, true, true)
+	off.fpLog = h.fpLog
+	for _, s := range off.short() {
+		if w, _, _ := strings.Cut(s, " "); !reached(failpoint.Name(w), false) {
+			t.Errorf("with the inbox off, short names %q, a window no service reaches", s)
+		}
+	}
+}
+
+// TestMustFailIsTheMakefilesControls: the runs the Makefile requires to
+// fail are not topped up; the runs it requires to pass are, the guard's
+// control (the inbox off alone) and asynchronous failovers with a standby
+// among them.
+func TestMustFailIsTheMakefilesControls(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		p                  profile
+		inbox, guard, keys bool
+		want               bool
+	}{
+		{"the proof", profile{}, true, true, true, false},
+		{"control 1: the inbox off, the guard on", profile{}, false, true, true, false},
+		{"control 2: the inbox and the guard off", profile{}, false, false, true, true},
+		{"control 3: parallel relays", profile{RelayParallel: true}, true, true, true, true},
+		{"the effect control", profile{}, true, true, false, true},
+		{"the failover control", profile{Failover: "async"}, true, true, true, true},
+		{"asynchronous with a standby", profile{Failover: "async", Standbys: 1}, true, true, true, false},
+		{"synchronous", profile{Failover: "sync"}, true, true, true, false},
+	} {
+		if got := newHarness(tc.p, 7, tc.inbox, tc.guard, tc.keys).mustFail(); got != tc.want {
+			t.Errorf("%s: mustFail = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

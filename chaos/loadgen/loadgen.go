@@ -199,6 +199,16 @@ func (r Result) Client() *judge.Client {
 	return c
 }
 
+// Add is r and then more: two load runs on the same system as one.
+func (r Result) Add(more Result) Result {
+	r.Paid = append(r.Paid, more.Paid...)
+	r.Unpaid = append(r.Unpaid, more.Unpaid...)
+	r.Unknown = append(r.Unknown, more.Unknown...)
+	r.DoubleSubmits += more.DoubleSubmits
+	r.Retries = more.Retries // the client's count, which both runs share
+	return r
+}
+
 // SKUs returns the catalogue: n SKUs named sku-00, sku-01, ...
 func SKUs(n int) []string {
 	skus := make([]string, n)
