@@ -456,7 +456,8 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 const topUpRounds = 5
 
 // topUp goes on with the load while the run is short of the reach its
-// profile asks for (short), a tenth of its orders at a time, at most
+// profile asks for (short), a tenth of its orders at a time (and at least
+// three grace periods' worth), at most
 // topUpRounds times, with the faults still on. The orders are a minimum,
 // not the measure: what a run must reach is its kills, and how many a
 // given number of orders meets depends on the machine's pace and on the
@@ -470,7 +471,9 @@ func (h *harness) topUp(ctx context.Context, sys *system.System, skus []string, 
 	if h.mustFail() {
 		return res, nil
 	}
-	n := max(h.p.Orders/10, 1)
+	// Each round lasts at least three of the longest grace periods, so
+	// the incarnations armed in it live to meet their windows.
+	n := max(h.p.Orders/10, int(h.p.Rate*3*h.p.GraceMax.Seconds()), 1)
 	for round := 1; round <= topUpRounds; round++ {
 		short := h.short()
 		if len(short) == 0 {
