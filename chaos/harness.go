@@ -451,14 +451,12 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	return h.report(ctx, final, hostile)
 }
 
-// topUpRounds bounds the load's top-up (topUp): a tenth of the profile's
-// orders at a time, at most this many times.
+// topUpRounds bounds the load's top-up (topUp): at most this many rounds.
 const topUpRounds = 5
 
 // topUp goes on with the load while the run is short of the reach its
-// profile asks for (short), a tenth of its orders at a time (and at least
-// three grace periods' worth), at most
-// topUpRounds times, with the faults still on. The orders are a minimum,
+// profile asks for (short), a tenth of its orders at a time (at least
+// three grace periods' worth), at most topUpRounds times, faults still on. The orders are a minimum,
 // not the measure: what a run must reach is its kills, and how many a
 // given number of orders meets depends on the machine's pace and on the
 // stalls the faults make (a failover leaves the services without a
