@@ -348,7 +348,7 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	loadCtx, cancelLoad := context.WithTimeout(ctx, time.Duration(float64(h.p.Orders)/h.p.Rate*float64(time.Second))*3+2*time.Minute)
 	defer cancelLoad()
 	res, loadErr := loadgen.Run(loadCtx, sys.Client, skus, loadgen.Plan{
-		Orders: h.p.Orders, Concurrency: 16, DoubleSubmit: 25, DeclineEvery: 50, Seed: h.seed, Rate: h.p.Rate,
+		Orders: h.p.Orders, Concurrency: loadConcurrency, DoubleSubmit: loadDoubleSubmit, DeclineEvery: loadDeclineEvery, Seed: h.seed, Rate: h.p.Rate,
 		OnPaid: func(loadgen.Order) {
 			n := paid.Add(1)
 			// The second control sends no hostile message: its
@@ -451,6 +451,14 @@ func (h *harness) run(ctx context.Context) (*Report, error) {
 	return h.report(ctx, final, hostile)
 }
 
+// The load's shape, the same in its top-up: clients at once, every Nth
+// order paid twice at once, every Nth paid with a declined card.
+const (
+	loadConcurrency  = 16
+	loadDoubleSubmit = 25
+	loadDeclineEvery = 50
+)
+
 // topUpRounds bounds the load's top-up (topUp): at most this many rounds.
 const topUpRounds = 5
 
@@ -480,7 +488,7 @@ func (h *harness) topUp(ctx context.Context, sys *system.System, skus []string, 
 		h.say("load: short of the profile's reach (%s): %d more orders (top-up %d of at most %d)", strings.Join(short, ", "), n, round, topUpRounds)
 		loadCtx, cancel := context.WithTimeout(ctx, time.Duration(float64(n)/h.p.Rate*float64(time.Second))*3+time.Minute)
 		more, err := loadgen.Run(loadCtx, sys.Client, skus, loadgen.Plan{
-			Orders: n, Concurrency: 16, DoubleSubmit: 25, DeclineEvery: 50, Seed: h.seed + uint64(round), Rate: h.p.Rate})
+			Orders: n, Concurrency: loadConcurrency, DoubleSubmit: loadDoubleSubmit, DeclineEvery: loadDeclineEvery, Seed: h.seed + uint64(round), Rate: h.p.Rate})
 		cancel()
 		res = res.Add(more)
 		if err != nil {
